@@ -1,0 +1,111 @@
+"""The ``zinfer`` command: ``zinfer serve`` starts a server on a model repository."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from importlib import resources
+from pathlib import Path
+
+from zinfer.client.errors import ZinferError
+from zinfer.client.paths import default_runtime_dir
+
+from .server import Broker, ServerOptions
+
+log = logging.getLogger("zinfer.serve")
+
+
+def bundled_models() -> Path:
+    """The example model repository shipped with zinfer (``configs/models``)."""
+    return Path(str(resources.files("zinfer.configs") / "models"))
+
+
+def _host_port(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="zinfer", description="zinfer: an intra-host inference server.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve a model repository")
+    s.add_argument(
+        "--model-repository",
+        type=Path,
+        default=None,
+        help="Triton-layout model repository (default: the bundled configs/models)",
+    )
+    s.add_argument(
+        "--runtime-dir",
+        type=Path,
+        default=None,
+        help="folder for the sockets (default: $ZINFER_RUNTIME_DIR, else $XDG_RUNTIME_DIR/zinfer, "
+        "else a per-user folder in the temp dir)",
+    )
+    s.add_argument(
+        "--tcp",
+        type=_host_port,
+        default=None,
+        metavar="HOST:PORT",
+        help="also accept clients over TCP (off by default; tensors then travel inline)",
+    )
+    s.add_argument("--max-tensor-bytes", type=int, default=1 << 32, help="largest tensor accepted, in bytes")
+    s.add_argument("--exit-timeout", type=float, default=5.0, help="seconds to wait for workers on shutdown")
+    s.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    repo = (args.model_repository or bundled_models()).resolve()
+    if not repo.is_dir():
+        log.error("event=bad_repository path=%s error='not a folder'", repo)
+        return 2
+    options = ServerOptions(
+        model_repository=repo,
+        runtime_dir=(args.runtime_dir or default_runtime_dir()).resolve(),
+        tcp=args.tcp,
+        max_tensor_bytes=args.max_tensor_bytes,
+        exit_timeout_s=args.exit_timeout,
+        log_level=args.log_level,
+    )
+    stop = {"signal": 0}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop["signal"] = signum
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    broker = Broker(options)
+    try:
+        broker.start()
+    except ZinferError as exc:
+        log.error("event=start_failed error=%r", str(exc))
+        broker.close()
+        return 1
+    log.info("event=starting repository=%s runtime_dir=%s", repo, options.runtime_dir)
+    try:
+        broker.run(lambda: stop["signal"] != 0)
+    finally:
+        log.info("event=stopping signal=%d", stop["signal"])
+        broker.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    return 2  # pragma: no cover - argparse rejects unknown commands
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Enums and JSON helpers shared by the config records (``zinfer.broker.config_records``).
+
+The enums' values are the protobuf names, so ``InstanceKind("KIND_GPU") is InstanceKind.KIND_GPU`` and
+``InstanceKind.KIND_GPU == "KIND_GPU"``. ``record_to_dict`` turns a record into Triton's JSON form, guided
+by ``json_meta`` field metadata (a different JSON key, or ``{wrap: value}`` nesting).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from enum import Enum
+from types import MappingProxyType
+from typing import Any
+
+__all__ = [
+    "BatchInputKind",
+    "BatchOutputKind",
+    "ControlKind",
+    "InputFormat",
+    "InstanceKind",
+    "ModelPriority",
+    "SecondaryDeviceKind",
+    "TimeoutAction",
+    "empty_map",
+    "frozen_map",
+    "json_meta",
+    "record_to_dict",
+]
+
+_EMPTY: Mapping[Any, Any] = MappingProxyType({})
+
+
+def empty_map() -> Mapping[Any, Any]:
+    """The shared empty read-only mapping (a ``default_factory`` for mapping fields)."""
+    return _EMPTY
+
+
+def frozen_map(items: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    """A read-only view of a copy of ``items``, for the mapping fields of the records."""
+    return MappingProxyType(dict(items))
+
+
+def json_meta(name: str | None = None, wrap: str | None = None, wrap_values: str | None = None) -> Any:
+    """Field metadata for :func:`record_to_dict`: JSON key, and ``{wrap: value}`` nesting."""
+    return {"json": name, "wrap": wrap, "wrap_values": wrap_values}
+
+
+def _plain(value: Any, wrap_values: str | None = None) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        to_dict = getattr(value, "to_dict", None)
+        return to_dict() if to_dict is not None else record_to_dict(value)
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): {wrap_values: _plain(v)} if wrap_values else _plain(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def record_to_dict(record: Any) -> dict[str, Any]:
+    """Triton's JSON form of a record: every field, ``None`` left out, enums by name."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if value is None:
+            continue
+        meta = f.metadata
+        plain = _plain(value, meta.get("wrap_values"))
+        out[meta.get("json") or f.name] = {meta["wrap"]: plain} if meta.get("wrap") else plain
+    return out
+
+
+class _Named(str, Enum):
+    """An enum whose values are the protobuf names, so ``Kind("KIND_GPU") is Kind.KIND_GPU``."""
+
+
+class InstanceKind(_Named):
+    KIND_AUTO = "KIND_AUTO"
+    KIND_GPU = "KIND_GPU"
+    KIND_CPU = "KIND_CPU"
+    KIND_MODEL = "KIND_MODEL"
+
+
+class SecondaryDeviceKind(_Named):
+    KIND_NVDLA = "KIND_NVDLA"
+
+
+class TimeoutAction(_Named):
+    REJECT = "REJECT"
+    DELAY = "DELAY"
+
+
+class InputFormat(_Named):
+    FORMAT_NONE = "FORMAT_NONE"
+    FORMAT_NHWC = "FORMAT_NHWC"
+    FORMAT_NCHW = "FORMAT_NCHW"
+
+
+class ControlKind(_Named):
+    CONTROL_SEQUENCE_START = "CONTROL_SEQUENCE_START"
+    CONTROL_SEQUENCE_READY = "CONTROL_SEQUENCE_READY"
+    CONTROL_SEQUENCE_END = "CONTROL_SEQUENCE_END"
+    CONTROL_SEQUENCE_CORRID = "CONTROL_SEQUENCE_CORRID"
+
+
+class BatchInputKind(_Named):
+    BATCH_ELEMENT_COUNT = "BATCH_ELEMENT_COUNT"
+    BATCH_ACCUMULATED_ELEMENT_COUNT = "BATCH_ACCUMULATED_ELEMENT_COUNT"
+    BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO = "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO"
+    BATCH_MAX_ELEMENT_COUNT_AS_SHAPE = "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE"
+    BATCH_ITEM_SHAPE = "BATCH_ITEM_SHAPE"
+    BATCH_ITEM_SHAPE_FLATTEN = "BATCH_ITEM_SHAPE_FLATTEN"
+
+
+class BatchOutputKind(_Named):
+    BATCH_SCATTER_WITH_INPUT_SHAPE = "BATCH_SCATTER_WITH_INPUT_SHAPE"
+
+
+class ModelPriority(_Named):
+    PRIORITY_DEFAULT = "PRIORITY_DEFAULT"
+    PRIORITY_MAX = "PRIORITY_MAX"
+    PRIORITY_MIN = "PRIORITY_MIN"

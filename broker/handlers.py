@@ -1,0 +1,114 @@
+"""Answers to the client commands other than INFER: health, metadata, config, statistics, regions."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from zinfer.client import dtypes
+from zinfer.client.errors import InvalidArgument, ProtocolError
+from zinfer.client.protocol import Command
+
+from .model_state import ModelState
+
+if TYPE_CHECKING:
+    from .server import Broker
+
+log = logging.getLogger(__name__)
+
+
+def _str(header: dict[str, Any], key: str) -> str:
+    value = header.get(key)
+    if not isinstance(value, str) or not 0 < len(value) <= 256:
+        raise ProtocolError(f"field '{key}' must be a string of 1 to 256 characters")
+    return value
+
+
+def _version(header: dict[str, Any]) -> int:
+    value = header.get("version", 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ProtocolError("field 'version' must be a non-negative integer")
+    return value
+
+
+def metadata(state: ModelState, versions: list[int]) -> dict[str, Any]:
+    """The KServe v2 model metadata of one model version."""
+    cfg = state.config
+    batch = [-1] if cfg.max_batch_size > 0 else []
+
+    def tensors(specs: Any) -> list[dict[str, Any]]:
+        return [
+            {"name": t.name, "datatype": dtypes.config_to_wire(t.data_type), "shape": batch + list(t.dims)}
+            for t in specs
+        ]
+
+    return {
+        "name": state.name,
+        "versions": [str(v) for v in versions],
+        "platform": cfg.platform or cfg.backend,
+        "max_batch_size": cfg.max_batch_size,
+        "inputs": tensors(cfg.input),
+        "outputs": tensors(cfg.output),
+    }
+
+
+class ClientHandlers:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def handle(self, identity: bytes, command: Command, header: dict[str, Any]) -> Any:
+        b = self.broker
+        if command == Command.SERVER_LIVE:
+            return True
+        if command == Command.SERVER_READY:
+            return b.startup_done and all(
+                s.ready for v in b.models.values() for s in v.values() if s.error is None
+            )
+        if command == Command.MODEL_READY:
+            try:
+                return b.resolve(_str(header, "model"), _version(header)).ready
+            except Exception:
+                return False
+        if command == Command.MODEL_METADATA:
+            state = b.resolve(_str(header, "model"), _version(header))
+            return metadata(state, sorted(b.models[state.name]))
+        if command == Command.MODEL_CONFIG:
+            return b.resolve(_str(header, "model"), _version(header)).config.to_dict()
+        if command == Command.STATISTICS:
+            return self._statistics(header)
+        if command == Command.REPOSITORY_INDEX:
+            return self._index()
+        if command == Command.REGISTER:
+            size = b.regions.register(identity, _str(header, "name"))
+            return {"size": size}
+        if command == Command.UNREGISTER:
+            name = _str(header, "name")
+            b.regions.unregister(identity, name)
+            b.drop_region(name)
+            return None
+        raise InvalidArgument(f"command {command.name} is not supported")
+
+    def _statistics(self, header: dict[str, Any]) -> dict[str, Any]:
+        b = self.broker
+        if "model" in header:
+            version = _version(header)
+            state = b.resolve(_str(header, "model"), version)
+            states = [state] if version else list(b.models[state.name].values())
+        else:
+            states = [s for v in b.models.values() for s in v.values()]
+        return {
+            "model_stats": [
+                {"name": s.name, "version": str(s.version), **s.stats.to_dict()}
+                for s in sorted(states, key=lambda s: (s.name, s.version))
+            ]
+        }
+
+    def _index(self) -> list[dict[str, Any]]:
+        b = self.broker
+        rows: list[dict[str, Any]] = []
+        for name, versions in sorted(b.models.items()):
+            for v, s in sorted(versions.items()):
+                rows.append({"name": name, "version": str(v), "state": s.state(), "reason": s.error or ""})
+        for name, error in sorted(b.load_errors.items()):
+            rows.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": error})
+        return rows

@@ -1,0 +1,126 @@
+"""What the broker knows about one loaded model version: its queue, its instances and its statistics."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zinfer.client.protocol import Frame, InferRequest
+
+from .batcher import BatchPolicy, DynamicBatcher
+from .model_config import ModelConfig
+
+
+@dataclass
+class Pending:
+    """A queued or running request."""
+
+    seq: int
+    client: bytes
+    request: InferRequest
+    frames: list[Frame]
+    wire_inputs: list[dict[str, Any]]  # the checked input descriptors as they arrived, passed on as is
+    wire_outputs: list[dict[str, Any]]
+    batch_size: int
+    arrival: float
+
+
+@dataclass
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def to_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class ModelStats:
+    """Cumulative figures in the shape of Triton's statistics extension."""
+
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    batch_sizes: dict[int, int] = field(default_factory=dict)
+    batch_reasons: dict[str, int] = field(default_factory=dict)
+
+    def record_batch(self, size: int, reason: str) -> None:
+        self.execution_count += 1
+        self.batch_sizes[size] = self.batch_sizes.get(size, 0) + 1
+        self.batch_reasons[reason] = self.batch_reasons.get(reason, 0) + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "last_inference": self.last_inference_ms,
+            "inference_stats": {
+                "success": self.success.to_dict(),
+                "fail": self.fail.to_dict(),
+                "queue": self.queue.to_dict(),
+                "compute_input": self.compute_input.to_dict(),
+                "compute_infer": self.compute_infer.to_dict(),
+                "compute_output": self.compute_output.to_dict(),
+            },
+            "batch_stats": [
+                {"batch_size": size, "count": count} for size, count in sorted(self.batch_sizes.items())
+            ],
+            "batch_reasons": dict(sorted(self.batch_reasons.items())),
+        }
+
+
+@dataclass
+class InFlight:
+    batch_id: int
+    worker: bytes
+    model: ModelState
+    requests: list[Pending]
+    sent_ns: int
+
+
+class ModelState:
+    def __init__(self, config: ModelConfig, version: int, version_dir: Path, instances: int) -> None:
+        self.config = config
+        self.name = config.name
+        self.version = version
+        self.version_dir = version_dir
+        self.expected_instances = instances
+        db = config.dynamic_batching
+        self.batcher: DynamicBatcher[Pending] = DynamicBatcher(
+            BatchPolicy(
+                max_batch_size=config.max_batch_size,
+                preferred_batch_sizes=tuple(db.preferred_batch_size) if db is not None else (),
+                max_queue_delay_us=db.max_queue_delay_microseconds if db is not None else 0,
+            )
+            if db is not None or config.max_batch_size == 0
+            else BatchPolicy(max_batch_size=config.max_batch_size, preferred_batch_sizes=(1,))
+        )
+        self.instances: set[bytes] = set()
+        self.idle: deque[bytes] = deque()
+        self.error: str | None = None
+        self.stats = ModelStats()
+
+    @property
+    def ready(self) -> bool:
+        return self.error is None and bool(self.instances)
+
+    @property
+    def loading(self) -> bool:
+        return self.error is None and len(self.instances) < self.expected_instances
+
+    def state(self) -> str:
+        if self.error is not None:
+            return "UNAVAILABLE"
+        return "READY" if self.instances else "LOADING"

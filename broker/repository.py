@@ -1,0 +1,110 @@
+"""Scanning a model repository in Triton's layout.
+
+::
+
+    <root>/
+      <model>/
+        config.pbtxt
+        1/            # numeric version folders; the version_policy picks which are served
+        2/
+
+Hidden entries (names starting with '.') and plain files at the top level are ignored. A model that
+cannot be loaded (its config does not parse, it uses features zinfer does not have yet, or its
+version_policy selects no version folder) still gets a :class:`ModelEntry`, with ``error`` set, so one
+bad model never stops the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from zinfer.client.errors import ConfigError
+
+from .config_records import VersionPolicy
+from .model_config import CONFIG_FILENAME, ModelConfig, load_model_config, unsupported_features
+
+__all__ = ["ModelEntry", "available_versions", "load_model_entry", "scan_repository", "select_versions"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    """One model folder. ``versions`` are the ones its version_policy selects, ascending.
+
+    ``error`` is ``None`` when the model can be served. With an error, ``config`` is still set when the
+    config itself was valid (e.g. "not supported yet: ..."), and ``versions`` when they could be chosen.
+    """
+
+    name: str
+    path: Path
+    config: ModelConfig | None
+    versions: tuple[int, ...]
+    error: str | None = None
+
+
+def available_versions(model_dir: Path) -> tuple[int, ...]:
+    """The version folders of a model, ascending: sub-folders whose names are all digits."""
+    found: dict[int, str] = {}
+    for child in model_dir.iterdir():
+        name = child.name
+        if not (name.isascii() and name.isdigit()) or not child.is_dir():
+            continue
+        version = int(name)
+        if version in found:
+            raise ConfigError(
+                f"{model_dir}: folders '{found[version]}' and '{name}' are both version {version}"
+            )
+        found[version] = name
+    return tuple(sorted(found))
+
+
+def select_versions(policy: VersionPolicy, available: Iterable[int], model_dir: Path) -> tuple[int, ...]:
+    """The versions ``policy`` serves out of ``available``; a missing ``specific`` version is an error."""
+    have = sorted(set(available))
+    if policy.kind == "all":
+        return tuple(have)
+    if policy.kind == "latest":
+        return tuple(have[-policy.num_versions :]) if have else ()
+    missing = [version for version in policy.versions if version not in have]
+    if missing:
+        listed = ", ".join(str(v) for v in missing)
+        raise ConfigError(f"{model_dir}: version_policy names version {listed}, which has no folder")
+    return tuple(sorted(policy.versions))
+
+
+def load_model_entry(model_dir: Path) -> ModelEntry:
+    """Load one model folder into a :class:`ModelEntry`; never raises for a bad model."""
+    name = model_dir.name
+    config_path = model_dir / CONFIG_FILENAME
+    if not config_path.is_file():
+        return ModelEntry(name, model_dir, None, (), f"{model_dir}: no {CONFIG_FILENAME}")
+    try:
+        config = load_model_config(config_path, name)
+    except ConfigError as exc:
+        return ModelEntry(name, model_dir, None, (), str(exc))
+    error: str | None = None
+    unsupported = unsupported_features(config)
+    if unsupported:
+        error = f"not supported yet: {', '.join(unsupported)}"
+    try:
+        versions = select_versions(config.version_policy, available_versions(model_dir), model_dir)
+    except (ConfigError, OSError) as exc:
+        return ModelEntry(name, model_dir, config, (), error or str(exc))
+    if not versions and error is None:
+        error = (
+            f"{model_dir}: no version folder (such as {model_dir / '1'}) is selected by the version_policy"
+        )
+    return ModelEntry(name, model_dir, config, versions, error)
+
+
+def scan_repository(root: Path) -> list[ModelEntry]:
+    """Every model folder under ``root``, sorted by name; a missing ``root`` is a :class:`ConfigError`."""
+    if not root.is_dir():
+        raise ConfigError(f"{root}: the model repository is not a folder")
+    entries: list[ModelEntry] = []
+    for child in sorted(root.iterdir(), key=lambda p: p.name):
+        if child.name.startswith(".") or not child.is_dir():
+            continue
+        entries.append(load_model_entry(child))
+    return entries

@@ -1,0 +1,111 @@
+"""Starts one worker process per model instance, watches them, and stops them."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker process needs to start."""
+
+    model: str
+    version: int
+    instance: int
+    device: str  # "cpu" or "gpu:<id>"
+    repository: Path
+    endpoint: str
+
+    def identity(self, incarnation: int) -> bytes:
+        return f"{self.model}/{self.version}/{self.instance}/{incarnation}".encode()
+
+
+@dataclass
+class WorkerProc:
+    spec: WorkerSpec
+    identity: bytes
+    proc: subprocess.Popen[bytes]
+    started: float
+
+
+class Supervisor:
+    def __init__(self, log_level: str = "INFO") -> None:
+        self._procs: dict[bytes, WorkerProc] = {}
+        self._incarnations: dict[tuple[str, int, int], int] = {}
+        self._log_level = log_level
+
+    def spawn(self, spec: WorkerSpec) -> WorkerProc:
+        key = (spec.model, spec.version, spec.instance)
+        incarnation = self._incarnations.get(key, 0) + 1
+        self._incarnations[key] = incarnation
+        identity = spec.identity(incarnation)
+        cmd = [
+            sys.executable,
+            "-m",
+            "zinfer.workers",
+            "--endpoint",
+            spec.endpoint,
+            "--repository",
+            str(spec.repository),
+            "--model",
+            spec.model,
+            "--version",
+            str(spec.version),
+            "--instance",
+            str(spec.instance),
+            "--device",
+            spec.device,
+            "--identity",
+            identity.decode(),
+            "--parent",
+            str(os.getpid()),
+            "--log-level",
+            self._log_level,
+        ]
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, close_fds=True)
+        wp = WorkerProc(spec, identity, proc, time.monotonic())
+        self._procs[identity] = wp
+        log.info("event=worker_spawned model=%s version=%d instance=%d pid=%d", *key, proc.pid)
+        return wp
+
+    def get(self, identity: bytes) -> WorkerProc | None:
+        return self._procs.get(identity)
+
+    def reap(self) -> list[tuple[WorkerProc, int]]:
+        """Workers that have exited since the last call, with their exit codes."""
+        dead = []
+        for identity, wp in list(self._procs.items()):
+            code = wp.proc.poll()
+            if code is not None:
+                del self._procs[identity]
+                dead.append((wp, code))
+        return dead
+
+    def pids(self) -> list[int]:
+        return [wp.proc.pid for wp in self._procs.values()]
+
+    def stop_all(self, timeout: float = 5.0) -> None:
+        """Wait for workers told to shut down; SIGTERM, then SIGKILL, the ones that do not exit in time."""
+        deadline = time.monotonic() + timeout
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            for wp in self._procs.values():
+                if sig is not None and wp.proc.poll() is None:
+                    wp.proc.send_signal(sig)
+            for wp in self._procs.values():
+                try:
+                    wp.proc.wait(max(0.05, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            if all(wp.proc.poll() is not None for wp in self._procs.values()):
+                break
+            deadline = time.monotonic() + 2.0
+        self._procs.clear()

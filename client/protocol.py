@@ -1,0 +1,316 @@
+"""The zinfer wire protocol: pure encode/decode functions, no sockets.
+
+A message is a list of ZeroMQ frames::
+
+    [PROTOCOL, command (1 byte), msgpack header, inline tensor frame 0, inline tensor frame 1, ...]
+
+``PROTOCOL`` names the protocol and its version, so a peer can reject a message from anything else. The
+header is a msgpack map decoded with hard limits (``MAX_HEADER_BYTES`` and per-container caps); pickle is
+never used. Records are frozen dataclasses; ``*_to_wire``/``*_from_wire`` turn them into header maps and
+back, checking every field's type, because every field that arrives from a peer is hostile until checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+
+from .errors import ProtocolError, Status
+
+PROTOCOL = b"ZNF1"
+MAX_HEADER_BYTES = 1 << 20
+MAX_DIMS = 16
+MAX_TENSORS = 256
+MAX_NAME = 256
+
+Frame = bytes | memoryview
+
+
+class Command(IntEnum):
+    # client -> broker
+    INFER = 0x01
+    CANCEL = 0x02
+    REGISTER = 0x03
+    UNREGISTER = 0x04
+    SERVER_LIVE = 0x05
+    SERVER_READY = 0x06
+    MODEL_READY = 0x07
+    MODEL_METADATA = 0x08
+    MODEL_CONFIG = 0x09
+    STATISTICS = 0x0A
+    REPOSITORY_INDEX = 0x0B
+    # broker -> client
+    REPLY = 0x20
+    # worker <-> broker
+    W_READY = 0x41
+    W_HEARTBEAT = 0x42
+    W_RESULT = 0x43
+    W_EXECUTE = 0x44
+    W_SHUTDOWN = 0x45
+    W_LOAD_FAILED = 0x46
+    W_DROP_REGION = 0x47
+
+
+CLIENT_COMMANDS = frozenset(c for c in Command if c < Command.REPLY)
+WORKER_COMMANDS = frozenset({Command.W_READY, Command.W_HEARTBEAT, Command.W_RESULT, Command.W_LOAD_FAILED})
+
+_COMMAND_BYTES = {c: bytes([c]) for c in Command}
+_COMMAND_BY_BYTE = {bytes([c]): c for c in Command}
+_STATUS_BY_INT = {int(s): s for s in Status}
+COPY_THRESHOLD = 1 << 16
+"""Frames at least this large are sent without copying (see ``send_copy``)."""
+
+
+@dataclass(frozen=True)
+class Message:
+    command: Command
+    header: dict[str, Any]
+    frames: list[Frame] = field(default_factory=list)
+
+
+def encode(command: Command, header: Mapping[str, Any], frames: Sequence[Frame] = ()) -> list[Frame]:
+    """Frames for one message."""
+    return [PROTOCOL, _COMMAND_BYTES[command], msgpack.packb(header, use_bin_type=True), *frames]
+
+
+def decode(frames: Sequence[Frame], allowed: frozenset[Command] | None = None) -> Message:
+    """Parse and bound-check one message; raise ``ProtocolError`` on anything malformed."""
+    if len(frames) < 3:
+        raise ProtocolError("message has fewer than 3 frames")
+    if bytes(frames[0]) != PROTOCOL:
+        raise ProtocolError("unknown protocol or version")
+    cmd_frame = bytes(frames[1])
+    if len(cmd_frame) != 1:
+        raise ProtocolError("command frame must be one byte")
+    command = _COMMAND_BY_BYTE.get(cmd_frame)
+    if command is None:
+        raise ProtocolError(f"unknown command 0x{cmd_frame[0]:02x}")
+    if allowed is not None and command not in allowed:
+        raise ProtocolError(f"command {command.name} is not accepted here")
+    if len(frames) - 3 > MAX_TENSORS:
+        raise ProtocolError("too many inline frames")
+    return Message(command, unpack_header(frames[2]), list(frames[3:]))
+
+
+def send_copy(frames: Sequence[Frame]) -> bool:
+    """Whether to let ZeroMQ copy the frames: cheaper unless one of them is large."""
+    return all(len(f) < COPY_THRESHOLD for f in frames)
+
+
+def unpack_header(data: Frame) -> dict[str, Any]:
+    if len(data) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(data)} bytes is over the {MAX_HEADER_BYTES} byte limit")
+    try:
+        header = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=MAX_HEADER_BYTES,
+            max_bin_len=MAX_HEADER_BYTES,
+            max_array_len=1 << 16,
+            max_map_len=1 << 12,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types (ValueError, StackError, ...)
+        raise ProtocolError(f"malformed header: {type(exc).__name__}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("header must be a map")
+    return header
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def _get(h: Mapping[str, Any], key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    if key not in h:
+        if default is ...:
+            raise ProtocolError(f"missing field '{key}'")
+        return default
+    value = h[key]
+    if kind is int and isinstance(value, bool):
+        raise ProtocolError(f"field '{key}' must be int")
+    if not isinstance(value, kind):
+        name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise ProtocolError(f"field '{key}' must be {name}")
+    return value
+
+
+def _name(h: Mapping[str, Any], key: str = "name") -> str:
+    value: str = _get(h, key, str)
+    if not value or len(value) > MAX_NAME:
+        raise ProtocolError(f"field '{key}' must be 1 to {MAX_NAME} characters")
+    return value
+
+
+def _int(h: Mapping[str, Any], key: str, default: Any = ..., lo: int = 0, hi: int = (1 << 63) - 1) -> int:
+    value: int = _get(h, key, int, default)
+    if not lo <= value <= hi:
+        raise ProtocolError(f"field '{key}' out of range")
+    return value
+
+
+def _list(h: Mapping[str, Any], key: str, limit: int, default: Any = ...) -> list[Any]:
+    value: list[Any] = _get(h, key, list, default)
+    if value is not None and len(value) > limit:
+        raise ProtocolError(f"field '{key}' has more than {limit} entries")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class ShmRef:
+    """A byte range of a registered region."""
+
+    region: str
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """A tensor: its bytes are either in a region (``shm``) or in inline frame number ``frame``."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    shm: ShmRef | None = None
+    frame: int | None = None
+
+
+@dataclass(frozen=True)
+class OutputRequest:
+    """An output the client wants; ``slot`` is where the client would like its bytes written."""
+
+    name: str
+    slot: ShmRef | None = None
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    request_id: str
+    model: str
+    version: int  # 0 = the server's choice (latest ready)
+    inputs: tuple[TensorRef, ...]
+    outputs: tuple[OutputRequest, ...] | None = None  # None = every output
+    priority: int = 0
+    timeout_us: int = 0
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reply:
+    request_id: str
+    status: Status
+    error: str = ""
+    body: Any = None
+
+
+def shm_to_wire(ref: ShmRef) -> list[Any]:
+    return [ref.region, ref.offset, ref.nbytes]
+
+
+def shm_from_wire(value: Any) -> ShmRef:
+    if not (isinstance(value, list) and len(value) == 3):
+        raise ProtocolError("shared-memory reference must be [region, offset, nbytes]")
+    region, offset, nbytes = value
+    if not isinstance(region, str) or not 0 < len(region) <= MAX_NAME:
+        raise ProtocolError("region name must be a non-empty string")
+    for v in (offset, nbytes):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < (1 << 63):
+            raise ProtocolError("offset and nbytes must be integers in [0, 2**63)")
+    return ShmRef(region, offset, nbytes)
+
+
+def tensor_to_wire(t: TensorRef) -> dict[str, Any]:
+    d: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+    if t.shm is not None:
+        d["shm"] = shm_to_wire(t.shm)
+    if t.frame is not None:
+        d["frame"] = t.frame
+    return d
+
+
+def tensor_from_wire(d: Any) -> TensorRef:
+    if not isinstance(d, dict):
+        raise ProtocolError("tensor must be a map")
+    shape = _list(d, "shape", MAX_DIMS)
+    for dim in shape:
+        if not isinstance(dim, int) or isinstance(dim, bool) or not 0 <= dim < (1 << 40):
+            raise ProtocolError("shape dims must be integers in [0, 2**40)")
+    shm = shm_from_wire(d["shm"]) if "shm" in d else None
+    frame = _int(d, "frame", None, 0, MAX_TENSORS) if "frame" in d else None
+    if (shm is None) == (frame is None):
+        raise ProtocolError("tensor needs exactly one of 'shm' or 'frame'")
+    return TensorRef(_name(d), _name(d, "datatype"), tuple(shape), shm, frame)
+
+
+def output_to_wire(o: OutputRequest) -> dict[str, Any]:
+    d: dict[str, Any] = {"name": o.name}
+    if o.slot is not None:
+        d["slot"] = shm_to_wire(o.slot)
+    return d
+
+
+def output_from_wire(d: Any) -> OutputRequest:
+    if not isinstance(d, dict):
+        raise ProtocolError("requested output must be a map")
+    return OutputRequest(_name(d), shm_from_wire(d["slot"]) if "slot" in d else None)
+
+
+def infer_to_wire(r: InferRequest) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "id": r.request_id,
+        "model": r.model,
+        "version": r.version,
+        "inputs": [tensor_to_wire(t) for t in r.inputs],
+    }
+    if r.outputs is not None:
+        d["outputs"] = [output_to_wire(o) for o in r.outputs]
+    if r.priority:
+        d["priority"] = r.priority
+    if r.timeout_us:
+        d["timeout_us"] = r.timeout_us
+    if r.parameters:
+        d["parameters"] = dict(r.parameters)
+    return d
+
+
+def infer_from_wire(d: Mapping[str, Any]) -> InferRequest:
+    outputs = _list(d, "outputs", MAX_TENSORS, None)
+    params = _get(d, "parameters", dict, {})
+    return InferRequest(
+        request_id=_get(d, "id", str),
+        model=_name(d, "model"),
+        version=_int(d, "version", 0),
+        inputs=tuple(tensor_from_wire(t) for t in _list(d, "inputs", MAX_TENSORS)),
+        outputs=None if outputs is None else tuple(output_from_wire(o) for o in outputs),
+        priority=_int(d, "priority", 0),
+        timeout_us=_int(d, "timeout_us", 0),
+        parameters=params,
+    )
+
+
+def reply_to_wire(r: Reply) -> dict[str, Any]:
+    d: dict[str, Any] = {"id": r.request_id, "status": int(r.status)}
+    if r.error:
+        d["error"] = r.error
+    if r.body is not None:
+        d["body"] = r.body
+    return d
+
+
+def reply_from_wire(d: Mapping[str, Any]) -> Reply:
+    status = _STATUS_BY_INT.get(_int(d, "status", lo=0, hi=255), Status.INTERNAL)
+    return Reply(_get(d, "id", str), status, _get(d, "error", str, ""), d.get("body"))
+
+
+def request_id_of(header: Mapping[str, Any]) -> str:
+    """The request id of a header, or ``""`` when it has none usable (for error replies)."""
+    rid = header.get("id")
+    return rid if isinstance(rid, str) and len(rid) <= MAX_NAME else ""

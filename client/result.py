@@ -1,0 +1,40 @@
+"""What an inference returns."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import ClientError
+
+
+class InferResult:
+    """The outputs of one request, by name.
+
+    Arrays read from shared memory are views into the client's arena: they stay valid for as long as
+    any array refers to them, and their slot is reused only after the last one is gone.
+    """
+
+    def __init__(
+        self, model: str, version: int, request_id: str, outputs: Mapping[str, npt.NDArray[np.generic]]
+    ) -> None:
+        self.model_name = model
+        self.model_version = version
+        self.request_id = request_id
+        self._outputs = dict(outputs)
+
+    def as_numpy(self, name: str) -> npt.NDArray[np.generic]:
+        try:
+            return self._outputs[name]
+        except KeyError:
+            raise ClientError(f"the result has no output named {name!r}") from None
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self._outputs)
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in self._outputs.items())
+        return f"InferResult(model={self.model_name!r}, version={self.model_version}, outputs=[{shapes}])"

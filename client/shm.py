@@ -1,0 +1,135 @@
+"""POSIX shared-memory segments, created or attached without Python's resource tracker.
+
+Exactly one process creates a segment and unlinks it; every other process only attaches. Attaching
+goes through ``os.open`` on ``/dev/shm`` and ``mmap`` rather than ``multiprocessing.shared_memory``,
+whose resource tracker (before Python 3.13) unlinks segments it merely attached to.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import re
+import secrets
+import stat
+from pathlib import Path
+
+from .errors import ShmError
+
+SHM_DIR = Path("/dev/shm")
+CLIENT_PREFIX = "zinfer-c"
+"""Segments created by clients: ``zinfer-c<pid>-<random>``; the pid lets the server reap leftovers."""
+RESERVED_PREFIX = "zinfer-s"
+"""Segments created by the server; a client may never register a name with this prefix."""
+MAX_NAME_LEN = 200
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+
+
+def check_name(name: str) -> None:
+    """Raise ``ShmError`` unless ``name`` is a plain segment name a client may register."""
+    if not _NAME_RE.fullmatch(name) or name in (".", ".."):
+        raise ShmError("region name must be 1-200 characters of letters, digits, '.', '_' or '-'")
+    if name.startswith(RESERVED_PREFIX):
+        raise ShmError("region name uses a prefix reserved for the server")
+
+
+def new_client_name() -> str:
+    return f"{CLIENT_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+
+
+def creator_pid(name: str) -> int | None:
+    """The pid embedded in a client segment name, or None for other names."""
+    m = re.fullmatch(rf"{CLIENT_PREFIX}(\d+)-[0-9a-f]{{16}}", name)
+    return int(m.group(1)) if m else None
+
+
+class Segment:
+    """One mapped segment. ``owner`` segments are unlinked by ``close(unlink=True)``."""
+
+    def __init__(self, name: str, fd: int, size: int, owner: bool, writable: bool = True) -> None:
+        self.name = name
+        self.size = size
+        self.owner = owner
+        self._fd = fd
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        self.map: mmap.mmap | None = mmap.mmap(fd, size, access=access) if size > 0 else None
+        self.buf = memoryview(self.map) if self.map is not None else memoryview(b"")
+
+    @classmethod
+    def create(cls, size: int, name: str | None = None) -> Segment:
+        """Create a new segment of ``size`` bytes, mode 0600, with its pages reserved up front.
+
+        Reserving with ``posix_fallocate`` turns a full ``/dev/shm`` into a clean ``ShmError`` here
+        instead of a SIGBUS at first write.
+        """
+        if size <= 0:
+            raise ShmError("segment size must be positive")
+        name = name or new_client_name()
+        path = SHM_DIR / name
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise ShmError(f"cannot create shared-memory segment: {exc.strerror}") from None
+        try:
+            os.ftruncate(fd, size)
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            os.close(fd)
+            os.unlink(path)
+            reason = "/dev/shm is full" if exc.errno == errno.ENOSPC else exc.strerror
+            raise ShmError(f"cannot size shared-memory segment to {size} bytes: {reason}") from None
+        return cls(name, fd, size, owner=True)
+
+    @classmethod
+    def attach(cls, name: str, writable: bool = True) -> Segment:
+        """Map an existing segment without taking ownership."""
+        try:
+            fd = os.open(SHM_DIR / name, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+        except OSError as exc:
+            raise ShmError(f"cannot open shared-memory region: {exc.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ShmError("shared-memory region is not a regular segment")
+            return cls(name, fd, st.st_size, owner=False, writable=writable)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def current_size(self) -> int:
+        """The segment's size now (it may have been shrunk since it was mapped)."""
+        return os.fstat(self._fd).st_size
+
+    def close(self, unlink: bool | None = None) -> None:
+        """Unmap and close; unlink when this process owns the segment (or when told to)."""
+        if unlink is None:
+            unlink = self.owner
+        self.buf.release()
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:
+                # A view still refers to the mapping; it is unmapped when the last view dies.
+                pass
+            self.map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if unlink:
+            try:
+                os.unlink(SHM_DIR / self.name)
+            except FileNotFoundError:
+                pass
+
+
+def region_size(name: str) -> int:
+    """The size of a named segment, checked to be a regular file (used when a client registers it)."""
+    check_name(name)
+    try:
+        st = os.stat(SHM_DIR / name, follow_symlinks=False)
+    except OSError as exc:
+        raise ShmError(f"cannot open shared-memory region: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ShmError("shared-memory region is not a regular segment")
+    return st.st_size

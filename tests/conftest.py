@@ -1,0 +1,137 @@
+"""Shared fixtures: a real ``zinfer serve`` process on a private runtime directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "configs" / "models"
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> None:
+    """Poll ``condition`` until it holds or ``timeout`` seconds pass (then fail the test)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def zinfer_segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("zinfer")}
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen[bytes]
+    runtime_dir: Path
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"ipc://{self.runtime_dir / 'zinfer.sock'}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def workers(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        children = self.workers()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait(5)
+        _, alive = psutil.wait_procs(children, timeout=5)
+        for p in alive:
+            p.kill()
+        assert not alive, f"workers still running after the server stopped: {[p.pid for p in alive]}"
+        return code
+
+
+def start_server(
+    repository: Path = MODELS, *extra: str, ready_timeout: float = 60.0, wait_ready: bool = True
+) -> ServerProcess:
+    runtime_dir = Path(tempfile.mkdtemp(prefix="zi-"))
+    log_path = runtime_dir.with_suffix(".log")
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "zinfer.broker",
+                "serve",
+                "--model-repository",
+                str(repository),
+                "--runtime-dir",
+                str(runtime_dir / "rt"),
+                *extra,
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    server = ServerProcess(proc, runtime_dir / "rt", log_path)
+    if wait_ready:
+        try:
+            wait_for(
+                lambda: "event=ready" in server.log() or proc.poll() is not None,
+                ready_timeout,
+                "the server to log readiness",
+            )
+        except AssertionError:
+            server.stop(signal.SIGKILL)
+            raise
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited early with {proc.returncode}:\n{server.log()}")
+    return server
+
+
+@pytest.fixture
+def server_factory() -> Iterator[Callable[..., ServerProcess]]:
+    started: list[ServerProcess] = []
+
+    def factory(*args: object, **kwargs: object) -> ServerProcess:
+        s = start_server(*args, **kwargs)  # type: ignore[arg-type]
+        started.append(s)
+        return s
+
+    yield factory
+    for s in started:
+        s.stop()
+        shutil.rmtree(s.runtime_dir.parent, ignore_errors=True)
+        s.log_path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def bundled_server() -> Iterator[ServerProcess]:
+    """One server on the bundled models, shared by a module's tests."""
+    before = zinfer_segments()
+    s = start_server()
+    yield s
+    code = s.stop()
+    assert code == 0, s.log()
+    shutil.rmtree(s.runtime_dir.parent, ignore_errors=True)
+    s.log_path.unlink(missing_ok=True)
+    leaked = zinfer_segments() - before
+    assert not leaked, f"segments left in /dev/shm: {sorted(leaked)}"

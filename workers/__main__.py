@@ -1,0 +1,39 @@
+"""``python -m zinfer.workers``: one model instance, started by the broker's supervisor."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from .worker import WorkerArgs, main_loop
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="zinfer-worker", description="A zinfer model instance (started by the broker)."
+    )
+    p.add_argument("--endpoint", required=True)
+    p.add_argument("--repository", required=True, type=Path)
+    p.add_argument("--model", required=True)
+    p.add_argument("--version", required=True, type=int)
+    p.add_argument("--instance", required=True, type=int)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--identity", required=True)
+    p.add_argument("--parent", required=True, type=int)
+    p.add_argument("--log-level", default="INFO")
+    a = p.parse_args(argv)
+    logging.basicConfig(
+        level=a.log_level.upper(),
+        format=f"%(asctime)s level=%(levelname)s logger=%(name)s worker={a.identity} %(message)s",
+    )
+    return main_loop(
+        WorkerArgs(
+            a.endpoint, a.repository, a.model, a.version, a.instance, a.device, a.identity.encode(), a.parent
+        )
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
