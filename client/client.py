@@ -88,6 +88,8 @@ class Client:
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid()}-{id(self):x}-"
         self._models: dict[tuple[str, int], _ModelInfo] = {}
+        # arrays made by empty(): id of their base memoryview -> (that memoryview, its slot)
+        self._owned: dict[int, tuple[memoryview, Slot]] = {}
         self._arena_args = (arena_bytes, max_arena_bytes)
         self._arena: Arena | None = None
         self._closed = False
@@ -144,6 +146,56 @@ class Client:
     def repository_index(self) -> list[dict[str, Any]]:
         body: list[dict[str, Any]] = self._call(Command.REPOSITORY_INDEX, {}).body
         return body
+
+    # ------------------------------------------------------------------------------------ zero-copy arrays
+
+    def empty(self, shape: Sequence[int] | int, dtype: npt.DTypeLike = np.float32) -> npt.NDArray[Any]:
+        """An uninitialised array living in this client's shared memory.
+
+        Passing it (or a contiguous slice of it) to ``infer`` sends its descriptor without copying the
+        bytes. Its memory returns to the arena when the last reference to it is gone.
+        """
+        if not self._use_shm:
+            raise ClientError("zero-copy arrays need a local (ipc://) server with shared memory")
+        dt = np.dtype(dtype)
+        if dt.kind in "OSU":
+            raise ClientError("zero-copy arrays hold fixed-size types only, not BYTES")
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        count = math.prod(dims)
+        slot = self._arena_get().alloc(max(1, count * dt.itemsize))
+        flat = np.frombuffer(slot.view(), dtype=dt, count=count)
+        anchor = flat.base  # the buffer object every view of this array keeps alive
+        assert isinstance(anchor, memoryview)
+        key = id(anchor)
+        self._owned[key] = (anchor, slot)
+        weakref.finalize(anchor, self._release_owned, key, slot)
+        return flat.reshape(dims)
+
+    def zeros(self, shape: Sequence[int] | int, dtype: npt.DTypeLike = np.float32) -> npt.NDArray[Any]:
+        """Like ``empty``, filled with zeros."""
+        arr = self.empty(shape, dtype)
+        arr.fill(0)
+        return arr
+
+    def _release_owned(self, key: int, slot: Slot) -> None:
+        self._owned.pop(key, None)
+        self._free_slot(slot)
+
+    def _owned_ref(self, arr: npt.NDArray[Any]) -> ShmRef | None:
+        """Where ``arr`` lies in the arena, if it is a contiguous array made by ``empty``."""
+        if not self._owned or not arr.flags.c_contiguous:
+            return None
+        base: Any = arr
+        while isinstance(base, np.ndarray) and base.base is not None:
+            base = base.base
+        entry = self._owned.get(id(base)) if isinstance(base, memoryview) else None
+        if entry is None or entry[0] is not base:
+            return None
+        anchor, slot = entry
+        start = arr.__array_interface__["data"][0] - np.frombuffer(anchor, dtype=np.uint8).ctypes.data
+        if start < 0 or start + arr.nbytes > slot.nbytes:
+            return None
+        return ShmRef(slot.region, slot.offset + start, arr.nbytes)
 
     # ------------------------------------------------------------------------------------ inference
 
@@ -215,6 +267,10 @@ class Client:
             wire = dtypes.numpy_to_wire(arr.dtype)
             if i == 0 and arr.ndim > 0:
                 batch = arr.shape[0]
+            owned = self._owned_ref(arr) if self._use_shm and wire != dtypes.BYTES else None
+            if owned is not None:  # already in shared memory: send where it is, no copy
+                refs.append(TensorRef(name, wire, arr.shape, shm=owned))
+                continue
             data: bytes | npt.NDArray[Any]
             if wire == dtypes.BYTES:
                 data = dtypes.serialize_bytes(arr)
@@ -307,8 +363,9 @@ class Client:
             self._free([slot])
             return out
         # A zero-copy view: the slot goes back to the arena when the last array over it is gone.
-        weakref.finalize(view, self._free_slot, slot)
-        return np.frombuffer(view, dtype=dtypes.wire_to_numpy(ref.datatype), count=count).reshape(ref.shape)
+        flat = np.frombuffer(view, dtype=dtypes.wire_to_numpy(ref.datatype), count=count)
+        weakref.finalize(flat.base, self._free_slot, slot)
+        return flat.reshape(ref.shape)
 
     # ------------------------------------------------------------------------------------ shm
 
