@@ -1,0 +1,318 @@
+"""Serving benchmark: a real ``zinfer serve`` beside the raw limits of the same machine, in one run.
+
+(a) latency of ``add`` at concurrency 1 vs a bare ZeroMQ round trip through one ROUTER hop;
+(b) throughput of ``add`` at concurrency 1/8/32/64 (one Client per thread) vs the bare pipelined rate;
+(c) a 16 MiB tensor through ``identity``, copied and zero-copy, vs memcpy into /dev/shm.
+
+Usage: ``.venv/bin/python bench/bench_serving.py [--quick]``. Results go to bench/results/bench_serving.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from zinfer.client import protocol
+from zinfer.client.client import Client
+from zinfer.client.paths import client_endpoint
+from zinfer.client.protocol import Command, InferRequest, OutputRequest, ShmRef, TensorRef
+from zinfer.client.shm import new_client_name
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import baseline  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "bench_serving.json"
+BIG_SHAPE = (1, 4 << 20)  # 16 MiB of fp32
+FULL = {"warmup": 1000, "lat_n": 5000, "step_s": 5.0, "step_max": 200_000, "rate_n": 50_000, "big_n": 30}
+QUICK = {"warmup": 500, "lat_n": 500, "step_s": 1.0, "step_max": 20_000, "rate_n": 5_000, "big_n": 15}
+CONCURRENCY = (1, 8, 32, 64)
+TIMEOUT_S = 30.0  # every request's receive timeout
+LOOP_MAX_S = 120.0  # a measurement loop stops here even if its count is not reached
+
+
+# ---------------------------------------------------------------------------------------------- server
+
+
+@contextmanager
+def zinfer_server(ready_timeout_s: float = 60.0) -> Iterator[str]:
+    """A ``zinfer serve`` on the bundled models in a temp runtime dir; yields its URL; always stopped."""
+    tmp = Path(tempfile.mkdtemp(prefix="zbs-", dir="/tmp"))
+    log_path = tmp / "serve.log"
+    cmd = [sys.executable, "-m", "zinfer.broker", "serve", "--model-repository", str(ROOT / "configs/models")]
+    cmd += ["--runtime-dir", str(tmp / "rt")]
+    proc = None
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        _wait_ready(proc, log_path, ready_timeout_s)
+        yield client_endpoint(tmp / "rt")
+    finally:
+        if proc is not None:
+            _stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = log_path.read_text(errors="replace")
+        if "event=ready" in text:
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"zinfer serve exited with {proc.returncode}:\n{text[-2000:]}")
+        time.sleep(0.05)
+    raise TimeoutError(f"zinfer serve not ready within {timeout_s} s:\n{log_path.read_text()[-2000:]}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the server and its workers
+        proc.wait(5)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q))
+
+
+def model_stats(client: Client, model: str) -> dict[str, Any]:
+    stats: dict[str, Any] = client.statistics(model)["model_stats"][0]
+    return stats
+
+
+def mean_batch(before: dict[str, Any], after: dict[str, Any]) -> float:
+    was = {b["batch_size"]: b["count"] for b in before["batch_stats"]}
+    diff = {b["batch_size"]: b["count"] - was.get(b["batch_size"], 0) for b in after["batch_stats"]}
+    execs = sum(diff.values())
+    return sum(size * n for size, n in diff.items()) / execs if execs else 0.0
+
+
+def timing_ns(before: dict[str, Any], after: dict[str, Any], key: str) -> float:
+    """Mean ns per execution of one ``inference_stats`` field between two snapshots."""
+    b, a = before["inference_stats"][key], after["inference_stats"][key]
+    count = a["count"] - b["count"]
+    return (a["ns"] - b["ns"]) / count if count else 0.0
+
+
+def add_inputs() -> dict[str, np.ndarray]:
+    return {"INPUT_A": np.ones((1, 1), np.float32), "INPUT_B": np.full((1, 1), 2.0, np.float32)}
+
+
+def bare_frames() -> list[bytes]:
+    """Frames the size of a real ``add`` request: 2 shm inputs of shape [1,1], 1 output slot."""
+    region = new_client_name()
+    names = ("INPUT_A", "INPUT_B")
+    inputs = tuple(TensorRef(n, "FP32", (1, 1), shm=ShmRef(region, 64 * i, 4)) for i, n in enumerate(names))
+    req = InferRequest(
+        request_id=f"{os.getpid()}-{id(region):x}-1000",
+        model="add",
+        version=0,
+        inputs=inputs,
+        outputs=(OutputRequest("OUTPUT_SUM", ShmRef(region, 128, 4)),),
+    )
+    return [bytes(f) for f in protocol.encode(Command.INFER, protocol.infer_to_wire(req))]
+
+
+# ------------------------------------------------------------------------------------------ (a) latency
+
+
+def zinfer_latency_us(url: str, warmup: int, n: int) -> list[float]:
+    inputs = add_inputs()
+    out = []
+    deadline = time.perf_counter() + LOOP_MAX_S
+    with Client(url, timeout=TIMEOUT_S) as c:
+        for i in range(warmup + n):
+            if time.perf_counter() > deadline:
+                break
+            t0 = time.perf_counter()
+            c.infer("add", inputs)
+            if i >= warmup:
+                out.append((time.perf_counter() - t0) * 1e6)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ (b) throughput
+
+
+def _closed_loop(c: Client, start: threading.Barrier, clock: list[float], cap: int, out: list[Any]) -> None:
+    inputs = add_inputs()
+    done = 0
+    try:
+        c.infer("add", inputs)  # fetch metadata, map the arena: not counted
+        start.wait(TIMEOUT_S)
+        while done < cap and time.perf_counter() < clock[1]:
+            c.infer("add", inputs)
+            done += 1
+        out.append(done)
+    except BaseException as exc:  # reported by the main thread
+        out.append(exc)
+
+
+def throughput_step(url: str, conc: int, duration_s: float, cap: int) -> dict[str, float]:
+    clients = [Client(url, timeout=TIMEOUT_S) for _ in range(conc)]
+    try:
+        before = model_stats(clients[0], "add")
+        clock = [0.0, float("inf")]  # start, stop: set by the barrier before any thread is released
+        out: list[Any] = []
+
+        def go() -> None:
+            clock[0] = time.perf_counter()
+            clock[1] = clock[0] + duration_s
+
+        start = threading.Barrier(conc + 1, action=go)
+        per_thread = max(1, cap // conc)
+        threads = [
+            threading.Thread(target=_closed_loop, args=(c, start, clock, per_thread, out), daemon=True)
+            for c in clients
+        ]
+        for t in threads:
+            t.start()
+        start.wait(TIMEOUT_S)
+        for t in threads:
+            t.join(duration_s + TIMEOUT_S)
+        elapsed = time.perf_counter() - clock[0]
+        errors = [e for e in out if isinstance(e, BaseException)]
+        if errors or len(out) != conc:
+            raise RuntimeError(f"concurrency {conc}: {len(out)}/{conc} threads done, errors: {errors[:3]}")
+        after = model_stats(clients[0], "add")
+        done = sum(out)
+        return {"concurrency": conc, "requests": done, "seconds": elapsed, "req_per_s": done / elapsed,
+                "mean_batch": mean_batch(before, after)}  # fmt: skip
+    finally:
+        for c in clients:
+            c.close()
+
+
+# ------------------------------------------------------------------------------------------ (c) 16 MiB
+
+
+def big_tensor(url: str, n: int, zero_copy: bool) -> dict[str, float]:
+    with Client(url, timeout=TIMEOUT_S) as c:
+        x = c.empty(BIG_SHAPE, np.float32) if zero_copy else np.empty(BIG_SHAPE, np.float32)
+        x[...] = np.arange(BIG_SHAPE[1], dtype=np.float32)
+        for _ in range(3):  # warm-up: arena growth, page faults in the worker
+            c.infer("identity", {"INPUT0": x}).as_numpy("OUTPUT0")
+        before = model_stats(c, "identity")
+        times: list[float] = []
+        deadline = time.perf_counter() + LOOP_MAX_S
+        while len(times) < n and time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            y = c.infer("identity", {"INPUT0": x}).as_numpy("OUTPUT0")
+            times.append(time.perf_counter() - t0)
+            del y
+        after = model_stats(c, "identity")
+    keys = ("compute_input", "compute_infer", "compute_output")
+    split = {k: timing_ns(before, after, k) / 1e9 for k in keys}
+    return {"n": len(times), "e2e_s": statistics.median(times), "kernel_s": split["compute_infer"], **split}
+
+
+# ---------------------------------------------------------------------------------------------- run
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "pyzmq": zmq.pyzmq_version(),
+        "libzmq": zmq.zmq_version(),
+        "platform": platform.platform(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def run(p: dict[str, Any]) -> dict[str, Any]:
+    frames = bare_frames()
+    with baseline.bare_hop() as ep:
+        bare_lat = baseline.bare_latency_us(ep, frames, p["lat_n"])
+        bare_rate = baseline.bare_rate(ep, frames, p["rate_n"], 32)
+    memcpy_s = baseline.shm_memcpy_s(int(np.prod(BIG_SHAPE)) * 4)
+    with zinfer_server() as url:
+        lat = zinfer_latency_us(url, p["warmup"], p["lat_n"])
+        steps = [throughput_step(url, k, p["step_s"], p["step_max"]) for k in CONCURRENCY]
+        big = {form: big_tensor(url, p["big_n"], form == "zero_copy") for form in ("copied", "zero_copy")}
+    for b in big.values():
+        b["overhead_over_memcpy"] = (b["e2e_s"] - b["kernel_s"]) / memcpy_s
+    at32 = next(s for s in steps if s["concurrency"] == 32)
+    return {
+        "machine": machine(),
+        "params": p,
+        "frame_bytes": [len(f) for f in frames],
+        "latency": {
+            "zinfer_p50_us": pct(lat, 50), "zinfer_p99_us": pct(lat, 99),
+            "bare_p50_us": pct(bare_lat, 50), "bare_p99_us": pct(bare_lat, 99),
+            "ratio_p50": pct(lat, 50) / pct(bare_lat, 50), "target": "<= 2", "n": len(lat),
+        },
+        "throughput": {"steps": steps, "bare_rate_window32": bare_rate,
+                       "ratio_at_32": at32["req_per_s"] / bare_rate, "target": ">= 0.4"},
+        "big_tensor": {"shape": list(BIG_SHAPE), "memcpy_s": memcpy_s, **big, "target": "<= 2"},
+    }  # fmt: skip
+
+
+def report(r: dict[str, Any]) -> None:
+    m, lat, tp, big = r["machine"], r["latency"], r["throughput"], r["big_tensor"]
+    print(f"zinfer serving bench  {m['date']}  cpus={m['cpu_count']} python={m['python']} "
+          f"numpy={m['numpy']} pyzmq={m['pyzmq']}")  # fmt: skip
+    print(f"\n(a) add, concurrency 1 (request frames {r['frame_bytes']} bytes)")
+    print(f"  {'':8}{'p50 us':>10}{'p99 us':>10}")
+    print(f"  {'zinfer':8}{lat['zinfer_p50_us']:10.1f}{lat['zinfer_p99_us']:10.1f}")
+    print(f"  {'bare':8}{lat['bare_p50_us']:10.1f}{lat['bare_p99_us']:10.1f}")
+    print(f"  p50 zinfer / bare = {lat['ratio_p50']:.2f}  (target <= 2)")
+    print("\n(b) add, closed loop, one Client per thread")
+    print(f"  {'conc':>5}{'req/s':>10}{'mean batch':>12}{'requests':>10}")
+    for s in tp["steps"]:
+        print(f"  {s['concurrency']:5d}{s['req_per_s']:10.0f}{s['mean_batch']:12.2f}{s['requests']:10d}")
+    print(f"  bare pipelined rate (window 32): {tp['bare_rate_window32']:.0f} msg/s")
+    print(f"  throughput@32 / bare = {tp['ratio_at_32']:.2f}  (target >= 0.4)")
+    print(f"\n(c) identity, {big['shape']} fp32 (16 MiB); memcpy to /dev/shm {big['memcpy_s'] * 1e3:.2f} ms")
+    cols = f"{'e2e ms':>8}{'input ms':>10}{'kernel ms':>10}{'output ms':>10}{'(e2e-k)/memcpy':>15}"
+    print(f"  {'form':10}{cols}")
+    for form in ("copied", "zero_copy"):
+        b = big[form]
+        print(f"  {form:10}{b['e2e_s'] * 1e3:8.2f}{b['compute_input'] * 1e3:10.2f}{b['kernel_s'] * 1e3:10.2f}"
+              f"{b['compute_output'] * 1e3:10.2f}{b['overhead_over_memcpy']:15.2f}")  # fmt: skip
+    print("  target (e2e - kernel) / memcpy <= 2")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small counts and durations (smoke test, < 30 s)")
+    args = ap.parse_args()
+    params = dict(QUICK if args.quick else FULL, quick=args.quick)
+    t0 = time.perf_counter()
+    results = run(params)
+    results["wall_s"] = time.perf_counter() - t0
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    report(results)
+    print(f"\nwrote {RESULTS.relative_to(ROOT)} in {results['wall_s']:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

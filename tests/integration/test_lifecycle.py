@@ -1,0 +1,187 @@
+"""Start, serve, stop: signals, locks, broken models, TCP, a worker that dies."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import MODELS, ServerProcess, wait_for, zinfer_segments
+from zinfer.client.client import Client
+from zinfer.client.errors import ConnectionFailed, NotFound, RequestTimeout, Unavailable
+
+pytestmark = pytest.mark.integration
+
+ONE = np.ones((1, 1), np.float32)
+
+
+def _add(client: Client) -> float:
+    return float(client.infer("add", {"INPUT_A": ONE, "INPUT_B": ONE}).as_numpy("OUTPUT_SUM")[0, 0])
+
+
+def test_sigterm_stops_everything_and_leaves_nothing(server_factory: Callable[..., ServerProcess]) -> None:
+    before = zinfer_segments()
+    server = server_factory()
+    workers = server.workers()
+    assert len(workers) == 3
+    with Client(server.url, timeout=30) as client:
+        assert _add(client) == 2.0
+        client.infer("identity", {"INPUT0": np.ones((1, 1 << 20), np.float32)})
+        assert zinfer_segments() - before, "the client should own a segment while open"
+    assert zinfer_segments() == before
+    assert server.stop(signal.SIGTERM) == 0
+    assert not [p for p in workers if p.is_running() and p.status() != "zombie"]
+    assert not (server.runtime_dir / "zinfer.sock").exists()
+    assert not (server.runtime_dir / "workers.sock").exists()
+    assert "event=stopped" in server.log()
+
+
+def test_ctrl_c_to_the_process_group_exits_zero() -> None:
+    runtime = Path(tempfile.mkdtemp(prefix="zi-"))
+    log_path = runtime / "log"
+    try:
+        with open(log_path, "wb") as log_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "zinfer.broker", "serve", "--runtime-dir", str(runtime / "rt")],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        server = ServerProcess(proc, runtime / "rt", log_path)
+        try:
+            wait_for(lambda: "event=ready" in server.log(), 60, "readiness")
+            workers = server.workers()
+            os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+            assert proc.wait(20) == 0, server.log()
+            wait_for(
+                lambda: not any(p.is_running() and p.status() != "zombie" for p in workers), 10, "workers"
+            )
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_second_server_on_same_runtime_dir_refuses(server_factory: Callable[..., ServerProcess]) -> None:
+    first = server_factory()
+    second = subprocess.run(
+        [sys.executable, "-m", "zinfer.broker", "serve", "--runtime-dir", str(first.runtime_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode != 0
+    assert "another zinfer server is running" in second.stderr
+    with Client(first.url, timeout=30) as client:  # the first one still owns its socket
+        assert _add(client) == 2.0
+
+
+def test_client_without_server_fails_fast(tmp_path: Path) -> None:
+    client = Client(f"ipc://{tmp_path}/zinfer.sock", timeout=30)
+    try:
+        start = time.monotonic()
+        with pytest.raises(ConnectionFailed):
+            client.is_server_live()
+        assert time.monotonic() - start < 5
+    finally:
+        client.close()
+
+
+def test_timeout_when_nobody_answers(tmp_path: Path) -> None:
+    import zmq
+
+    dead = zmq.Context.instance().socket(zmq.ROUTER)  # bound, but never replies
+    dead.bind(f"ipc://{tmp_path}/zinfer.sock")
+    client = Client(f"ipc://{tmp_path}/zinfer.sock", timeout=0.5)
+    try:
+        with pytest.raises(RequestTimeout):
+            client.is_server_live()
+    finally:
+        client.close()
+        dead.close(linger=0)
+
+
+def _repo_with_broken_models(root: Path) -> Path:
+    repo = root / "models"
+    shutil.copytree(MODELS / "add", repo / "add")
+    (repo / "typo" / "1").mkdir(parents=True)
+    (repo / "typo" / "config.pbtxt").write_text('name: "typo"\nmax_batch_size: 4\nbogus_field: 1\n')
+    (repo / "seq" / "1").mkdir(parents=True)
+    (repo / "seq" / "config.pbtxt").write_text(
+        'name: "seq"\nbackend: "zinfer"\nmax_batch_size: 4\nsequence_batching { }\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    )
+    (repo / "nokernel" / "1").mkdir(parents=True)
+    (repo / "nokernel" / "config.pbtxt").write_text(
+        'backend: "zinfer"\nmax_batch_size: 4\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'parameters { key: "kernel" value: { string_value: "nonexistent" } }\n'
+    )
+    return repo
+
+
+def test_broken_models_fail_alone(server_factory: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    server = server_factory(_repo_with_broken_models(tmp_path))
+    log = server.log()
+    assert "bogus_field" in log and "config.pbtxt:3" in log
+    with Client(server.url, timeout=30) as client:
+        assert _add(client) == 2.0
+        assert client.is_server_ready()  # readiness covers the models that can load
+        with pytest.raises(Unavailable, match="bogus_field"):
+            client.infer("typo", {"X": ONE})
+        with pytest.raises(Unavailable, match="not supported yet: sequence_batching"):
+            client.infer("seq", {"X": ONE})
+        wait_for(lambda: "kernel" in str(client.repository_index()), 30, "the kernel error")
+        with pytest.raises(Unavailable, match="parameter 'kernel'"):
+            client.infer("nokernel", {"X": ONE})
+        with pytest.raises(NotFound):
+            client.infer("absent", {"X": ONE})
+        states = {r["name"]: r["state"] for r in client.repository_index()}
+        assert states == {
+            "add": "READY",
+            "typo": "UNAVAILABLE",
+            "seq": "UNAVAILABLE",
+            "nokernel": "UNAVAILABLE",
+        }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_tcp_clients_send_tensors_inline(server_factory: Callable[..., ServerProcess]) -> None:
+    port = _free_port()
+    server = server_factory(MODELS, "--tcp", f"127.0.0.1:{port}")
+    with Client(f"tcp://127.0.0.1:{port}", timeout=30) as client:
+        assert _add(client) == 2.0
+        x = np.random.default_rng(3).standard_normal((2, 3000)).astype(np.float32)
+        np.testing.assert_array_equal(client.infer("identity", {"INPUT0": x}).as_numpy("OUTPUT0"), x)
+    assert server.proc.poll() is None
+
+
+def test_killed_worker_is_restarted(server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory()
+    with Client(server.url, timeout=30) as client:
+        assert _add(client) == 2.0
+        victim = next(p for p in server.workers() if "add" in p.cmdline())
+        victim.kill()
+        wait_for(lambda: "event=worker_exited model=add" in server.log(), 10, "the broker to notice")
+        wait_for(lambda: client.is_model_ready("add"), 30, "the instance to come back", interval=0.1)
+        assert _add(client) == 2.0
+        assert victim.pid not in [p.pid for p in server.workers()]
