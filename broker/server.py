@@ -31,6 +31,7 @@ from zinfer.client.errors import (
 )
 from zinfer.client.paths import LOCK_NAME, SOCKET_NAME, WORKER_SOCKET_NAME, client_endpoint, worker_endpoint
 from zinfer.client.protocol import Command, Frame, Reply
+from zinfer.client.transport import NOBLOCK, send_frames
 
 from .batcher import Batch, QueuedRequest
 from .handlers import ClientHandlers
@@ -312,7 +313,7 @@ class Broker:
         assert self.frontend is not None
         msg = protocol.encode(Command.REPLY, protocol.reply_to_wire(reply), frames or ())
         try:
-            self.frontend.send_multipart([identity, *msg], zmq.NOBLOCK, copy=protocol.send_copy(msg))
+            send_frames(self.frontend, [identity, *msg], NOBLOCK)
         except zmq.ZMQError as exc:  # the client is gone or not reading: count it, never block the loop
             log.warning("event=reply_undeliverable request=%s error=%r", reply.request_id, exc.strerror)
 
@@ -398,9 +399,7 @@ class Broker:
     ) -> bool:
         assert self.backend is not None
         try:
-            self.backend.send_multipart(
-                [identity, *protocol.encode(command, header, frames or ())], zmq.NOBLOCK, copy=False
-            )
+            send_frames(self.backend, [identity, *protocol.encode(command, header, frames or ())], NOBLOCK)
             return True
         except zmq.ZMQError as exc:
             log.warning("event=worker_unreachable worker=%s error=%r", identity, exc.strerror)

@@ -28,6 +28,7 @@ from .paths import default_url
 from .protocol import Command, Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef
 from .result import InferResult
 from .shm import Segment
+from .transport import send_frames
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,9 @@ class Client:
     """Talks to one zinfer server. Use as a context manager, or call ``close()``.
 
     ``url`` defaults to the server's socket in the default runtime directory. Tensors go through the
-    client's shared-memory arena when the server is local (``ipc://``), inline in the message otherwise.
+    client's shared-memory arena when the server is local (``ipc://``), inline in the message otherwise;
+    tensors of at most ``inline_threshold`` bytes travel inline anyway, where a copy is cheaper than a
+    shared-memory slot (set it to -1 to send everything through shared memory).
     """
 
     def __init__(
@@ -69,11 +72,13 @@ class Client:
         *,
         timeout: float = 60.0,
         shm: bool | None = None,
-        arena_bytes: int = 64 << 20,
+        arena_bytes: int = 16 << 20,
         max_arena_bytes: int = 4 << 30,
+        inline_threshold: int = 4096,
     ) -> None:
         self.url = url or default_url()
         self.timeout = timeout
+        self.inline_threshold = inline_threshold
         self._use_shm = self.url.startswith("ipc://") if shm is None else shm
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
@@ -278,7 +283,7 @@ class Client:
             else:
                 data = np.ascontiguousarray(arr)
                 nbytes = data.nbytes
-            if self._use_shm:
+            if self._use_shm and nbytes > self.inline_threshold:
                 slot = self._arena_get().alloc(nbytes)
                 slots.append(slot)
                 dst = np.frombuffer(slot.view(), dtype=np.uint8)
@@ -302,7 +307,7 @@ class Client:
         out_slots: dict[str, Slot] = {}
         for spec in wanted:
             size = self._output_capacity(spec, batch, info, input_bytes)
-            if not self._use_shm or size is None:
+            if not self._use_shm or size is None or size <= self.inline_threshold:
                 reqs.append(OutputRequest(spec.name))
                 continue
             slot = self._arena_get().alloc(size)
@@ -416,7 +421,7 @@ class Client:
             self._senders += 1
         try:
             with self._sock_lock:
-                self._sock.send_multipart(msg, copy=protocol.send_copy(msg))
+                send_frames(self._sock, msg)
         finally:
             with self._waiters_lock:
                 self._senders -= 1

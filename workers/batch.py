@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from zinfer.client import dtypes
 from zinfer.client.errors import InternalError, ServerError
 from zinfer.client.protocol import Frame, OutputRequest, ShmRef, TensorRef
 
-from .kernels import Model
+from .kernels import Alloc, Model, no_alloc
 from .regions import RegionCache
 
 Array = npt.NDArray[Any]
@@ -116,6 +117,21 @@ def _check_output(name: str, value: Any, config: ModelConfig, total_rows: int) -
     return arr
 
 
+def _slot_alloc(req: BatchRequest, regions: RegionCache) -> Alloc:
+    """Offer a lone request's output slots to the kernel, each once, when the result fits."""
+    slots = {o.name: o.slot for o in req.outputs if o.slot is not None}
+
+    def alloc(name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array | None:
+        slot = slots.pop(name, None)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if slot is None or dtype.kind in "OSU" or nbytes > slot.nbytes:
+            return None
+        view: Array = regions.bytes(ShmRef(slot.region, slot.offset, nbytes)).view(dtype).reshape(shape)
+        return view
+
+    return alloc if slots else no_alloc
+
+
 def _emit(
     name: str, piece: Array, slot: ShmRef | None, wire: str, regions: RegionCache, frames: list[Frame]
 ) -> dict[str, Any]:
@@ -124,6 +140,8 @@ def _emit(
     nbytes = len(data) if isinstance(data, bytes) else data.nbytes
     if slot is not None and nbytes <= slot.nbytes:
         dst = regions.bytes(ShmRef(slot.region, slot.offset, nbytes))
+        if not isinstance(data, bytes) and data.ctypes.data == dst.ctypes.data:  # the kernel wrote it there
+            return {"name": name, "datatype": wire, "shape": shape, "shm": [slot.region, slot.offset, nbytes]}
         dst[:] = (
             np.frombuffer(data, dtype=np.uint8)
             if isinstance(data, bytes)
@@ -179,7 +197,10 @@ def run_batch(
         return _run_singly(model, config, requests, frames, regions)
     t1 = time.perf_counter_ns()
     try:
-        raw = model.execute(batch)
+        if len(requests) == 1 and getattr(model, "writes_into_slots", False):
+            raw = model.execute(batch, _slot_alloc(requests[0], regions))  # type: ignore[call-arg]
+        else:
+            raw = model.execute(batch)
         if not isinstance(raw, Mapping):
             raise InternalError(f"model returned {type(raw).__name__}, expected a dict of arrays")
         wanted = {o.name for r in requests for o in r.outputs}

@@ -4,6 +4,10 @@
 - ``identity``: each output is the input at the same position;
 - ``linear``: ``Y = X @ W + b`` with ``W.npy`` (and optionally ``b.npy``) in the version folder and an
   optional ``activation`` parameter (``relu``, ``gelu``, ``sigmoid``, ``tanh``; default none).
+
+Kernels take an ``alloc(name, shape, dtype)`` callback: when the worker can offer the request's own output
+slot in shared memory it returns an array there, and the kernel writes its result straight into it, so no
+scatter copy follows. It returns None otherwise, and the kernel allocates as usual.
 """
 
 from __future__ import annotations
@@ -19,19 +23,30 @@ from zinfer.broker.model_config import ModelConfig
 from zinfer.client.dtypes import config_to_wire, wire_to_numpy
 from zinfer.client.errors import ConfigError
 
-Array = npt.NDArray[np.generic]
+Array = npt.NDArray[Any]
+Alloc = Callable[[str, tuple[int, ...], np.dtype[Any]], Array | None]
+
+
+def no_alloc(name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array | None:
+    return None
 
 
 class Model(Protocol):
-    """What a worker runs: the whole batch in, the whole batch out, by tensor name."""
+    """What a worker runs: the whole batch in, the whole batch out, by tensor name.
 
-    def execute(self, inputs: Mapping[str, Array]) -> Mapping[str, Array]: ...
+    A model whose ``writes_into_slots`` is true also takes an ``alloc`` callback (see the module text).
+    """
+
+    def execute(self, inputs: Mapping[str, Array], /) -> Mapping[str, Array]: ...
 
     def finalize(self) -> None: ...
 
 
 class _Kernel:
+    writes_into_slots = True
+
     def __init__(self, config: ModelConfig) -> None:
+        self.name = config.name
         self.in_names = [t.name for t in config.input]
         self.out_names = [t.name for t in config.output]
         self.out_dtypes = [wire_to_numpy(config_to_wire(t.data_type)) for t in config.output]
@@ -46,11 +61,13 @@ class AddKernel(_Kernel):
         if len(self.in_names) != 2 or not 1 <= len(self.out_names) <= 2:
             raise ConfigError(f"model {config.name!r}: kernel 'add' needs 2 inputs and 1 or 2 outputs")
 
-    def execute(self, inputs: Mapping[str, Array]) -> Mapping[str, Array]:
-        a, b = (np.asarray(inputs[n]) for n in self.in_names)
-        out = {self.out_names[0]: np.add(a, b, dtype=self.out_dtypes[0])}
-        if len(self.out_names) == 2:
-            out[self.out_names[1]] = np.subtract(a, b, dtype=self.out_dtypes[1])
+    def execute(self, inputs: Mapping[str, Array], alloc: Alloc = no_alloc) -> Mapping[str, Array]:
+        a, b = (inputs[n] for n in self.in_names)
+        shape = np.broadcast_shapes(a.shape, b.shape)
+        out = {}
+        for name, dtype, op in zip(self.out_names, self.out_dtypes, (np.add, np.subtract), strict=False):
+            dst = alloc(name, shape, dtype)
+            out[name] = op(a, b, dtype=dtype) if dst is None else op(a, b, out=dst, dtype=dtype)
         return out
 
 
@@ -60,19 +77,39 @@ class IdentityKernel(_Kernel):
         if len(self.in_names) != len(self.out_names):
             raise ConfigError(f"model {config.name!r}: kernel 'identity' needs as many outputs as inputs")
 
-    def execute(self, inputs: Mapping[str, Array]) -> Mapping[str, Array]:
-        return {o: inputs[i] for i, o in zip(self.in_names, self.out_names, strict=True)}
+    def execute(self, inputs: Mapping[str, Array], alloc: Alloc = no_alloc) -> Mapping[str, Array]:
+        out = {}
+        for i, o in zip(self.in_names, self.out_names, strict=True):
+            x = inputs[i]
+            dst = alloc(o, x.shape, x.dtype)
+            if dst is not None:
+                np.copyto(dst, x)
+            out[o] = x if dst is None else dst
+        return out
 
 
-FloatArray = npt.NDArray[np.floating[Any]]
+def _gelu(x: Array) -> Array:
+    inner = 0.7978845608028654 * (x + 0.044715 * x**3)
+    return 0.5 * x * (1 + np.tanh(inner))  # type: ignore[no-any-return]
 
-_ACTIVATIONS: dict[str, Callable[[FloatArray], FloatArray]] = {
-    "none": lambda x: x,
-    "relu": lambda x: np.maximum(x, 0),
-    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
-    "tanh": np.tanh,
-    "gelu": lambda x: 0.5 * x * (1 + np.tanh(0.7978845608028654 * (x + 0.044715 * x**3))),
-}
+
+def _apply_activation(name: str, y: Array) -> Array:
+    """Apply in place where NumPy allows (``y`` is the kernel's own buffer)."""
+    if name == "relu":
+        return np.maximum(y, 0, out=y)
+    if name == "sigmoid":
+        np.negative(y, out=y)
+        np.exp(y, out=y)
+        y += 1
+        return np.reciprocal(y, out=y)
+    if name == "tanh":
+        return np.tanh(y, out=y)
+    if name == "gelu":
+        y[...] = _gelu(y)
+    return y
+
+
+ACTIVATIONS = ("none", "relu", "sigmoid", "tanh", "gelu")
 
 
 class LinearKernel(_Kernel):
@@ -90,19 +127,21 @@ class LinearKernel(_Kernel):
         self.b = np.load(b_path, allow_pickle=False).astype(compute) if b_path.is_file() else None
         if self.w.ndim != 2 or (self.b is not None and self.b.shape != (self.w.shape[1],)):
             raise ConfigError(f"model {config.name!r}: W must be [in, out] and b [out]")
-        name = config.parameters.get("activation", "none")
-        if name not in _ACTIVATIONS:
-            raise ConfigError(f"model {config.name!r}: unknown activation {name!r}")
-        self.act = _ACTIVATIONS[name]
+        self.activation = config.parameters.get("activation", "none")
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"model {config.name!r}: unknown activation {self.activation!r}")
 
-    def execute(self, inputs: Mapping[str, Array]) -> Mapping[str, Array]:
-        x = np.asarray(inputs[self.in_names[0]]).astype(self.w.dtype, copy=False)
+    def execute(self, inputs: Mapping[str, Array], alloc: Alloc = no_alloc) -> Mapping[str, Array]:
+        x = inputs[self.in_names[0]].astype(self.w.dtype, copy=False)
         if x.shape[-1] != self.w.shape[0]:
             raise ValueError(f"input has {x.shape[-1]} features, W expects {self.w.shape[0]}")
-        y = x @ self.w
+        shape = (*x.shape[:-1], self.w.shape[1])
+        dst = alloc(self.out_names[0], shape, self.dtype) if self.w.dtype == self.dtype else None
+        y = np.matmul(x, self.w) if dst is None else np.matmul(x, self.w, out=dst)
         if self.b is not None:
             y += self.b
-        return {self.out_names[0]: self.act(y).astype(self.dtype, copy=False)}
+        y = _apply_activation(self.activation, y)
+        return {self.out_names[0]: y.astype(self.dtype, copy=False)}
 
 
 KERNELS: dict[str, Callable[[ModelConfig, Path], Model]] = {

@@ -20,6 +20,7 @@ from zinfer.broker.model_config import ModelConfig, load_model_config
 from zinfer.client import protocol
 from zinfer.client.errors import ProtocolError
 from zinfer.client.protocol import Command, Frame
+from zinfer.client.transport import send_frames
 
 from .batch import BatchRequest, run_batch
 from .kernels import Model, load_model
@@ -57,7 +58,7 @@ class Worker:
         self._stop = True
 
     def send(self, command: Command, header: dict[str, Any], frames: list[Frame] | None = None) -> None:
-        self.sock.send_multipart(protocol.encode(command, header, frames or ()), copy=False)
+        send_frames(self.sock, protocol.encode(command, header, frames or ()))
 
     def load(self) -> tuple[ModelConfig, Model] | None:
         a = self.args

@@ -25,7 +25,7 @@ ONE = np.ones((1, 1), np.float32)
 
 @pytest.fixture(scope="module")
 def client(bundled_server: ServerProcess) -> Iterator[Client]:
-    with Client(bundled_server.url, timeout=30) as c:
+    with Client(bundled_server.url, timeout=30, inline_threshold=-1) as c:  # every tensor through shm
         yield c
 
 

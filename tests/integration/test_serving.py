@@ -29,10 +29,10 @@ def _sum_worker(client: Client, seed: int, n: int, errors: list[str]) -> None:
 
 
 def test_64_threads_get_their_own_sums_and_batches_form(bundled_server: ServerProcess) -> None:
-    """Half the threads share one client (it is thread-safe), half have their own."""
+    """Half the threads share one client (thread-safe, tiny tensors inline), half have their own (all shm)."""
     errors: list[str] = []
     shared = Client(bundled_server.url, timeout=60)
-    own = [Client(bundled_server.url, timeout=60) for _ in range(32)]
+    own = [Client(bundled_server.url, timeout=60, inline_threshold=-1) for _ in range(32)]  # all through shm
     try:
         before = shared.statistics("add")["model_stats"][0]
         threads = [
