@@ -204,6 +204,9 @@ def run_batch(
         if not isinstance(raw, Mapping):
             raise InternalError(f"model returned {type(raw).__name__}, expected a dict of arrays")
         wanted = {o.name for r in requests for o in r.outputs}
+        missing = sorted(wanted - set(raw))
+        if missing:
+            raise InternalError(f"model returned no output named {', '.join(repr(m) for m in missing)}")
         outputs = {n: _check_output(n, raw.get(n), config, sum(rows)) for n in wanted}
     except ServerError as exc:
         _fail_all(requests, exc, out)

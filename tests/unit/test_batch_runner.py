@@ -1,0 +1,128 @@
+"""The worker's batch runner on inline frames: gather, run, scatter, and every way a model can fail."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+
+from zinfer.broker.model_config import parse_model_config
+from zinfer.client.protocol import OutputRequest, ShmRef, TensorRef
+from zinfer.client.shm import Segment
+from zinfer.workers.batch import BatchRequest, run_batch
+from zinfer.workers.kernels import AddKernel
+from zinfer.workers.regions import RegionCache
+
+CONFIG = parse_model_config(
+    """
+    name: "m"
+    backend: "zinfer"
+    max_batch_size: 8
+    input [ { name: "A" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 2 ] } ]
+    output [ { name: "S" data_type: TYPE_FP32 dims: [ 2 ] } ]
+    parameters { key: "kernel" value: { string_value: "add" } }
+    """,
+    source="test",
+    model_name="m",
+)
+
+
+def _request(rid: int, rows: int, frames: list[Any], value: float) -> BatchRequest:
+    refs = []
+    for name in ("A", "B"):
+        frames.append(np.full((rows, 2), value, np.float32).tobytes())
+        refs.append(TensorRef(name, "FP32", (rows, 2), frame=len(frames) - 1))
+    return BatchRequest(rid, tuple(refs), (OutputRequest("S"),))
+
+
+class Fixed:
+    """A model that returns whatever it was built with."""
+
+    def __init__(self, result: Any = None, error: Exception | None = None) -> None:
+        self.result, self.error = result, error
+
+    def execute(self, inputs: Mapping[str, Any], /) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def finalize(self) -> None:
+        pass
+
+
+def _outputs(outcome: Any, rid: int) -> np.ndarray:
+    res = next(r for r in outcome.results if r["id"] == rid)
+    assert res["status"] == 0, res
+    t = res["outputs"][0]
+    return np.frombuffer(outcome.frames[t["frame"]], np.float32).reshape(t["shape"])
+
+
+def test_batch_is_split_back_per_request() -> None:
+    frames: list[Any] = []
+    reqs = [_request(1, 1, frames, 1.0), _request(2, 3, frames, 2.0), _request(3, 2, frames, 3.0)]
+    out = run_batch(AddKernel(CONFIG, None), CONFIG, reqs, frames, RegionCache())  # type: ignore[arg-type]
+    np.testing.assert_array_equal(_outputs(out, 1), np.full((1, 2), 2.0))
+    np.testing.assert_array_equal(_outputs(out, 2), np.full((3, 2), 4.0))
+    np.testing.assert_array_equal(_outputs(out, 3), np.full((2, 2), 6.0))
+    assert out.infer_ns > 0
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        (Fixed({"S": np.zeros((5, 2), np.float32)}), "batch size 5, the inputs had 4"),
+        (Fixed({"S": np.zeros((4, 2), np.float64)}), "dtype float64"),
+        (Fixed({"S": np.zeros((4, 3), np.float32)}), "dims [2]"),
+        (Fixed({}), "no output named 'S'"),
+        (Fixed([1, 2]), "expected a dict"),
+        (Fixed(error=ZeroDivisionError("boom")), "model raised ZeroDivisionError: boom"),
+    ],
+)
+def test_model_failures_fail_the_batch_with_a_clear_error(model: Any, message: str) -> None:
+    frames: list[Any] = []
+    reqs = [_request(1, 1, frames, 1.0), _request(2, 3, frames, 1.0)]
+    out = run_batch(model, CONFIG, reqs, frames, RegionCache())
+    assert [r["id"] for r in out.results] == [1, 2]
+    for r in out.results:
+        assert r["status"] != 0
+        assert message in r["error"]
+    assert out.frames == []
+
+
+def test_bad_region_fails_only_its_request() -> None:
+    frames: list[Any] = []
+    good = _request(1, 1, frames, 1.0)
+    bad = BatchRequest(
+        2,
+        (
+            TensorRef("A", "FP32", (1, 2), shm=ShmRef("zinfer-c1-00000000000000aa", 0, 8)),
+            TensorRef("B", "FP32", (1, 2), shm=ShmRef("zinfer-c1-00000000000000aa", 8, 8)),
+        ),
+        (OutputRequest("S"),),
+    )
+    out = run_batch(AddKernel(CONFIG, None), CONFIG, [good, bad], frames, RegionCache())  # type: ignore[arg-type]
+    np.testing.assert_array_equal(_outputs(out, 1), np.full((1, 2), 2.0))
+    failed = next(r for r in out.results if r["id"] == 2)
+    assert failed["status"] != 0 and "not available" in failed["error"]
+
+
+def test_kernel_writes_straight_into_the_output_slot() -> None:
+    seg = Segment.create(4096)
+    regions = RegionCache()
+    try:
+        a = np.frombuffer(seg.buf, np.float32, count=2, offset=0)
+        a[:] = [1.5, 2.5]
+        refs = (
+            TensorRef("A", "FP32", (1, 2), shm=ShmRef(seg.name, 0, 8)),
+            TensorRef("B", "FP32", (1, 2), shm=ShmRef(seg.name, 0, 8)),
+        )
+        req = BatchRequest(1, refs, (OutputRequest("S", ShmRef(seg.name, 64, 8)),))
+        out = run_batch(AddKernel(CONFIG, None), CONFIG, [req], [], regions)  # type: ignore[arg-type]
+        assert out.results[0]["outputs"][0]["shm"] == [seg.name, 64, 8]
+        np.testing.assert_array_equal(np.frombuffer(seg.buf, np.float32, count=2, offset=64), [3.0, 5.0])
+        del a
+    finally:
+        regions.close()
+        seg.close()

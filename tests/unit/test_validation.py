@@ -1,0 +1,138 @@
+"""Descriptor and request checks made by the broker before anything is queued."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from zinfer.broker.model_config import parse_model_config
+from zinfer.broker.regions import RegionTable
+from zinfer.broker.validation import check_request
+from zinfer.client.errors import InvalidArgument, NotFound
+from zinfer.client.protocol import InferRequest, OutputRequest, ShmRef, TensorRef
+from zinfer.client.shm import Segment
+
+CONFIG = parse_model_config(
+    """
+    name: "m"
+    max_batch_size: 4
+    input [ { name: "X" data_type: TYPE_FP32 dims: [ -1, 3 ] }, { name: "T" data_type: TYPE_STRING dims: [ 1 ] } ]
+    output [ { name: "Y" data_type: TYPE_FP32 dims: [ 3 ] } ]
+    """,
+    source="test",
+    model_name="m",
+)
+ME, OTHER = b"me", b"other"
+
+
+@pytest.fixture
+def region() -> Iterator[tuple[RegionTable, Segment]]:
+    seg = Segment.create(1024)
+    table = RegionTable()
+    assert table.register(ME, seg.name) == 1024
+    yield table, seg
+    seg.close()
+
+
+def _req(
+    x: TensorRef, t: TensorRef | None = None, outputs: tuple[OutputRequest, ...] | None = None
+) -> InferRequest:
+    t = t or TensorRef("T", "BYTES", (2, 1), frame=0)
+    return InferRequest("r", "m", 0, (x, t), outputs)
+
+
+FRAMES = [b"\x01\x00\x00\x00a\x01\x00\x00\x00b"]
+
+
+def test_good_request(region: tuple[RegionTable, Segment]) -> None:
+    table, seg = region
+    x = TensorRef("X", "FP32", (2, 5, 3), shm=ShmRef(seg.name, 64, 120))
+    checked = check_request(_req(x), FRAMES, CONFIG, table, ME)
+    assert checked.batch_size == 2
+    assert [o.name for o in checked.outputs] == ["Y"]
+    other = check_request(_req(TensorRef("X", "FP32", (2, 6, 3), shm=ShmRef(seg.name, 0, 144))), FRAMES, CONFIG,
+                          table, ME)  # fmt: skip
+    assert other.shape_key != checked.shape_key  # a different variable dim never batches together
+
+
+@pytest.mark.parametrize(
+    "offset, nbytes, shape, message",
+    [
+        (1025, 0, (1, 0, 3), "invalid offset"),
+        (1000, 48, (1, 4, 3), "invalid offset"),
+        (2**63 - 8, 48, (1, 4, 3), "invalid offset"),
+        (0, 44, (1, 4, 3), "expected 48, got 44"),
+        (0, 64, (1, 4, 4), "expects [-1, -1, 3]"),
+        (0, 48, (4, 3), "expects [-1] + [-1, 3]"),
+        (0, 240, (5, 4, 3), "batch size 5"),
+    ],
+)
+def test_bad_descriptors(
+    region: tuple[RegionTable, Segment], offset: int, nbytes: int, shape: tuple[int, ...], message: str
+) -> None:
+    table, seg = region
+    x = TensorRef("X", "FP32", shape, shm=ShmRef(seg.name, offset, nbytes))
+    t = TensorRef("T", "BYTES", (shape[0], 1), frame=0)
+    frames = [b"\x01\x00\x00\x00a" * shape[0]]
+    with pytest.raises(InvalidArgument) as info:
+        check_request(_req(x, t), frames, CONFIG, table, ME)
+    assert message in str(info.value)
+
+
+def test_region_of_another_connection(region: tuple[RegionTable, Segment]) -> None:
+    table, seg = region
+    x = TensorRef("X", "FP32", (2, 1, 3), shm=ShmRef(seg.name, 0, 24))
+    with pytest.raises(InvalidArgument, match="not registered"):
+        check_request(_req(x), FRAMES, CONFIG, table, OTHER)
+
+
+def test_output_slot_checked(region: tuple[RegionTable, Segment]) -> None:
+    table, seg = region
+    x = TensorRef("X", "FP32", (2, 1, 3), shm=ShmRef(seg.name, 0, 24))
+    with pytest.raises(InvalidArgument, match="invalid offset"):
+        check_request(
+            _req(x, outputs=(OutputRequest("Y", ShmRef(seg.name, 1020, 24)),)), FRAMES, CONFIG, table, ME
+        )
+    with pytest.raises(InvalidArgument, match="requested twice"):
+        check_request(_req(x, outputs=(OutputRequest("Y"), OutputRequest("Y"))), FRAMES, CONFIG, table, ME)
+
+
+def test_inline_frame_checks(region: tuple[RegionTable, Segment]) -> None:
+    table, _ = region
+    x = TensorRef("X", "FP32", (2, 1, 3), frame=1)
+    with pytest.raises(InvalidArgument, match="names inline frame 1"):
+        check_request(_req(x), FRAMES, CONFIG, table, ME)
+    x = TensorRef("X", "FP32", (2, 1, 3), frame=0)
+    with pytest.raises(InvalidArgument, match="same inline frame"):
+        check_request(_req(x, TensorRef("T", "BYTES", (2, 1), frame=0)), [b"\0" * 24], CONFIG, table, ME)
+    t = TensorRef("T", "BYTES", (2, 1), frame=1)
+    with pytest.raises(InvalidArgument, match="too short for 2 BYTES elements"):
+        check_request(
+            _req(TensorRef("X", "FP32", (2, 1, 3), frame=0), t), [b"\0" * 24, b"abc"], CONFIG, table, ME
+        )
+
+
+def test_tensor_size_limit(region: tuple[RegionTable, Segment]) -> None:
+    table, seg = region
+    x = TensorRef("X", "FP32", (1, 10, 3), shm=ShmRef(seg.name, 0, 120))
+    with pytest.raises(InvalidArgument, match="over the 100 byte limit"):
+        check_request(_req(x, TensorRef("T", "BYTES", (1, 1), frame=0)), [b"\0" * 8], CONFIG, table, ME, 100)
+
+
+def test_region_table() -> None:
+    table = RegionTable()
+    with pytest.raises(InvalidArgument, match="reserved"):
+        table.register(ME, "zinfer-s1-0123456789abcdef")
+    with pytest.raises(InvalidArgument, match="cannot open"):
+        table.register(ME, "zinfer-c1-0123456789abcdef")
+    with pytest.raises(NotFound):
+        table.unregister(ME, "anything")
+    seg = Segment.create(64)
+    try:
+        table.register(ME, seg.name)
+        assert table.count() == 1
+        assert table.drop_client(ME) == [seg.name]
+        assert table.count() == 0
+    finally:
+        seg.close()
