@@ -17,7 +17,10 @@ CONFIG = parse_model_config(
     """
     name: "m"
     max_batch_size: 4
-    input [ { name: "X" data_type: TYPE_FP32 dims: [ -1, 3 ] }, { name: "T" data_type: TYPE_STRING dims: [ 1 ] } ]
+    input [
+      { name: "X" data_type: TYPE_FP32 dims: [ -1, 3 ] },
+      { name: "T" data_type: TYPE_STRING dims: [ 1 ] }
+    ]
     output [ { name: "Y" data_type: TYPE_FP32 dims: [ 3 ] } ]
     """,
     source="test",
@@ -51,8 +54,8 @@ def test_good_request(region: tuple[RegionTable, Segment]) -> None:
     checked = check_request(_req(x), FRAMES, CONFIG, table, ME)
     assert checked.batch_size == 2
     assert [o.name for o in checked.outputs] == ["Y"]
-    other = check_request(_req(TensorRef("X", "FP32", (2, 6, 3), shm=ShmRef(seg.name, 0, 144))), FRAMES, CONFIG,
-                          table, ME)  # fmt: skip
+    wider = TensorRef("X", "FP32", (2, 6, 3), shm=ShmRef(seg.name, 0, 144))
+    other = check_request(_req(wider), FRAMES, CONFIG, table, ME)
     assert other.shape_key != checked.shape_key  # a different variable dim never batches together
 
 
