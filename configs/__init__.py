@@ -1,0 +1,1 @@
+"""Bundled configuration: the example model repository in ``models/``."""
