@@ -57,6 +57,11 @@ class _ModelInfo:
     outputs: tuple[_OutputSpec, ...]
 
 
+def _byte_view(arr: npt.NDArray[Any]) -> memoryview:
+    """The bytes of a contiguous array (a uint8 view also works for dtypes memoryview lacks, like bf16)."""
+    return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+
+
 class Client:
     """Talks to one zinfer server. Use as a context manager, or call ``close()``.
 
@@ -291,7 +296,7 @@ class Client:
                 dst[:] = np.frombuffer(src, dtype=np.uint8) if isinstance(src, bytes) else src
                 refs.append(TensorRef(name, wire, arr.shape, shm=ShmRef(slot.region, slot.offset, nbytes)))
             else:
-                frames.append(data if isinstance(data, bytes) else memoryview(data).cast("B"))  # type: ignore[arg-type]
+                frames.append(data if isinstance(data, bytes) else _byte_view(data))
                 refs.append(TensorRef(name, wire, arr.shape, frame=len(frames) - 1))
         return refs, batch
 

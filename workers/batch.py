@@ -148,7 +148,7 @@ def _emit(
             else data.reshape(-1).view(np.uint8)
         )
         return {"name": name, "datatype": wire, "shape": shape, "shm": [slot.region, slot.offset, nbytes]}
-    frames.append(data if isinstance(data, bytes) else memoryview(data).cast("B"))
+    frames.append(data if isinstance(data, bytes) else memoryview(data.reshape(-1).view(np.uint8)))
     return {"name": name, "datatype": wire, "shape": shape, "frame": len(frames) - 1}
 
 
