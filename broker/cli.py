@@ -9,6 +9,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+import zmq
+
 from zinfer.client.errors import ZinferError
 from zinfer.client.paths import default_runtime_dir
 
@@ -87,8 +89,8 @@ def serve(args: argparse.Namespace) -> int:
     broker = Broker(options)
     try:
         broker.start()
-    except ZinferError as exc:
-        log.error("event=start_failed error=%r", str(exc))
+    except (ZinferError, OSError, zmq.ZMQError) as exc:
+        log.error("event=start_failed runtime_dir=%s error=%r", options.runtime_dir, str(exc))
         broker.close()
         return 1
     log.info("event=starting repository=%s runtime_dir=%s", repo, options.runtime_dir)

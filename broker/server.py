@@ -180,7 +180,7 @@ class Broker:
         for sock in (self.frontend, self.backend):
             if sock is not None:
                 sock.close(linger=0)
-        self._ctx.term()
+        self._ctx.destroy(linger=0)
         rt = self.options.runtime_dir
         if self._lock_fd >= 0:  # only the server holding the lock owns the socket files
             for name in (SOCKET_NAME, WORKER_SOCKET_NAME):

@@ -185,3 +185,23 @@ def test_killed_worker_is_restarted(server_factory: Callable[..., ServerProcess]
         wait_for(lambda: client.is_model_ready("add"), 30, "the instance to come back", interval=0.1)
         assert _add(client) == 2.0
         assert victim.pid not in [p.pid for p in server.workers()]
+
+
+def test_unusable_runtime_dir_fails_with_a_clear_error(tmp_path: Path) -> None:
+    too_long = tmp_path / ("d" * 120)
+    done = subprocess.run(
+        [sys.executable, "-m", "zinfer.broker", "serve", "--runtime-dir", str(too_long)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "event=start_failed" in done.stderr and "longer than" in done.stderr
+
+
+def test_missing_repository_fails_with_a_clear_error(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "zinfer.broker", "serve", "--model-repository", str(tmp_path / "nope"),
+         "--runtime-dir", str(tmp_path / "rt")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "event=bad_repository" in done.stderr
