@@ -34,8 +34,7 @@ import zmq
 from zinfer.client import protocol
 from zinfer.client.client import Client
 from zinfer.client.paths import client_endpoint
-from zinfer.client.protocol import Command, InferRequest, OutputRequest, ShmRef, TensorRef
-from zinfer.client.shm import new_client_name
+from zinfer.client.protocol import Command, InferRequest, OutputRequest, TensorRef
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import baseline  # noqa: E402
@@ -126,18 +125,18 @@ def add_inputs() -> dict[str, np.ndarray]:
 
 
 def bare_frames() -> list[bytes]:
-    """Frames the size of a real ``add`` request: 2 shm inputs of shape [1,1], 1 output slot."""
-    region = new_client_name()
-    names = ("INPUT_A", "INPUT_B")
-    inputs = tuple(TensorRef(n, "FP32", (1, 1), shm=ShmRef(region, 64 * i, 4)) for i, n in enumerate(names))
+    """The frames a real ``add`` request is made of: 2 inputs of shape [1,1], which the client sends inline
+    (tensors of 4 KiB or less travel inline), and the output requested without a slot."""
+    inputs = tuple(TensorRef(n, "FP32", (1, 1), frame=i) for i, n in enumerate(("INPUT_A", "INPUT_B")))
     req = InferRequest(
-        request_id=f"{os.getpid()}-{id(region):x}-1000",
+        request_id=f"{os.getpid()}-{id(inputs):x}-1000",
         model="add",
         version=0,
         inputs=inputs,
-        outputs=(OutputRequest("OUTPUT_SUM", ShmRef(region, 128, 4)),),
+        outputs=(OutputRequest("OUTPUT_SUM"),),
     )
-    return [bytes(f) for f in protocol.encode(Command.INFER, protocol.infer_to_wire(req))]
+    payload = [np.ones(1, np.float32).tobytes()] * 2
+    return [bytes(f) for f in protocol.encode(Command.INFER, protocol.infer_to_wire(req), payload)]
 
 
 # ------------------------------------------------------------------------------------------ (a) latency

@@ -11,6 +11,7 @@ from zinfer.client.protocol import Frame, InferRequest
 
 from .batcher import BatchPolicy, DynamicBatcher
 from .model_config import ModelConfig
+from .signature import Signature
 
 
 @dataclass
@@ -93,6 +94,7 @@ class InFlight:
 class ModelState:
     def __init__(self, config: ModelConfig, version: int, version_dir: Path, instances: int) -> None:
         self.config = config
+        self.signature = Signature.of(config)
         self.name = config.name
         self.version = version
         self.version_dir = version_dir

@@ -296,7 +296,7 @@ class Broker:
             reason = state.error or "no instance is ready yet"
             raise Unavailable(f"model '{state.name}' version {state.version} is not ready: {reason}")
         checked = check_request(
-            req, frames, state.config, self.regions, identity, self.options.max_tensor_bytes
+            req, frames, state.signature, self.regions, identity, self.options.max_tensor_bytes
         )
         now = time.monotonic()
         outputs = (

@@ -9,8 +9,8 @@ from zinfer.client import dtypes
 from zinfer.client.errors import InvalidArgument
 from zinfer.client.protocol import Frame, InferRequest, OutputRequest, TensorRef
 
-from .model_config import ModelConfig
 from .regions import RegionTable
+from .signature import Signature
 
 DEFAULT_MAX_TENSOR_BYTES = 1 << 32
 
@@ -64,14 +64,14 @@ def _check_shape(ref: TensorRef, dims: Sequence[int], max_batch_size: int, model
 def check_request(
     req: InferRequest,
     frames: Sequence[Frame],
-    config: ModelConfig,
+    sig: Signature,
     regions: RegionTable,
     client: bytes,
     max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
 ) -> CheckedRequest:
     """Raise ``InvalidArgument`` with a clear message unless the request fits the model exactly."""
-    model = config.name
-    specs = {t.name: t for t in config.input}
+    model = sig.name
+    specs = sig.inputs
     seen: dict[str, TensorRef] = {}
     frames_used: set[int] = set()
     for ref in req.inputs:
@@ -83,7 +83,7 @@ def check_request(
         if ref.name in seen:
             raise InvalidArgument(f"input '{ref.name}' is given twice")
         seen[ref.name] = ref
-        want = dtypes.config_to_wire(spec.data_type)
+        want = spec.wire
         if ref.datatype != want:
             raise InvalidArgument(
                 f"input '{ref.name}' has datatype {ref.datatype}, model '{model}' expects {want}"
@@ -100,7 +100,7 @@ def check_request(
             if nbytes < 4 * count:
                 raise InvalidArgument(f"input '{ref.name}' is too short for {count} BYTES elements")
         else:
-            expected = count * dtypes.itemsize(want)
+            expected = count * spec.itemsize
             if nbytes != expected:
                 raise InvalidArgument(
                     f"input byte size mismatch for input '{ref.name}' of model '{model}': "
@@ -115,29 +115,28 @@ def check_request(
     missing = sorted(set(specs) - set(seen))
     if missing:
         raise InvalidArgument(f"missing input {', '.join(repr(m) for m in missing)} for model '{model}'")
-    batches = {_check_shape(ref, specs[ref.name].dims, config.max_batch_size, model) for ref in req.inputs}
+    batches = {_check_shape(ref, specs[ref.name].dims, sig.max_batch_size, model) for ref in req.inputs}
     if len(batches) > 1:
         raise InvalidArgument(f"inputs disagree on the batch size: {sorted(batches)}")
     batch = batches.pop() if batches else 1
-    outputs = _check_outputs(req, config, regions, client)
+    outputs = _check_outputs(req, sig, regions, client)
     shape_key = tuple(
-        (name, seen[name].shape[1:] if config.max_batch_size > 0 else seen[name].shape)
-        for name in sorted(seen)
+        (name, seen[name].shape[1:] if sig.batching else seen[name].shape) for name in sorted(seen)
     )
     return CheckedRequest(batch, shape_key, outputs)
 
 
 def _check_outputs(
-    req: InferRequest, config: ModelConfig, regions: RegionTable, client: bytes
+    req: InferRequest, sig: Signature, regions: RegionTable, client: bytes
 ) -> tuple[OutputRequest, ...]:
-    names = {t.name for t in config.output}
+    names = sig.outputs
     if req.outputs is None:
-        return tuple(OutputRequest(t.name) for t in config.output)
+        return tuple(OutputRequest(name) for name in names)
     seen: set[str] = set()
     for out in req.outputs:
         if out.name not in names:
             raise InvalidArgument(
-                f"unknown output '{out.name}' for model '{config.name}', it has {sorted(names)}"
+                f"unknown output '{out.name}' for model '{sig.name}', it has {sorted(names)}"
             )
         if out.name in seen:
             raise InvalidArgument(f"output '{out.name}' is requested twice")

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from zinfer.broker.model_config import ModelConfig
+from zinfer.broker.signature import Signature
 from zinfer.client import dtypes
 from zinfer.client.errors import InternalError, ServerError
 from zinfer.client.protocol import Frame, OutputRequest, ShmRef, TensorRef
@@ -89,20 +89,16 @@ def gather(
     return batch, rows
 
 
-def _check_output(name: str, value: Any, config: ModelConfig, total_rows: int) -> Array:
-    spec = next((t for t in config.output if t.name == name), None)
-    if spec is None:
-        raise InternalError(f"model returned no output named {name!r}")
+def _check_output(name: str, value: Any, sig: Signature, total_rows: int) -> Array:
+    spec = sig.outputs[name]
     arr = np.asarray(value)
-    wire = dtypes.config_to_wire(spec.data_type)
-    want = dtypes.wire_to_numpy(wire)
-    if wire == dtypes.BYTES:
+    if spec.wire == dtypes.BYTES:
         if arr.dtype.kind not in "OSU":
             raise InternalError(f"output {name!r} must hold bytes or strings, got {arr.dtype}")
-    elif arr.dtype != want:
-        raise InternalError(f"output {name!r} has dtype {arr.dtype}, the config says {spec.data_type}")
-    dims = tuple(spec.dims)
-    if config.max_batch_size > 0:
+    elif arr.dtype != spec.dtype:
+        raise InternalError(f"output {name!r} has dtype {arr.dtype}, the config says {spec.config_type}")
+    dims = spec.dims
+    if sig.batching:
         if arr.ndim == 0 or arr.shape[0] != total_rows:
             got = arr.shape[0] if arr.ndim else "no batch dimension"
             raise InternalError(
@@ -156,20 +152,20 @@ def scatter(
     requests: Sequence[BatchRequest],
     rows: Sequence[int],
     outputs: Mapping[str, Array],
-    config: ModelConfig,
+    sig: Signature,
     regions: RegionCache,
     out: BatchOutcome,
 ) -> None:
     start = 0
-    batching = config.max_batch_size > 0
+    batching = sig.batching
     for req, n in zip(requests, rows, strict=True):
         tensors = []
         for want in req.outputs:
             full = outputs[want.name]
             piece = full[start : start + n] if batching else full
-            spec = next(t for t in config.output if t.name == want.name)
-            wire = dtypes.config_to_wire(spec.data_type)
-            tensors.append(_emit(want.name, piece, want.slot, wire, regions, out.frames))
+            tensors.append(
+                _emit(want.name, piece, want.slot, sig.outputs[want.name].wire, regions, out.frames)
+            )
         out.results.append({"id": req.id, "status": 0, "outputs": tensors})
         start += n
 
@@ -181,7 +177,7 @@ def _fail_all(requests: Sequence[BatchRequest], exc: ServerError, out: BatchOutc
 
 def run_batch(
     model: Model,
-    config: ModelConfig,
+    sig: Signature,
     requests: Sequence[BatchRequest],
     frames: Sequence[Frame],
     regions: RegionCache,
@@ -191,10 +187,10 @@ def run_batch(
     regions.begin_batch()
     t0 = time.perf_counter_ns()
     try:
-        batch, rows = gather(requests, frames, regions, config.max_batch_size > 0)
+        batch, rows = gather(requests, frames, regions, sig.batching)
     except ServerError:
         # one request's bad input must not fail the others: run them one by one to find it
-        return _run_singly(model, config, requests, frames, regions)
+        return _run_singly(model, sig, requests, frames, regions)
     t1 = time.perf_counter_ns()
     try:
         if len(requests) == 1 and getattr(model, "writes_into_slots", False):
@@ -207,7 +203,7 @@ def run_batch(
         missing = sorted(wanted - set(raw))
         if missing:
             raise InternalError(f"model returned no output named {', '.join(repr(m) for m in missing)}")
-        outputs = {n: _check_output(n, raw.get(n), config, sum(rows)) for n in wanted}
+        outputs = {n: _check_output(n, raw[n], sig, sum(rows)) for n in wanted}
     except ServerError as exc:
         _fail_all(requests, exc, out)
         return out
@@ -216,7 +212,7 @@ def run_batch(
         return out
     t2 = time.perf_counter_ns()
     try:
-        scatter(requests, rows, outputs, config, regions, out)
+        scatter(requests, rows, outputs, sig, regions, out)
     except ServerError as exc:
         _fail_all(requests, exc, out)
     t3 = time.perf_counter_ns()
@@ -226,7 +222,7 @@ def run_batch(
 
 def _run_singly(
     model: Model,
-    config: ModelConfig,
+    sig: Signature,
     requests: Sequence[BatchRequest],
     frames: Sequence[Frame],
     regions: RegionCache,
@@ -234,11 +230,11 @@ def _run_singly(
     out = BatchOutcome()
     for req in requests:
         try:
-            gather([req], frames, regions, config.max_batch_size > 0)
+            gather([req], frames, regions, sig.batching)
         except ServerError as exc:
             out.results.append({"id": req.id, "status": int(exc.status), "error": exc.wire_text()})
             continue
-        one = run_batch(model, config, [req], frames, regions)
+        one = run_batch(model, sig, [req], frames, regions)
         base = len(out.frames)
         for res in one.results:
             for t in res.get("outputs", []):

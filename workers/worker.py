@@ -16,7 +16,8 @@ from typing import Any
 
 import zmq
 
-from zinfer.broker.model_config import ModelConfig, load_model_config
+from zinfer.broker.model_config import load_model_config
+from zinfer.broker.signature import Signature
 from zinfer.client import protocol
 from zinfer.client.errors import ProtocolError
 from zinfer.client.protocol import Command, Frame
@@ -60,7 +61,7 @@ class Worker:
     def send(self, command: Command, header: dict[str, Any], frames: list[Frame] | None = None) -> None:
         send_frames(self.sock, protocol.encode(command, header, frames or ()))
 
-    def load(self) -> tuple[ModelConfig, Model] | None:
+    def load(self) -> tuple[Signature, Model] | None:
         a = self.args
         try:
             config = load_model_config(a.repository / a.model / "config.pbtxt", a.model)
@@ -70,14 +71,14 @@ class Worker:
             log.error("event=load_failed model=%s version=%d error=%r", a.model, a.version, error)
             self.send(Command.W_LOAD_FAILED, {"error": error})
             return None
-        return config, model
+        return Signature.of(config), model
 
     def serve(self) -> int:
         loaded = self.load()
         if loaded is None:
             self.close()
             return 1
-        config, model = loaded
+        sig, model = loaded
         a = self.args
         self.send(
             Command.W_READY,
@@ -112,7 +113,7 @@ class Worker:
                 if msg.command == Command.W_SHUTDOWN:
                     break
                 if msg.command == Command.W_EXECUTE:
-                    self._execute(config, model, msg.header, msg.frames)
+                    self._execute(sig, model, msg.header, msg.frames)
                 elif msg.command == Command.W_DROP_REGION:
                     self.regions.drop(str(msg.header.get("name", "")))
         finally:
@@ -123,15 +124,13 @@ class Worker:
             self.close()
         return 0
 
-    def _execute(
-        self, config: ModelConfig, model: Model, header: dict[str, Any], frames: list[Frame]
-    ) -> None:
+    def _execute(self, sig: Signature, model: Model, header: dict[str, Any], frames: list[Frame]) -> None:
         try:
             requests = [BatchRequest.from_broker(r) for r in header["requests"]]
         except (KeyError, TypeError, ValueError) as exc:
             log.error("event=bad_execute error=%r", str(exc))
             return
-        outcome = run_batch(model, config, requests, frames, self.regions)
+        outcome = run_batch(model, sig, requests, frames, self.regions)
         self.send(
             Command.W_RESULT,
             {

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from zinfer.broker.model_config import parse_model_config
+from zinfer.broker.signature import Signature
 from zinfer.client.protocol import OutputRequest, ShmRef, TensorRef
 from zinfer.client.shm import Segment
 from zinfer.workers.batch import BatchRequest, run_batch
@@ -27,6 +28,7 @@ CONFIG = parse_model_config(
     source="test",
     model_name="m",
 )
+SIG = Signature.of(CONFIG)
 
 
 def _request(rid: int, rows: int, frames: list[Any], value: float) -> BatchRequest:
@@ -62,7 +64,7 @@ def _outputs(outcome: Any, rid: int) -> np.ndarray:
 def test_batch_is_split_back_per_request() -> None:
     frames: list[Any] = []
     reqs = [_request(1, 1, frames, 1.0), _request(2, 3, frames, 2.0), _request(3, 2, frames, 3.0)]
-    out = run_batch(AddKernel(CONFIG, None), CONFIG, reqs, frames, RegionCache())  # type: ignore[arg-type]
+    out = run_batch(AddKernel(CONFIG, None), SIG, reqs, frames, RegionCache())  # type: ignore[arg-type]
     np.testing.assert_array_equal(_outputs(out, 1), np.full((1, 2), 2.0))
     np.testing.assert_array_equal(_outputs(out, 2), np.full((3, 2), 4.0))
     np.testing.assert_array_equal(_outputs(out, 3), np.full((2, 2), 6.0))
@@ -83,7 +85,7 @@ def test_batch_is_split_back_per_request() -> None:
 def test_model_failures_fail_the_batch_with_a_clear_error(model: Any, message: str) -> None:
     frames: list[Any] = []
     reqs = [_request(1, 1, frames, 1.0), _request(2, 3, frames, 1.0)]
-    out = run_batch(model, CONFIG, reqs, frames, RegionCache())
+    out = run_batch(model, SIG, reqs, frames, RegionCache())
     assert [r["id"] for r in out.results] == [1, 2]
     for r in out.results:
         assert r["status"] != 0
@@ -102,7 +104,7 @@ def test_bad_region_fails_only_its_request() -> None:
         ),
         (OutputRequest("S"),),
     )
-    out = run_batch(AddKernel(CONFIG, None), CONFIG, [good, bad], frames, RegionCache())  # type: ignore[arg-type]
+    out = run_batch(AddKernel(CONFIG, None), SIG, [good, bad], frames, RegionCache())  # type: ignore[arg-type]
     np.testing.assert_array_equal(_outputs(out, 1), np.full((1, 2), 2.0))
     failed = next(r for r in out.results if r["id"] == 2)
     assert failed["status"] != 0 and "not available" in failed["error"]
@@ -119,7 +121,7 @@ def test_kernel_writes_straight_into_the_output_slot() -> None:
             TensorRef("B", "FP32", (1, 2), shm=ShmRef(seg.name, 0, 8)),
         )
         req = BatchRequest(1, refs, (OutputRequest("S", ShmRef(seg.name, 64, 8)),))
-        out = run_batch(AddKernel(CONFIG, None), CONFIG, [req], [], regions)  # type: ignore[arg-type]
+        out = run_batch(AddKernel(CONFIG, None), SIG, [req], [], regions)  # type: ignore[arg-type]
         assert out.results[0]["outputs"][0]["shm"] == [seg.name, 64, 8]
         np.testing.assert_array_equal(np.frombuffer(seg.buf, np.float32, count=2, offset=64), [3.0, 5.0])
         del a

@@ -8,6 +8,7 @@ import pytest
 
 from zinfer.broker.model_config import parse_model_config
 from zinfer.broker.regions import RegionTable
+from zinfer.broker.signature import Signature
 from zinfer.broker.validation import check_request
 from zinfer.client.errors import InvalidArgument, NotFound
 from zinfer.client.protocol import InferRequest, OutputRequest, ShmRef, TensorRef
@@ -26,6 +27,7 @@ CONFIG = parse_model_config(
     source="test",
     model_name="m",
 )
+SIG = Signature.of(CONFIG)
 ME, OTHER = b"me", b"other"
 
 
@@ -51,11 +53,11 @@ FRAMES = [b"\x01\x00\x00\x00a\x01\x00\x00\x00b"]
 def test_good_request(region: tuple[RegionTable, Segment]) -> None:
     table, seg = region
     x = TensorRef("X", "FP32", (2, 5, 3), shm=ShmRef(seg.name, 64, 120))
-    checked = check_request(_req(x), FRAMES, CONFIG, table, ME)
+    checked = check_request(_req(x), FRAMES, SIG, table, ME)
     assert checked.batch_size == 2
     assert [o.name for o in checked.outputs] == ["Y"]
     wider = TensorRef("X", "FP32", (2, 6, 3), shm=ShmRef(seg.name, 0, 144))
-    other = check_request(_req(wider), FRAMES, CONFIG, table, ME)
+    other = check_request(_req(wider), FRAMES, SIG, table, ME)
     assert other.shape_key != checked.shape_key  # a different variable dim never batches together
 
 
@@ -79,7 +81,7 @@ def test_bad_descriptors(
     t = TensorRef("T", "BYTES", (shape[0], 1), frame=0)
     frames = [b"\x01\x00\x00\x00a" * shape[0]]
     with pytest.raises(InvalidArgument) as info:
-        check_request(_req(x, t), frames, CONFIG, table, ME)
+        check_request(_req(x, t), frames, SIG, table, ME)
     assert message in str(info.value)
 
 
@@ -87,7 +89,7 @@ def test_region_of_another_connection(region: tuple[RegionTable, Segment]) -> No
     table, seg = region
     x = TensorRef("X", "FP32", (2, 1, 3), shm=ShmRef(seg.name, 0, 24))
     with pytest.raises(InvalidArgument, match="not registered"):
-        check_request(_req(x), FRAMES, CONFIG, table, OTHER)
+        check_request(_req(x), FRAMES, SIG, table, OTHER)
 
 
 def test_output_slot_checked(region: tuple[RegionTable, Segment]) -> None:
@@ -95,24 +97,24 @@ def test_output_slot_checked(region: tuple[RegionTable, Segment]) -> None:
     x = TensorRef("X", "FP32", (2, 1, 3), shm=ShmRef(seg.name, 0, 24))
     with pytest.raises(InvalidArgument, match="invalid offset"):
         check_request(
-            _req(x, outputs=(OutputRequest("Y", ShmRef(seg.name, 1020, 24)),)), FRAMES, CONFIG, table, ME
+            _req(x, outputs=(OutputRequest("Y", ShmRef(seg.name, 1020, 24)),)), FRAMES, SIG, table, ME
         )
     with pytest.raises(InvalidArgument, match="requested twice"):
-        check_request(_req(x, outputs=(OutputRequest("Y"), OutputRequest("Y"))), FRAMES, CONFIG, table, ME)
+        check_request(_req(x, outputs=(OutputRequest("Y"), OutputRequest("Y"))), FRAMES, SIG, table, ME)
 
 
 def test_inline_frame_checks(region: tuple[RegionTable, Segment]) -> None:
     table, _ = region
     x = TensorRef("X", "FP32", (2, 1, 3), frame=1)
     with pytest.raises(InvalidArgument, match="names inline frame 1"):
-        check_request(_req(x), FRAMES, CONFIG, table, ME)
+        check_request(_req(x), FRAMES, SIG, table, ME)
     x = TensorRef("X", "FP32", (2, 1, 3), frame=0)
     with pytest.raises(InvalidArgument, match="same inline frame"):
-        check_request(_req(x, TensorRef("T", "BYTES", (2, 1), frame=0)), [b"\0" * 24], CONFIG, table, ME)
+        check_request(_req(x, TensorRef("T", "BYTES", (2, 1), frame=0)), [b"\0" * 24], SIG, table, ME)
     t = TensorRef("T", "BYTES", (2, 1), frame=1)
     with pytest.raises(InvalidArgument, match="too short for 2 BYTES elements"):
         check_request(
-            _req(TensorRef("X", "FP32", (2, 1, 3), frame=0), t), [b"\0" * 24, b"abc"], CONFIG, table, ME
+            _req(TensorRef("X", "FP32", (2, 1, 3), frame=0), t), [b"\0" * 24, b"abc"], SIG, table, ME
         )
 
 
@@ -120,7 +122,7 @@ def test_tensor_size_limit(region: tuple[RegionTable, Segment]) -> None:
     table, seg = region
     x = TensorRef("X", "FP32", (1, 10, 3), shm=ShmRef(seg.name, 0, 120))
     with pytest.raises(InvalidArgument, match="over the 100 byte limit"):
-        check_request(_req(x, TensorRef("T", "BYTES", (1, 1), frame=0)), [b"\0" * 8], CONFIG, table, ME, 100)
+        check_request(_req(x, TensorRef("T", "BYTES", (1, 1), frame=0)), [b"\0" * 8], SIG, table, ME, 100)
 
 
 def test_region_table() -> None:
