@@ -6,40 +6,29 @@ request id; whichever waiting thread holds the receive lock reads replies for ev
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
-import os
 import threading
-import time
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import zmq
 
 from . import dtypes, protocol
 from .arena import Arena, Slot
-from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout, Status, from_status
+from .connection import Connection
+from .errors import ClientError, ProtocolError, RequestTimeout, Status, from_status
 from .paths import default_url
 from .protocol import Command, Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef
 from .result import InferResult
 from .shm import Segment
-from .transport import send_frames
 
 log = logging.getLogger(__name__)
 
 _POLL_SLICE_S = 0.001  # receive slice while other threads are waiting to send
-
-
-@dataclass
-class _Waiter:
-    event: threading.Event = field(default_factory=threading.Event)
-    reply: Reply | None = None
-    frames: list[Frame] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -85,25 +74,15 @@ class Client:
         self.timeout = timeout
         self.inline_threshold = inline_threshold
         self._use_shm = self.url.startswith("ipc://") if shm is None else shm
-        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(self.url)
-        self._sock_lock = threading.Lock()
-        self._recv_lock = threading.Lock()
-        self._waiters_lock = threading.Lock()
-        self._waiters: dict[str, _Waiter] = {}
-        self._orphans: dict[str, list[Slot]] = {}  # slots of timed-out requests, freed when their reply comes
-        self._senders = 0
-        self._ids = itertools.count(1)
-        self._id_prefix = f"{os.getpid()}-{id(self):x}-"
+        self._conn = Connection(self.url, on_late_reply=self._late_reply)
+        self._orphans_lock = threading.Lock()
+        self._orphans: dict[str, list[Slot]] = {}  # slots of requests in flight, by request id
         self._models: dict[tuple[str, int], _ModelInfo] = {}
         # arrays made by empty(): id of their base memoryview -> (that memoryview, its slot)
         self._owned: dict[int, tuple[memoryview, Slot]] = {}
         self._arena_args = (arena_bytes, max_arena_bytes)
         self._arena: Arena | None = None
         self._closed = False
-        self._connected = False  # set by the first reply
 
     # ------------------------------------------------------------------------------------ lifecycle
 
@@ -125,7 +104,7 @@ class Client:
                     pass
             self._arena.close()
         self._closed = True
-        self._sock.close(linger=0)
+        self._conn.close()
 
     # ------------------------------------------------------------------------------------ server calls
 
@@ -239,7 +218,24 @@ class Client:
             outputs=tuple(out_reqs),
         )
         header = protocol.infer_to_wire(req)
-        reply, rframes = self._roundtrip(Command.INFER, header, frames, timeout, slots)
+        rid = header["id"] = self._conn.new_id()
+        if slots:  # until the reply comes the server may read or write them, even after a timeout
+            with self._orphans_lock:
+                self._orphans[rid] = slots
+        try:
+            reply, rframes = self._conn.request(
+                Command.INFER, header, frames, self.timeout if timeout is None else timeout
+            )
+        except RequestTimeout:
+            raise  # the slots stay reserved until a late reply frees them
+        except BaseException:
+            with self._orphans_lock:
+                self._orphans.pop(rid, None)
+            self._free(slots)
+            raise
+        if slots:
+            with self._orphans_lock:
+                self._orphans.pop(rid, None)
         try:
             if reply.status != Status.OK:
                 raise from_status(reply.status, reply.error)
@@ -399,93 +395,14 @@ class Client:
     # ------------------------------------------------------------------------------------ transport
 
     def _call(self, command: Command, header: dict[str, Any], timeout: float | None = None) -> Reply:
-        reply, _ = self._roundtrip(command, header, (), timeout, ())
+        reply: Reply
+        reply, _ = self._conn.request(command, header, (), self.timeout if timeout is None else timeout)
         if reply.status != Status.OK:
             raise from_status(reply.status, reply.error)
         return reply
 
-    def _roundtrip(
-        self,
-        command: Command,
-        header: dict[str, Any],
-        frames: Sequence[Frame],
-        timeout: float | None,
-        slots: Sequence[Slot],
-    ) -> tuple[Reply, list[Frame]]:
-        if self._closed:
-            raise ClientError("the client is closed")
-        if not self._connected:
-            self._check_endpoint()
-        rid = f"{self._id_prefix}{next(self._ids)}"
-        header["id"] = rid
-        waiter = _Waiter()
-        with self._waiters_lock:
-            self._waiters[rid] = waiter
-        msg = protocol.encode(command, header, frames)
-        with self._waiters_lock:
-            self._senders += 1
-        try:
-            with self._sock_lock:
-                send_frames(self._sock, msg)
-        finally:
-            with self._waiters_lock:
-                self._senders -= 1
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        try:
-            self._wait(waiter, deadline)
-        except RequestTimeout:
-            with self._waiters_lock:
-                self._waiters.pop(rid, None)
-                if slots:  # the server may still read or write them: keep them until its reply comes
-                    self._orphans[rid] = list(slots)
-            raise
-        assert waiter.reply is not None
-        return waiter.reply, waiter.frames
-
-    def _check_endpoint(self) -> None:
-        if self.url.startswith("ipc://") and not os.path.exists(self.url[len("ipc://") :]):
-            raise ConnectionFailed(f"no zinfer server at {self.url}")
-
-    def _wait(self, waiter: _Waiter, deadline: float) -> None:
-        while not waiter.event.is_set():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RequestTimeout("no reply from the server within the timeout")
-            if not self._recv_lock.acquire(blocking=False):
-                waiter.event.wait(min(remaining, _POLL_SLICE_S * 5))
-                continue
-            try:
-                if not waiter.event.is_set():
-                    self._receive(min(remaining, _POLL_SLICE_S if self._senders else 0.05))
-            finally:
-                self._recv_lock.release()
-
-    def _receive(self, wait_s: float) -> None:
-        got: list[list[zmq.Frame]] = []
-        sock = self._sock
-        with self._sock_lock:
-            if sock.poll(max(1, int(wait_s * 1000)), zmq.POLLIN):
-                while len(got) < 1024:
-                    got.append(sock.recv_multipart(copy=False))
-                    if not int(sock.get(zmq.EVENTS)) & zmq.POLLIN:
-                        break
-        for raw in got:
-            self._dispatch([f.buffer if isinstance(f, zmq.Frame) else f for f in raw])
-
-    def _dispatch(self, raw: list[Any]) -> None:
-        try:
-            msg = protocol.decode(raw, frozenset({Command.REPLY}))
-            reply = protocol.reply_from_wire(msg.header)
-        except ProtocolError as exc:
-            log.warning("event=bad_reply error=%r", str(exc))
-            return
-        with self._waiters_lock:
-            waiter = self._waiters.pop(reply.request_id, None)
-            orphan = self._orphans.pop(reply.request_id, None)
-        if orphan:
-            self._free(orphan)
-        self._connected = True
-        if waiter is not None:
-            waiter.reply = reply
-            waiter.frames = msg.frames
-            waiter.event.set()
+    def _late_reply(self, request_id: str) -> None:
+        """A timed-out request finished after all: now its slots may be reused."""
+        with self._orphans_lock:
+            slots = self._orphans.pop(request_id, [])
+        self._free(slots)

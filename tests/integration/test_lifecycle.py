@@ -205,3 +205,24 @@ def test_missing_repository_fails_with_a_clear_error(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "event=bad_repository" in done.stderr
+
+
+def test_timed_out_request_keeps_its_slots_until_the_late_reply(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    repo = tmp_path / "models"
+    shutil.copytree(MODELS / "add", repo / "slow")
+    cfg = (repo / "slow" / "config.pbtxt").read_text()
+    cfg = cfg.replace('name: "add"', 'name: "slow"').replace(
+        "max_queue_delay_microseconds: 0", "max_queue_delay_microseconds: 400000"
+    )
+    (repo / "slow" / "config.pbtxt").write_text(cfg)
+    server = server_factory(repo)
+    with Client(server.url, timeout=30, inline_threshold=-1) as client:
+        client.infer("slow", {"INPUT_A": ONE, "INPUT_B": ONE})  # metadata fetched, arena made
+        with pytest.raises(RequestTimeout):
+            client.infer("slow", {"INPUT_A": ONE, "INPUT_B": ONE}, timeout=0.05)
+        assert len(client._orphans) == 1  # the server may still write into them
+        wait_for(lambda: not client._orphans, 10, "the late reply to release the slots")
+        out = client.infer("slow", {"INPUT_A": ONE, "INPUT_B": 2 * ONE}).as_numpy("OUTPUT_SUM")
+        assert out[0, 0] == 3.0

@@ -1,0 +1,142 @@
+"""One DEALER connection to a server, shared safely by many threads.
+
+Each call registers a waiter under a fresh request id and sends; then whichever waiting thread holds the
+receive lock reads replies for everyone and wakes their owners. A reply nobody waits for any more (its
+caller timed out) goes to ``on_late_reply``, so the caller's resources can be released only then.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from . import protocol
+from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
+from .protocol import Command, Frame, Reply
+from .transport import send_frames
+
+log = logging.getLogger(__name__)
+
+_POLL_SLICE_S = 0.001  # receive slice while other threads are waiting to send
+_REPLY_ONLY = frozenset({Command.REPLY})
+
+
+@dataclass
+class _Waiter:
+    event: threading.Event = field(default_factory=threading.Event)
+    reply: Reply | None = None
+    frames: list[Frame] = field(default_factory=list)
+
+
+class Connection:
+    def __init__(self, url: str, on_late_reply: Callable[[str], None] | None = None) -> None:
+        self.url = url
+        self._on_late = on_late_reply
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._sock = ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(url)
+        self._sock_lock = threading.Lock()
+        self._recv_lock = threading.Lock()
+        self._waiters_lock = threading.Lock()
+        self._waiters: dict[str, _Waiter] = {}
+        self._late: set[str] = set()
+        self._senders = 0
+        self._ids = itertools.count(1)
+        self._id_prefix = f"{os.getpid()}-{id(self):x}-"
+        self._closed = False
+        self._connected = False  # set by the first reply
+
+    def close(self) -> None:
+        self._closed = True
+        self._sock.close(linger=0)
+
+    def new_id(self) -> str:
+        return f"{self._id_prefix}{next(self._ids)}"
+
+    def request(
+        self, command: Command, header: dict[str, Any], frames: Sequence[Frame], timeout: float
+    ) -> tuple[Reply, list[Frame]]:
+        """Send one message and wait up to ``timeout`` seconds for its reply.
+
+        The request id is ``header["id"]`` when the caller set one (see ``new_id``), else a fresh one. After
+        a ``RequestTimeout`` the reply, if it ever comes, goes to ``on_late_reply`` with that id.
+        """
+        if self._closed:
+            raise ClientError("the client is closed")
+        if not self._connected and self.url.startswith("ipc://") and not os.path.exists(self.url[6:]):
+            raise ConnectionFailed(f"no zinfer server at {self.url}")
+        rid = header.setdefault("id", self.new_id())
+        waiter = _Waiter()
+        msg = protocol.encode(command, header, frames)
+        with self._waiters_lock:
+            self._waiters[rid] = waiter
+            self._senders += 1
+        try:
+            with self._sock_lock:
+                send_frames(self._sock, msg)
+        finally:
+            with self._waiters_lock:
+                self._senders -= 1
+        try:
+            self._wait(waiter, time.monotonic() + timeout)
+        except RequestTimeout:
+            with self._waiters_lock:
+                if self._waiters.pop(rid, None) is not None:
+                    self._late.add(rid)
+            raise
+        assert waiter.reply is not None
+        return waiter.reply, waiter.frames
+
+    def _wait(self, waiter: _Waiter, deadline: float) -> None:
+        while not waiter.event.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RequestTimeout("no reply from the server within the timeout")
+            if not self._recv_lock.acquire(blocking=False):
+                waiter.event.wait(min(remaining, _POLL_SLICE_S * 5))
+                continue
+            try:
+                if not waiter.event.is_set():
+                    self._receive(min(remaining, _POLL_SLICE_S if self._senders else 0.05))
+            finally:
+                self._recv_lock.release()
+
+    def _receive(self, wait_s: float) -> None:
+        got: list[list[zmq.Frame]] = []
+        sock = self._sock
+        with self._sock_lock:
+            if sock.poll(max(1, int(wait_s * 1000)), zmq.POLLIN):
+                while len(got) < 1024:
+                    got.append(sock.recv_multipart(copy=False))
+                    if not int(sock.get(zmq.EVENTS)) & zmq.POLLIN:
+                        break
+        for raw in got:
+            self._dispatch([f.buffer for f in raw])
+
+    def _dispatch(self, raw: list[Any]) -> None:
+        try:
+            msg = protocol.decode(raw, _REPLY_ONLY)
+            reply = protocol.reply_from_wire(msg.header)
+        except ProtocolError as exc:
+            log.warning("event=bad_reply error=%r", str(exc))
+            return
+        self._connected = True
+        with self._waiters_lock:
+            waiter = self._waiters.pop(reply.request_id, None)
+            late = reply.request_id in self._late
+            self._late.discard(reply.request_id)
+        if waiter is not None:
+            waiter.reply = reply
+            waiter.frames = msg.frames
+            waiter.event.set()
+        elif late and self._on_late is not None:
+            self._on_late(reply.request_id)
