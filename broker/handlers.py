@@ -61,19 +61,17 @@ class ClientHandlers:
         if command == Command.SERVER_LIVE:
             return True
         if command == Command.SERVER_READY:
-            return b.startup_done and all(
-                s.ready for v in b.models.values() for s in v.values() if s.error is None
-            )
+            return b.startup_done and all(s.ready for s in b.registry.states() if s.error is None)
         if command == Command.MODEL_READY:
             try:
-                return b.resolve(_str(header, "model"), _version(header)).ready
+                return b.registry.resolve(_str(header, "model"), _version(header)).ready
             except Exception:
                 return False
         if command == Command.MODEL_METADATA:
-            state = b.resolve(_str(header, "model"), _version(header))
-            return metadata(state, sorted(b.models[state.name]))
+            state = b.registry.resolve(_str(header, "model"), _version(header))
+            return metadata(state, sorted(b.registry.models[state.name]))
         if command == Command.MODEL_CONFIG:
-            return b.resolve(_str(header, "model"), _version(header)).config.to_dict()
+            return b.registry.resolve(_str(header, "model"), _version(header)).config.to_dict()
         if command == Command.STATISTICS:
             return self._statistics(header)
         if command == Command.REPOSITORY_INDEX:
@@ -92,10 +90,10 @@ class ClientHandlers:
         b = self.broker
         if "model" in header:
             version = _version(header)
-            state = b.resolve(_str(header, "model"), version)
-            states = [state] if version else list(b.models[state.name].values())
+            state = b.registry.resolve(_str(header, "model"), version)
+            states = [state] if version else list(b.registry.models[state.name].values())
         else:
-            states = [s for v in b.models.values() for s in v.values()]
+            states = list(b.registry.states())
         return {
             "model_stats": [
                 {"name": s.name, "version": str(s.version), **s.stats.to_dict()}
@@ -106,9 +104,9 @@ class ClientHandlers:
     def _index(self) -> list[dict[str, Any]]:
         b = self.broker
         rows: list[dict[str, Any]] = []
-        for name, versions in sorted(b.models.items()):
+        for name, versions in sorted(b.registry.models.items()):
             for v, s in sorted(versions.items()):
                 rows.append({"name": name, "version": str(v), "state": s.state(), "reason": s.error or ""})
-        for name, error in sorted(b.load_errors.items()):
+        for name, error in sorted(b.registry.load_errors.items()):
             rows.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": error})
         return rows

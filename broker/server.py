@@ -7,8 +7,6 @@ instances and reap dead workers after every wake-up.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import itertools
 import logging
 import os
@@ -22,30 +20,29 @@ import zmq
 
 from zinfer.client import protocol
 from zinfer.client.errors import (
-    InvalidArgument,
-    NotFound,
     ProtocolError,
     ServerError,
     Status,
     Unavailable,
 )
-from zinfer.client.paths import LOCK_NAME, SOCKET_NAME, WORKER_SOCKET_NAME, client_endpoint, worker_endpoint
+from zinfer.client.paths import SOCKET_NAME, WORKER_SOCKET_NAME, client_endpoint, worker_endpoint
 from zinfer.client.protocol import Command, Frame, Reply
 from zinfer.client.transport import NOBLOCK, send_frames
 
 from .batcher import Batch, QueuedRequest
 from .handlers import ClientHandlers
+from .messages import client_outputs, execute_header
 from .model_state import InFlight, ModelState, Pending
 from .regions import RegionTable
-from .repository import scan_repository
-from .supervisor import Supervisor, WorkerSpec
+from .registry import ModelRegistry
+from .runtime_dir import RuntimeDir
+from .supervisor import RestartPolicy, Supervisor, WorkerSpec
 from .validation import DEFAULT_MAX_TENSOR_BYTES
 
 log = logging.getLogger(__name__)
 
 MAX_POLL_MS = 100
 REAP_INTERVAL_S = 0.05
-RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 
 
 @dataclass(frozen=True)
@@ -58,27 +55,21 @@ class ServerOptions:
     log_level: str = "INFO"
 
 
-class AlreadyRunning(ServerError):
-    status = Status.ALREADY_EXISTS
-
-
 class Broker:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
         self.regions = RegionTable()
-        self.models: dict[str, dict[int, ModelState]] = {}
-        self.load_errors: dict[str, str] = {}
+        self.registry = ModelRegistry()
         self.supervisor = Supervisor(options.log_level)
         self.inflight: dict[int, InFlight] = {}
         self.worker_model: dict[bytes, ModelState] = {}
         self._seq = itertools.count(1)
         self._batch_ids = itertools.count(1)
-        self._restarts: dict[tuple[str, int, int], list[float]] = {}
-        self._pending_spawns: list[tuple[float, WorkerSpec]] = []
+        self.restarts = RestartPolicy()
         self._ready_logged = False
         self._next_reap = 0.0
         self._ctx = zmq.Context()
-        self._lock_fd = -1
+        self.runtime = RuntimeDir(options.runtime_dir)
         self.frontend: zmq.Socket[bytes] | None = None
         self.backend: zmq.Socket[bytes] | None = None
         self.handlers = ClientHandlers(self)
@@ -87,11 +78,7 @@ class Broker:
 
     def start(self) -> None:
         rt = self.options.runtime_dir
-        rt.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(rt, 0o700)
-        self._take_lock(rt)
-        for name in (SOCKET_NAME, WORKER_SOCKET_NAME):
-            (rt / name).unlink(missing_ok=True)
+        self.runtime.claim()
         self.frontend = self._router(client_endpoint(rt))
         if self.options.tcp:
             self.frontend.bind(f"tcp://{self.options.tcp}")
@@ -100,19 +87,6 @@ class Broker:
         os.chmod(rt / WORKER_SOCKET_NAME, 0o600)
         self._load_repository()
         log.info("event=listening endpoint=%s tcp=%s", client_endpoint(rt), self.options.tcp or "off")
-
-    def _take_lock(self, rt: Path) -> None:
-        fd = os.open(rt / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EACCES):
-                raise AlreadyRunning(f"another zinfer server is running on {rt}") from None
-            raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lock_fd = fd
 
     def _router(self, endpoint: str) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self._ctx.socket(zmq.ROUTER)
@@ -123,52 +97,23 @@ class Broker:
         return sock
 
     def _load_repository(self) -> None:
-        for entry in scan_repository(self.options.model_repository):
-            if entry.error is not None or entry.config is None:
-                self.load_errors[entry.name] = entry.error or "invalid model"
-                log.error("event=model_load_failed model=%s error=%r", entry.name, entry.error)
-                continue
-            versions = self.models.setdefault(entry.name, {})
-            for version in entry.versions:
-                devices = self._devices(entry.config)
-                state = ModelState(entry.config, version, entry.path / str(version), len(devices))
-                versions[version] = state
-                if isinstance(devices, str):
-                    state.error = devices
-                    log.error("event=model_load_failed model=%s error=%r", entry.name, devices)
-                    continue
-                for instance, device in enumerate(devices):
-                    self._spawn(
-                        WorkerSpec(
-                            entry.name,
-                            version,
-                            instance,
-                            device,
-                            self.options.model_repository,
-                            worker_endpoint(self.options.runtime_dir),
-                        )
-                    )
-
-    @staticmethod
-    def _devices(config: Any) -> list[str] | str:
-        """One device per instance, or an error text when the instance groups cannot be placed."""
-        devices: list[str] = []
-        for group in config.instance_group or ():
-            if group.kind == "KIND_GPU":
-                return "instance_group kind KIND_GPU is not supported yet (no GPU workers in this build)"
-            devices.extend(["cpu"] * group.count)
-        return devices or ["cpu"]
+        endpoint = worker_endpoint(self.options.runtime_dir)
+        for state, devices in self.registry.load(self.options.model_repository):
+            for instance, device in enumerate(devices):
+                spec = WorkerSpec(
+                    state.name, state.version, instance, device, self.options.model_repository, endpoint
+                )
+                self._spawn(spec)
 
     def _spawn(self, spec: WorkerSpec) -> None:
         wp = self.supervisor.spawn(spec)
-        self.worker_model[wp.identity] = self.models[spec.model][spec.version]
+        self.worker_model[wp.identity] = self.registry.models[spec.model][spec.version]
 
     def close(self) -> None:
         """Fail what is queued, stop the workers, close and remove the sockets."""
-        for versions in self.models.values():
-            for state in versions.values():
-                for p in state.batcher.remove(lambda _: True):
-                    self._reply_error(p, Unavailable("the server is shutting down"))
+        for state in self.registry.states():
+            for p in state.batcher.remove(lambda _: True):
+                self._reply_error(p, Unavailable("the server is shutting down"))
         for batch in list(self.inflight.values()):
             for p in batch.requests:
                 self._reply_error(p, Unavailable("the server is shutting down"))
@@ -181,13 +126,7 @@ class Broker:
             if sock is not None:
                 sock.close(linger=0)
         self._ctx.destroy(linger=0)
-        rt = self.options.runtime_dir
-        if self._lock_fd >= 0:  # only the server holding the lock owns the socket files
-            for name in (SOCKET_NAME, WORKER_SOCKET_NAME):
-                (rt / name).unlink(missing_ok=True)
-            (rt / LOCK_NAME).unlink(missing_ok=True)
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        self.runtime.release()
         log.info("event=stopped")
 
     # ------------------------------------------------------------------------------------ loop
@@ -223,23 +162,24 @@ class Broker:
     def _poll_timeout_ms(self) -> float:
         """Milliseconds until the nearest batch deadline of a model with an idle instance (capped)."""
         deadline: float | None = None
-        for versions in self.models.values():
-            for state in versions.values():
-                if state.idle:
-                    d = state.batcher.next_deadline()
-                    if d is not None and (deadline is None or d < deadline):
-                        deadline = d
+        for state in self.registry.states():
+            if state.idle:
+                d = state.batcher.next_deadline()
+                if d is not None and (deadline is None or d < deadline):
+                    deadline = d
         if deadline is None:
             return float(MAX_POLL_MS)
         return max(0.0, min(float(MAX_POLL_MS), (deadline - time.monotonic()) * 1000))
 
     def _log_ready_once(self) -> None:
-        if self._ready_logged or any(s.loading for v in self.models.values() for s in v.values()):
+        if self._ready_logged or any(s.loading for s in self.registry.states()):
             return
         self._ready_logged = True
-        states = [s for v in self.models.values() for s in v.values()]
+        states = list(self.registry.states())
         ready = sorted(f"{s.name}:{s.version}" for s in states if s.ready)
-        failed = sorted(f"{s.name}:{s.version}" for s in states if s.error) + sorted(self.load_errors)
+        failed = sorted(f"{s.name}:{s.version}" for s in states if s.error) + sorted(
+            self.registry.load_errors
+        )
         log.info("event=ready models=%s failed=%s", ",".join(ready) or "-", ",".join(failed) or "-")
 
     @property
@@ -273,25 +213,11 @@ class Broker:
             return
         self._send_client(identity, Reply(rid, Status.OK, body=body))
 
-    def resolve(self, name: str, version: int) -> ModelState:
-        versions = self.models.get(name)
-        if not versions:
-            if name in self.load_errors:
-                raise Unavailable(f"model '{name}' failed to load: {self.load_errors[name]}")
-            raise NotFound(f"unknown model '{name}'")
-        if version:
-            state = versions.get(version)
-            if state is None:
-                raise NotFound(f"unknown version {version} of model '{name}'")
-            return state
-        ready = [v for v, s in versions.items() if s.ready]
-        return versions[max(ready) if ready else max(versions)]
-
     def _on_infer(self, identity: bytes, header: dict[str, Any], frames: list[Frame]) -> None:
         from .validation import check_request
 
         req = protocol.infer_from_wire(header)
-        state = self.resolve(req.model, req.version)
+        state = self.registry.resolve(req.model, req.version)
         if not state.ready:
             reason = state.error or "no instance is ready yet"
             raise Unavailable(f"model '{state.name}' version {state.version} is not ready: {reason}")
@@ -379,7 +305,7 @@ class Broker:
             if int(res.get("status", 0)) == 0:
                 stats.success.add(duration)
                 stats.inference_count += p.batch_size
-                outputs, out_frames = _renumber(res.get("outputs", []), frames)
+                outputs, out_frames = client_outputs(res.get("outputs", []), frames)
                 body = {"model": state.name, "version": state.version, "outputs": outputs}
                 self._send_client(p.client, Reply(p.request.request_id, Status.OK, body=body), out_frames)
             else:
@@ -406,28 +332,15 @@ class Broker:
             return False
 
     def _dispatch(self, now: float) -> None:
-        for versions in self.models.values():
-            for state in versions.values():
-                if not state.idle or not len(state.batcher):
-                    continue
+        for state in self.registry.states():
+            if state.idle and len(state.batcher):
                 for batch in state.batcher.pop_ready(now, len(state.idle)):
                     self._execute(state, state.idle.popleft(), batch, now)
 
     def _execute(self, state: ModelState, worker: bytes, batch: Batch[Pending], now: float) -> None:
         batch_id = next(self._batch_ids)
-        requests: list[dict[str, Any]] = []
-        frames: list[Frame] = []
         for p in batch.items:
             state.stats.queue.add(int((now - p.arrival) * 1e9))
-            inputs = p.wire_inputs
-            if p.frames:  # renumber this request's inline frames into the batch's frame list
-                inputs = []
-                for d in p.wire_inputs:
-                    if "frame" in d:
-                        frames.append(p.frames[d["frame"]])
-                        d = {**d, "frame": len(frames) - 1}
-                    inputs.append(d)
-            requests.append({"id": p.seq, "inputs": inputs, "outputs": p.wire_outputs})
         state.stats.record_batch(batch.size, batch.reason.value)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
@@ -438,10 +351,9 @@ class Broker:
                 batch.reason.value,
                 worker.decode(),
             )
+        header, frames = execute_header(batch_id, batch.items)
         self.inflight[batch_id] = InFlight(batch_id, worker, state, list(batch.items), time.monotonic_ns())
-        if not self._send_worker(
-            worker, Command.W_EXECUTE, {"batch": batch_id, "requests": requests}, frames
-        ):
+        if not self._send_worker(worker, Command.W_EXECUTE, header, frames):
             self._fail_batch(self.inflight.pop(batch_id), "the instance could not be reached")
 
     def _fail_batch(self, batch: InFlight, why: str) -> None:
@@ -470,35 +382,14 @@ class Broker:
             )
             if state.error is not None:
                 continue  # a load failure: do not restart
-            key = (wp.spec.model, wp.spec.version, wp.spec.instance)
-            recent = [t for t in self._restarts.get(key, []) if now - t < 60.0]
-            if len(recent) >= len(RESTART_BACKOFF_S):
-                state.error = f"worker crashed {len(recent)} times in a minute (last exit code {code})"
+            crashes = self.restarts.crashed(wp.spec, now)
+            if crashes is not None:
+                state.error = f"worker crashed {crashes} times in a minute (last exit code {code})"
                 log.error("event=instance_failed model=%s error=%r", state.name, state.error)
-                continue
-            self._restarts[key] = [*recent, now]
-            self._pending_spawns.append((now + RESTART_BACKOFF_S[len(recent)], wp.spec))
-        due = [s for t, s in self._pending_spawns if t <= now]
-        self._pending_spawns = [(t, s) for t, s in self._pending_spawns if t > now]
-        for spec in due:
+        for spec in self.restarts.due(now):
             self._spawn(spec)
 
     def drop_region(self, name: str) -> None:
         """Tell every worker to unmap a region its client unregistered."""
         for identity in list(self.worker_model):
             self._send_worker(identity, Command.W_DROP_REGION, {"name": name})
-
-
-def _renumber(outputs: list[dict[str, Any]], frames: list[Frame]) -> tuple[list[dict[str, Any]], list[Frame]]:
-    """Outputs of one request with their inline frames numbered from 0 for the client."""
-    out_frames: list[Frame] = []
-    renumbered = []
-    for t in outputs:
-        if "frame" in t:
-            idx = int(t["frame"])
-            if not 0 <= idx < len(frames):
-                raise InvalidArgument("worker result names a missing frame")
-            t = {**t, "frame": len(out_frames)}
-            out_frames.append(frames[idx])
-        renumbered.append(t)
-    return renumbered, out_frames

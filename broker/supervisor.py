@@ -37,6 +37,39 @@ class WorkerProc:
     started: float
 
 
+RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+CRASH_WINDOW_S = 60.0
+
+
+class RestartPolicy:
+    """When to restart an instance that died: with growing backoff, and not at all after
+    ``len(backoff)`` crashes within ``window`` seconds. Pure: the clock is passed in."""
+
+    def __init__(
+        self, backoff: tuple[float, ...] = RESTART_BACKOFF_S, window: float = CRASH_WINDOW_S
+    ) -> None:
+        self.backoff = backoff
+        self.window = window
+        self._crashes: dict[tuple[str, int, int], list[float]] = {}
+        self._due: list[tuple[float, WorkerSpec]] = []
+
+    def crashed(self, spec: WorkerSpec, now: float) -> int | None:
+        """Record a crash; returns how many there were in the window if that is too many (give up)."""
+        key = (spec.model, spec.version, spec.instance)
+        recent = [t for t in self._crashes.get(key, []) if now - t < self.window]
+        if len(recent) >= len(self.backoff):
+            return len(recent)
+        self._crashes[key] = [*recent, now]
+        self._due.append((now + self.backoff[len(recent)], spec))
+        return None
+
+    def due(self, now: float) -> list[WorkerSpec]:
+        """Specs whose restart time has come."""
+        ready = [s for t, s in self._due if t <= now]
+        self._due = [(t, s) for t, s in self._due if t > now]
+        return ready
+
+
 class Supervisor:
     def __init__(self, log_level: str = "INFO") -> None:
         self._procs: dict[bytes, WorkerProc] = {}
