@@ -1,0 +1,59 @@
+"""Pure pieces of the broker: the restart policy and the EXECUTE message builder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zinfer.broker.messages import client_outputs, execute_header
+from zinfer.broker.model_state import Pending
+from zinfer.broker.supervisor import RestartPolicy, WorkerSpec
+from zinfer.client.protocol import InferRequest
+
+SPEC = WorkerSpec("m", 1, 0, "cpu", Path("/repo"), "ipc:///x")
+
+
+def test_restart_backoff_grows_then_gives_up() -> None:
+    policy = RestartPolicy(backoff=(1.0, 2.0, 4.0), window=60.0)
+    assert policy.crashed(SPEC, now=0.0) is None
+    assert policy.due(0.5) == []
+    assert policy.due(1.0) == [SPEC]
+    assert policy.crashed(SPEC, now=10.0) is None
+    assert policy.due(11.0) == [] and policy.due(12.0) == [SPEC]
+    assert policy.crashed(SPEC, now=20.0) is None
+    assert policy.due(24.0) == [SPEC]
+    assert policy.crashed(SPEC, now=30.0) == 3  # a fourth crash within the minute: give up
+    assert policy.due(100.0) == []
+
+
+def test_old_crashes_leave_the_window() -> None:
+    policy = RestartPolicy(backoff=(1.0, 2.0), window=60.0)
+    assert policy.crashed(SPEC, 0.0) is None
+    assert policy.crashed(SPEC, 10.0) is None
+    assert policy.crashed(SPEC, 100.0) is None  # the first two are more than a minute old
+    assert policy.due(101.0) == [SPEC, SPEC, SPEC]
+
+
+def _pending(seq: int, inputs: list[dict[str, object]], frames: list[bytes]) -> Pending:
+    req = InferRequest("r", "m", 0, ())
+    return Pending(seq, b"c", req, list(frames), inputs, [{"name": "Y"}], 1, 0.0)
+
+
+def test_execute_header_renumbers_inline_frames_only() -> None:
+    shm = {"name": "A", "datatype": "FP32", "shape": [1, 1], "shm": ["r", 0, 4]}
+    a = _pending(1, [shm, {"name": "B", "datatype": "FP32", "shape": [1, 1], "frame": 0}], [b"b1"])
+    b = _pending(2, [{"name": "A", "frame": 1}, {"name": "B", "frame": 0}], [b"b2", b"a2"])
+    header, frames = execute_header(7, [a, b])
+    assert header["batch"] == 7
+    assert [r["id"] for r in header["requests"]] == [1, 2]
+    assert header["requests"][0]["inputs"][0] is shm  # passed on untouched
+    assert header["requests"][0]["inputs"][1]["frame"] == 0
+    assert [d["frame"] for d in header["requests"][1]["inputs"]] == [1, 2]
+    assert frames == [b"b1", b"a2", b"b2"]
+
+
+def test_client_outputs_renumbers_from_zero() -> None:
+    outs, frames = client_outputs(
+        [{"name": "Y", "frame": 3}, {"name": "Z", "shm": ["r", 0, 4]}], [b"0", b"1", b"2", b"3"]
+    )
+    assert outs == [{"name": "Y", "frame": 0}, {"name": "Z", "shm": ["r", 0, 4]}]
+    assert frames == [b"3"]
