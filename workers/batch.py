@@ -6,7 +6,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -22,8 +22,7 @@ from .regions import RegionCache
 Array = npt.NDArray[Any]
 
 
-@dataclass(frozen=True)
-class BatchRequest:
+class BatchRequest(NamedTuple):
     """One request of a batch as the broker sent it."""
 
     id: int

@@ -63,7 +63,7 @@ class AddKernel(_Kernel):
 
     def execute(self, inputs: Mapping[str, Array], alloc: Alloc = no_alloc) -> Mapping[str, Array]:
         a, b = (inputs[n] for n in self.in_names)
-        shape = np.broadcast_shapes(a.shape, b.shape)
+        shape = a.shape if a.shape == b.shape else np.broadcast_shapes(a.shape, b.shape)
         out = {}
         for name, dtype, op in zip(self.out_names, self.out_dtypes, (np.add, np.subtract), strict=False):
             dst = alloc(name, shape, dtype)
