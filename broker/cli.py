@@ -58,7 +58,51 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-tensor-bytes", type=int, default=1 << 32, help="largest tensor accepted, in bytes")
     s.add_argument("--exit-timeout", type=float, default=5.0, help="seconds to wait for workers on shutdown")
     s.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    s.add_argument(
+        "--model-control-mode",
+        choices=["none", "explicit"],
+        default="none",
+        help="none: load every model at start; explicit: only --load-model ones, then load/unload on request",
+    )
+    s.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --model-control-mode explicit: a model to load at start (repeatable; '*' loads all)",
+    )
+    for name, text in (("models", "list the repository's models and their state"),
+                       ("load", "load or reload a model (explicit model control)"),
+                       ("unload", "unload a model (explicit model control)")):  # fmt: skip
+        c = sub.add_parser(name, help=text)
+        c.add_argument("--url", default=None, help="server socket (default: the default runtime directory's)")
+        c.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the server")
+        if name != "models":
+            c.add_argument("model")
     return p
+
+
+def control(args: argparse.Namespace) -> int:
+    """``zinfer models|load|unload``: model control against a running server."""
+    from zinfer.client import Client
+
+    try:
+        with Client(args.url, timeout=args.timeout) as client:
+            if args.command == "load":
+                client.load_model(args.model)
+                print(f"loaded {args.model}")
+            elif args.command == "unload":
+                client.unload_model(args.model)
+                print(f"unloading {args.model}")
+            else:
+                rows = client.repository_index()
+                print(f"{'MODEL':24} {'VERSION':8} {'STATE':12} REASON")
+                for r in rows:
+                    print(f"{r['name']:24} {r['version']:8} {r['state']:12} {r['reason']}")
+    except ZinferError as exc:
+        print(f"zinfer {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -78,6 +122,8 @@ def serve(args: argparse.Namespace) -> int:
         max_tensor_bytes=args.max_tensor_bytes,
         exit_timeout_s=args.exit_timeout,
         log_level=args.log_level,
+        model_control_mode=args.model_control_mode,
+        load_models=tuple(args.load_model),
     )
     stop = {"signal": 0}
 
@@ -106,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
-    return 2  # pragma: no cover - argparse rejects unknown commands
+    return control(args)  # pragma: no cover - argparse rejects unknown commands
 
 
 if __name__ == "__main__":

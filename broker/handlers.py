@@ -61,7 +61,7 @@ class ClientHandlers:
         if command == Command.SERVER_LIVE:
             return True
         if command == Command.SERVER_READY:
-            return b.startup_done and all(s.ready for s in b.registry.states() if s.error is None)
+            return b.startup_done and all(s.ready for s in b.registry.serving() if s.error is None)
         if command == Command.MODEL_READY:
             try:
                 return b.registry.resolve(_str(header, "model"), _version(header)).ready
@@ -75,7 +75,10 @@ class ClientHandlers:
         if command == Command.STATISTICS:
             return self._statistics(header)
         if command == Command.REPOSITORY_INDEX:
-            return self._index()
+            return b.control.index()
+        if command == Command.UNLOAD:
+            b.control.unload(_str(header, "model"))
+            return {"model": header["model"]}
         if command == Command.REGISTER:
             size = b.regions.register(identity, _str(header, "name"))
             return {"size": size}
@@ -93,20 +96,10 @@ class ClientHandlers:
             state = b.registry.resolve(_str(header, "model"), version)
             states = [state] if version else list(b.registry.models[state.name].values())
         else:
-            states = list(b.registry.states())
+            states = list(b.registry.serving())
         return {
             "model_stats": [
                 {"name": s.name, "version": str(s.version), **s.stats.to_dict()}
                 for s in sorted(states, key=lambda s: (s.name, s.version))
             ]
         }
-
-    def _index(self) -> list[dict[str, Any]]:
-        b = self.broker
-        rows: list[dict[str, Any]] = []
-        for name, versions in sorted(b.registry.models.items()):
-            for v, s in sorted(versions.items()):
-                rows.append({"name": name, "version": str(v), "state": s.state(), "reason": s.error or ""})
-        for name, error in sorted(b.registry.load_errors.items()):
-            rows.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": error})
-        return rows

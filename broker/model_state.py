@@ -113,6 +113,8 @@ class ModelState:
         self.idle: deque[bytes] = deque()
         self.error: str | None = None
         self.stats = ModelStats()
+        self.generation = 0
+        self.retired = False  # unloaded or replaced: drains its queue, then its workers stop for good
 
     @property
     def ready(self) -> bool:

@@ -1,16 +1,21 @@
-"""The models a server serves: every version's state, the models that failed to load, and lookup by name."""
+"""The models a server serves: every version's state, the models that failed to load, and lookup by name.
+
+A load builds new states first (``prepare``) and only an ``install`` makes them serve; the states they
+replace, and the states of an unloaded model, move to ``retiring``: they take no new requests, finish what
+they have queued, and then their workers stop.
+"""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 
 from zinfer.client.errors import NotFound, Unavailable
 
 from .model_config import ModelConfig
 from .model_state import ModelState
-from .repository import scan_repository
+from .repository import ModelEntry
 
 log = logging.getLogger(__name__)
 
@@ -28,40 +33,79 @@ def place_instances(config: ModelConfig) -> list[str] | str:
 class ModelRegistry:
     def __init__(self) -> None:
         self.models: dict[str, dict[int, ModelState]] = {}
-        self.load_errors: dict[str, str] = {}
+        self.load_errors: dict[str, str] = {}  # models that have no serving version, and why
+        self.reload_errors: dict[str, str] = {}  # the last failed reload of a model that still serves
+        self.retiring: list[ModelState] = []
+        self.loading: set[str] = set()  # models with a load in progress
+        self.known: set[str] = set()  # every model folder of the repository seen so far
+        self._generations = itertools.count(1)
 
-    def load(self, repository: Path) -> list[tuple[ModelState, list[str]]]:
-        """Scan ``repository``; returns each loadable model version with the devices of its instances."""
-        to_start: list[tuple[ModelState, list[str]]] = []
-        for entry in scan_repository(repository):
-            if entry.error is not None or entry.config is None:
-                self.load_errors[entry.name] = entry.error or "invalid model"
-                log.error("event=model_load_failed model=%s error=%r", entry.name, entry.error)
-                continue
-            devices = place_instances(entry.config)
-            versions = self.models.setdefault(entry.name, {})
-            for version in entry.versions:
-                state = ModelState(entry.config, version, entry.path / str(version), len(devices))
-                versions[version] = state
-                if isinstance(devices, str):
-                    state.error = devices
-                    log.error(
-                        "event=model_load_failed model=%s version=%d error=%r", entry.name, version, devices
-                    )
-                else:
-                    to_start.append((state, devices))
-        return to_start
+    def prepare(self, entry: ModelEntry) -> tuple[list[tuple[ModelState, list[str]]], str | None]:
+        """New states for every version of ``entry`` with their devices, or the reason it cannot load."""
+        if entry.error is not None or entry.config is None:
+            return [], entry.error or "invalid model"
+        devices = place_instances(entry.config)
+        if isinstance(devices, str):
+            return [], devices
+        generation = next(self._generations)
+        prepared = []
+        for version in entry.versions:
+            state = ModelState(entry.config, version, entry.path / str(version), len(devices))
+            state.generation = generation
+            prepared.append((state, devices))
+        return prepared, None
 
-    def states(self) -> Iterator[ModelState]:
+    def install(self, name: str, states: list[ModelState]) -> None:
+        """Make ``states`` the serving versions of ``name``; the ones they replace start retiring."""
+        old = self.models.pop(name, {})
+        for state in states:
+            previous = old.get(state.version)
+            if previous is not None:
+                state.stats = previous.stats  # statistics of a version go on across a reload
+        self.retire(list(old.values()))
+        self.models[name] = {s.version: s for s in states}
+        self.load_errors.pop(name, None)
+        self.reload_errors.pop(name, None)
+
+    def fail(self, name: str, reason: str) -> None:
+        if name in self.models:
+            self.reload_errors[name] = reason
+        else:
+            self.load_errors[name] = reason
+
+    def remove(self, name: str) -> bool:
+        """Unload: every version of ``name`` starts retiring. False if it was not loaded."""
+        old = self.models.pop(name, None)
+        self.reload_errors.pop(name, None)
+        if old is None:
+            return False
+        self.retire(list(old.values()))
+        return True
+
+    def retire(self, states: list[ModelState]) -> None:
+        for state in states:
+            state.retired = True
+            self.retiring.append(state)
+
+    def serving(self) -> Iterator[ModelState]:
         for versions in self.models.values():
             yield from versions.values()
+
+    def states(self) -> Iterator[ModelState]:
+        """Every state that may still have work: serving and retiring."""
+        yield from self.serving()
+        yield from self.retiring
 
     def resolve(self, name: str, version: int) -> ModelState:
         """A model version by name; version 0 is the newest ready version (else the newest)."""
         versions = self.models.get(name)
         if not versions:
+            if name in self.loading:
+                raise Unavailable(f"model '{name}' is loading")
             if name in self.load_errors:
                 raise Unavailable(f"model '{name}' failed to load: {self.load_errors[name]}")
+            if name in self.known:
+                raise Unavailable(f"model '{name}' is not loaded")
             raise NotFound(f"unknown model '{name}'")
         if version:
             state = versions.get(version)

@@ -32,6 +32,7 @@ from zinfer.client.transport import NOBLOCK, send_frames
 from .batcher import Batch, QueuedRequest
 from .handlers import ClientHandlers
 from .messages import client_outputs, execute_header
+from .model_control import ModelControl
 from .model_state import InFlight, ModelState, Pending
 from .regions import RegionTable
 from .registry import ModelRegistry
@@ -53,6 +54,8 @@ class ServerOptions:
     max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES
     exit_timeout_s: float = 5.0
     log_level: str = "INFO"
+    model_control_mode: str = "none"  # "none": load everything at start; "explicit": load/unload on request
+    load_models: tuple[str, ...] = ()  # with "explicit": the models to load at start ("*" = all)
 
 
 class Broker:
@@ -73,6 +76,8 @@ class Broker:
         self.frontend: zmq.Socket[bytes] | None = None
         self.backend: zmq.Socket[bytes] | None = None
         self.handlers = ClientHandlers(self)
+        self.control = ModelControl(self)
+        self._spec_state: dict[WorkerSpec, ModelState] = {}
 
     # ------------------------------------------------------------------------------------ start / stop
 
@@ -97,17 +102,38 @@ class Broker:
         return sock
 
     def _load_repository(self) -> None:
+        opts = self.options
+        wanted = set(opts.load_models)
+        names = sorted(
+            p.name for p in opts.model_repository.iterdir() if p.is_dir() and not p.name.startswith(".")
+        )
+        self.registry.known.update(names)
+        for entry in names:
+            if opts.model_control_mode == "explicit" and not wanted & {"*", entry}:
+                continue
+            try:
+                self.control.load(entry, time.monotonic())
+            except ServerError:
+                pass  # logged, and kept in the registry as the reason
+        for name in sorted(wanted - {"*"} - {p.name for p in self.control.pending}):
+            if name not in self.registry.load_errors:
+                self.registry.fail(name, "no such model in the repository")
+                log.error("event=model_load_failed model=%s error='no such model in the repository'", name)
+
+    def start_instances(self, state: ModelState, devices: list[str]) -> None:
         endpoint = worker_endpoint(self.options.runtime_dir)
-        for state, devices in self.registry.load(self.options.model_repository):
-            for instance, device in enumerate(devices):
-                spec = WorkerSpec(
-                    state.name, state.version, instance, device, self.options.model_repository, endpoint
-                )
-                self._spawn(spec)
+        for instance, device in enumerate(devices):
+            spec = WorkerSpec(state.name, state.version, instance, device, self.options.model_repository,
+                              endpoint, state.generation)  # fmt: skip
+            self._spec_state[spec] = state
+            self._spawn(spec)
 
     def _spawn(self, spec: WorkerSpec) -> None:
+        state = self._spec_state[spec]
+        if state.retired:
+            return
         wp = self.supervisor.spawn(spec)
-        self.worker_model[wp.identity] = self.registry.models[spec.model][spec.version]
+        self.worker_model[wp.identity] = state
 
     def close(self) -> None:
         """Fail what is queued, stop the workers, close and remove the sockets."""
@@ -120,7 +146,7 @@ class Broker:
         self.inflight.clear()
         if self.backend is not None:
             for identity in list(self.worker_model):
-                self._send_worker(identity, Command.W_SHUTDOWN, {})
+                self.send_worker(identity, Command.W_SHUTDOWN, {})
         self.supervisor.stop_all(self.options.exit_timeout_s)
         for sock in (self.frontend, self.backend):
             if sock is not None:
@@ -150,6 +176,8 @@ class Broker:
                 self._next_reap = now + REAP_INTERVAL_S
                 self._reap(now)
             self._dispatch(now)
+            if self.control.pending or self.registry.retiring:
+                self.control.poll(now)
             self._log_ready_once()
 
     def _drain(self, sock: zmq.Socket[bytes], handle: Callable[[bytes, list[Frame]], None]) -> None:
@@ -172,7 +200,7 @@ class Broker:
         return max(0.0, min(float(MAX_POLL_MS), (deadline - time.monotonic()) * 1000))
 
     def _log_ready_once(self) -> None:
-        if self._ready_logged or any(s.loading for s in self.registry.states()):
+        if self._ready_logged or self.control.pending:
             return
         self._ready_logged = True
         states = list(self.registry.states())
@@ -193,25 +221,28 @@ class Broker:
             msg = protocol.decode(frames, protocol.CLIENT_COMMANDS)
         except ProtocolError as exc:
             log.warning("event=bad_client_message error=%r", str(exc))
-            self._send_client(identity, Reply("", Status.INVALID_ARGUMENT, f"ProtocolError: {exc}"))
+            self.send_client(identity, Reply("", Status.INVALID_ARGUMENT, f"ProtocolError: {exc}"))
             return
         rid = protocol.request_id_of(msg.header)
         try:
             if msg.command == Command.INFER:
                 self._on_infer(identity, msg.header, msg.frames)
                 return
+            if msg.command == Command.LOAD:  # answered once the model is ready or has failed
+                self.control.load(str(msg.header.get("model", "")), time.monotonic(), identity, rid)
+                return
             body = self.handlers.handle(identity, msg.command, msg.header)
         except ProtocolError as exc:
-            self._send_client(identity, Reply(rid, Status.INVALID_ARGUMENT, f"InvalidArgument: {exc}"))
+            self.send_client(identity, Reply(rid, Status.INVALID_ARGUMENT, f"InvalidArgument: {exc}"))
             return
         except ServerError as exc:
-            self._send_client(identity, Reply(rid, exc.status, exc.wire_text()))
+            self.send_client(identity, Reply(rid, exc.status, exc.wire_text()))
             return
         except Exception as exc:  # a handler bug must never take the broker down
             log.exception("event=handler_failed command=%s", msg.command.name)
-            self._send_client(identity, Reply(rid, Status.INTERNAL, f"InternalError: {type(exc).__name__}"))
+            self.send_client(identity, Reply(rid, Status.INTERNAL, f"InternalError: {type(exc).__name__}"))
             return
-        self._send_client(identity, Reply(rid, Status.OK, body=body))
+        self.send_client(identity, Reply(rid, Status.OK, body=body))
 
     def _on_infer(self, identity: bytes, header: dict[str, Any], frames: list[Frame]) -> None:
         from .validation import check_request
@@ -235,7 +266,7 @@ class Broker:
         )
         state.batcher.add(QueuedRequest(pending, checked.batch_size, checked.shape_key, now), now)
 
-    def _send_client(self, identity: bytes, reply: Reply, frames: list[Frame] | None = None) -> None:
+    def send_client(self, identity: bytes, reply: Reply, frames: list[Frame] | None = None) -> None:
         assert self.frontend is not None
         msg = protocol.encode(Command.REPLY, protocol.reply_to_wire(reply), frames or ())
         try:
@@ -244,7 +275,7 @@ class Broker:
             log.warning("event=reply_undeliverable request=%s error=%r", reply.request_id, exc.strerror)
 
     def _reply_error(self, p: Pending, exc: ServerError) -> None:
-        self._send_client(p.client, Reply(p.request.request_id, exc.status, exc.wire_text()))
+        self.send_client(p.client, Reply(p.request.request_id, exc.status, exc.wire_text()))
 
     # ------------------------------------------------------------------------------------ workers
 
@@ -257,7 +288,7 @@ class Broker:
         state = self.worker_model.get(identity)
         if state is None:
             log.warning("event=unknown_worker worker=%s", identity)
-            self._send_worker(identity, Command.W_SHUTDOWN, {})
+            self.send_worker(identity, Command.W_SHUTDOWN, {})
             return
         try:
             if msg.command == Command.W_READY:
@@ -307,10 +338,10 @@ class Broker:
                 stats.inference_count += p.batch_size
                 outputs, out_frames = client_outputs(res.get("outputs", []), frames)
                 body = {"model": state.name, "version": state.version, "outputs": outputs}
-                self._send_client(p.client, Reply(p.request.request_id, Status.OK, body=body), out_frames)
+                self.send_client(p.client, Reply(p.request.request_id, Status.OK, body=body), out_frames)
             else:
                 stats.fail.add(duration)
-                self._send_client(
+                self.send_client(
                     p.client,
                     Reply(p.request.request_id, Status(int(res["status"])), str(res.get("error", ""))),
                 )
@@ -320,7 +351,7 @@ class Broker:
         if identity in state.instances:
             state.idle.append(identity)
 
-    def _send_worker(
+    def send_worker(
         self, identity: bytes, command: Command, header: dict[str, Any], frames: list[Frame] | None = None
     ) -> bool:
         assert self.backend is not None
@@ -353,7 +384,7 @@ class Broker:
             )
         header, frames = execute_header(batch_id, batch.items)
         self.inflight[batch_id] = InFlight(batch_id, worker, state, list(batch.items), time.monotonic_ns())
-        if not self._send_worker(worker, Command.W_EXECUTE, header, frames):
+        if not self.send_worker(worker, Command.W_EXECUTE, header, frames):
             self._fail_batch(self.inflight.pop(batch_id), "the instance could not be reached")
 
     def _fail_batch(self, batch: InFlight, why: str) -> None:
@@ -380,8 +411,8 @@ class Broker:
                 wp.identity.decode(),
                 code,
             )
-            if state.error is not None:
-                continue  # a load failure: do not restart
+            if state.error is not None or state.retired:
+                continue  # a load failure, or a state on its way out: do not restart
             crashes = self.restarts.crashed(wp.spec, now)
             if crashes is not None:
                 state.error = f"worker crashed {crashes} times in a minute (last exit code {code})"
@@ -392,4 +423,4 @@ class Broker:
     def drop_region(self, name: str) -> None:
         """Tell every worker to unmap a region its client unregistered."""
         for identity in list(self.worker_model):
-            self._send_worker(identity, Command.W_DROP_REGION, {"name": name})
+            self.send_worker(identity, Command.W_DROP_REGION, {"name": name})

@@ -24,9 +24,10 @@ class WorkerSpec:
     device: str  # "cpu" or "gpu:<id>"
     repository: Path
     endpoint: str
+    generation: int = 0  # each load of a model is a new generation; a reload runs beside the old one
 
     def identity(self, incarnation: int) -> bytes:
-        return f"{self.model}/{self.version}/{self.instance}/{incarnation}".encode()
+        return f"{self.model}/{self.version}/{self.instance}/{self.generation}.{incarnation}".encode()
 
 
 @dataclass
@@ -50,16 +51,15 @@ class RestartPolicy:
     ) -> None:
         self.backoff = backoff
         self.window = window
-        self._crashes: dict[tuple[str, int, int], list[float]] = {}
+        self._crashes: dict[WorkerSpec, list[float]] = {}
         self._due: list[tuple[float, WorkerSpec]] = []
 
     def crashed(self, spec: WorkerSpec, now: float) -> int | None:
         """Record a crash; returns how many there were in the window if that is too many (give up)."""
-        key = (spec.model, spec.version, spec.instance)
-        recent = [t for t in self._crashes.get(key, []) if now - t < self.window]
+        recent = [t for t in self._crashes.get(spec, []) if now - t < self.window]
         if len(recent) >= len(self.backoff):
             return len(recent)
-        self._crashes[key] = [*recent, now]
+        self._crashes[spec] = [*recent, now]
         self._due.append((now + self.backoff[len(recent)], spec))
         return None
 
@@ -73,11 +73,11 @@ class RestartPolicy:
 class Supervisor:
     def __init__(self, log_level: str = "INFO") -> None:
         self._procs: dict[bytes, WorkerProc] = {}
-        self._incarnations: dict[tuple[str, int, int], int] = {}
+        self._incarnations: dict[tuple[str, int, int, int], int] = {}
         self._log_level = log_level
 
     def spawn(self, spec: WorkerSpec) -> WorkerProc:
-        key = (spec.model, spec.version, spec.instance)
+        key = (spec.model, spec.version, spec.instance, spec.generation)
         incarnation = self._incarnations.get(key, 0) + 1
         self._incarnations[key] = incarnation
         identity = spec.identity(incarnation)
@@ -107,7 +107,7 @@ class Supervisor:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, close_fds=True)
         wp = WorkerProc(spec, identity, proc, time.monotonic())
         self._procs[identity] = wp
-        log.info("event=worker_spawned model=%s version=%d instance=%d pid=%d", *key, proc.pid)
+        log.info("event=worker_spawned model=%s version=%d instance=%d generation=%d pid=%d", *key, proc.pid)
         return wp
 
     def get(self, identity: bytes) -> WorkerProc | None:

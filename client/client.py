@@ -132,6 +132,20 @@ class Client:
         body: dict[str, Any] = self._call(Command.STATISTICS, header).body
         return body
 
+    def load_model(self, name: str, timeout: float | None = None) -> None:
+        """Load or reload ``name`` from the repository (needs ``--model-control-mode explicit``).
+
+        Returns once every instance of the new version is ready; requests keep going to the old version until
+        then. Raises ``Unavailable`` with the reason if it fails, in which case the old version keeps serving.
+        """
+        self._call(Command.LOAD, {"model": name}, timeout=timeout)
+        self._models = {k: v for k, v in self._models.items() if k[0] != name}
+
+    def unload_model(self, name: str) -> None:
+        """Stop serving ``name``: new requests are refused, queued ones finish."""
+        self._call(Command.UNLOAD, {"model": name})
+        self._models = {k: v for k, v in self._models.items() if k[0] != name}
+
     def repository_index(self) -> list[dict[str, Any]]:
         body: list[dict[str, Any]] = self._call(Command.REPOSITORY_INDEX, {}).body
         return body

@@ -44,6 +44,9 @@ class Command(IntEnum):
     MODEL_CONFIG = 0x09
     STATISTICS = 0x0A
     REPOSITORY_INDEX = 0x0B
+    LOAD = 0x0C
+    UNLOAD = 0x0D
+    SERVER_STATUS = 0x0E
     # broker -> client
     REPLY = 0x20
     # worker <-> broker

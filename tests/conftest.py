@@ -53,6 +53,16 @@ class ServerProcess:
         except psutil.NoSuchProcess:
             return []
 
+    def worker_cmdlines(self) -> list[str]:
+        """Command lines of the live (not zombie) worker processes."""
+        lines = []
+        for p in self.workers():
+            try:
+                lines.append(" ".join(p.cmdline()))
+            except psutil.Error:  # exited, or a zombie the broker has not reaped yet
+                pass
+        return lines
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
         children = self.workers()
         if self.proc.poll() is None:

@@ -1,0 +1,150 @@
+"""Loading, reloading and unloading models while the server runs (Triton's explicit model control).
+
+A load starts the new version's workers beside the old ones; only when every new instance is ready do the
+new states take over, so requests in flight never fail. If any instance fails to load (or the load takes
+longer than ``LOAD_TIMEOUT_S``), the new workers stop and the old model keeps serving; the reason goes to
+the caller and to the repository index. Replaced and unloaded states retire: no new requests, the queue
+drains, then their workers are told to stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from zinfer.client.errors import InvalidArgument, NotFound, ServerError, Status, Unavailable, Unsupported
+from zinfer.client.protocol import Command, Reply
+
+from .model_state import ModelState
+from .repository import load_model_entry
+
+if TYPE_CHECKING:
+    from .server import Broker
+
+log = logging.getLogger(__name__)
+
+LOAD_TIMEOUT_S = 120.0
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+
+
+@dataclass
+class PendingLoad:
+    name: str
+    states: list[ModelState]
+    client: bytes | None  # who asked (None at startup)
+    request_id: str
+    deadline: float
+
+
+class ModelControl:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.pending: list[PendingLoad] = []
+        self._stopping: set[int] = set()  # ids of retiring states whose workers were told to stop
+
+    @property
+    def explicit(self) -> bool:
+        return self.broker.options.model_control_mode == "explicit"
+
+    def load(self, name: str, now: float, client: bytes | None = None, request_id: str = "") -> None:
+        """Start loading ``name``; the reply goes to ``client`` once it is ready or has failed."""
+        if client is not None and not self.explicit:
+            raise Unsupported("model control is off: start the server with --model-control-mode explicit")
+        if not _MODEL_NAME.fullmatch(name) or name in (".", ".."):
+            raise InvalidArgument(f"invalid model name {name!r}")
+        model_dir = self.broker.options.model_repository / name
+        if not model_dir.is_dir():
+            raise NotFound(f"no model '{name}' in the repository")
+        self.broker.registry.known.add(name)
+        if any(p.name == name for p in self.pending):
+            raise Unavailable(f"model '{name}' is already being loaded")
+        prepared, error = self.broker.registry.prepare(load_model_entry(model_dir))
+        if error is not None:
+            self.broker.registry.fail(name, error)
+            log.error("event=model_load_failed model=%s error=%r", name, error)
+            raise Unavailable(f"model '{name}' failed to load: {error}")
+        states = [state for state, _ in prepared]
+        self.broker.registry.loading.add(name)
+        self.pending.append(PendingLoad(name, states, client, request_id, now + LOAD_TIMEOUT_S))
+        for state, devices in prepared:
+            self.broker.start_instances(state, devices)
+        log.info("event=model_loading model=%s versions=%s", name, ",".join(str(s.version) for s in states))
+
+    def unload(self, name: str) -> None:
+        if not self.explicit:
+            raise Unsupported("model control is off: start the server with --model-control-mode explicit")
+        if not self.broker.registry.remove(name):
+            raise NotFound(f"model '{name}' is not loaded")
+        log.info("event=model_unloading model=%s", name)
+
+    def poll(self, now: float) -> None:
+        """Finish loads whose instances are all ready or one has failed; stop drained retiring states."""
+        for load in list(self.pending):
+            failed = next((s.error for s in load.states if s.error is not None), None)
+            if failed is None and now > load.deadline:
+                failed = f"not ready within {LOAD_TIMEOUT_S:.0f} s"
+            if failed is not None:
+                self.pending.remove(load)
+                self.broker.registry.loading.discard(load.name)
+                self.broker.registry.retire(load.states)
+                self.broker.registry.fail(load.name, failed)
+                log.error("event=model_load_failed model=%s error=%r", load.name, failed)
+                self._answer(load, Unavailable(f"model '{load.name}' failed to load: {failed}"))
+            elif all(len(s.instances) >= s.expected_instances for s in load.states):
+                self.pending.remove(load)
+                self.broker.registry.loading.discard(load.name)
+                self.broker.registry.install(load.name, load.states)
+                log.info("event=model_loaded model=%s", load.name)
+                self._answer(load, None)
+        self._stop_drained()
+
+    def _answer(self, load: PendingLoad, error: ServerError | None) -> None:
+        if load.client is None:
+            return
+        if error is None:
+            self.broker.send_client(load.client, Reply(load.request_id, Status.OK, body={"model": load.name}))
+        else:
+            self.broker.send_client(load.client, Reply(load.request_id, error.status, error.wire_text()))
+
+    def _stop_drained(self) -> None:
+        registry, broker = self.broker.registry, self.broker
+        busy = {id(b.model) for b in broker.inflight.values()}
+        for state in list(registry.retiring):
+            if len(state.batcher) or id(state) in busy:
+                continue
+            if id(state) not in self._stopping:
+                self._stopping.add(id(state))
+                for identity in list(state.instances):
+                    broker.send_worker(identity, Command.W_SHUTDOWN, {})
+                state.instances.clear()
+                state.idle.clear()
+            if not any(s is state for s in broker.worker_model.values()):
+                registry.retiring.remove(state)
+                self._stopping.discard(id(state))
+
+    def index(self) -> list[dict[str, Any]]:
+        """Every model of the repository with its state, loaded or not (Triton's repository index)."""
+        registry = self.broker.registry
+        rows: list[dict[str, Any]] = []
+        names = set(registry.models) | set(registry.load_errors) | {p.name for p in self.pending}
+        repo = self.broker.options.model_repository
+        if repo.is_dir():
+            names |= {p.name for p in repo.iterdir() if p.is_dir() and not p.name.startswith(".")}
+            registry.known |= names
+        loading = {p.name for p in self.pending}
+        for name in sorted(names):
+            versions = registry.models.get(name)
+            if versions:
+                for v, s in sorted(versions.items()):
+                    reason = s.error or registry.reload_errors.get(name, "")
+                    rows.append({"name": name, "version": str(v), "state": s.state(), "reason": reason})
+            elif name in loading:
+                rows.append({"name": name, "version": "", "state": "LOADING", "reason": ""})
+            elif name in registry.load_errors:
+                rows.append({"name": name, "version": "", "state": "UNAVAILABLE",
+                             "reason": registry.load_errors[name]})  # fmt: skip
+            else:
+                rows.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": "unloaded"})
+        return rows
