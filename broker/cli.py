@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
         help="also accept clients over TCP (off by default; tensors then travel inline)",
     )
     s.add_argument("--max-tensor-bytes", type=int, default=1 << 32, help="largest tensor accepted, in bytes")
+    s.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM or Ctrl-C, seconds to finish queued and running requests (twice: stop now)",
+    )
     s.add_argument("--exit-timeout", type=float, default=5.0, help="seconds to wait for workers on shutdown")
     s.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     s.add_argument(
@@ -121,14 +127,16 @@ def serve(args: argparse.Namespace) -> int:
         tcp=args.tcp,
         max_tensor_bytes=args.max_tensor_bytes,
         exit_timeout_s=args.exit_timeout,
+        drain_timeout_s=args.drain_timeout,
         log_level=args.log_level,
         model_control_mode=args.model_control_mode,
         load_models=tuple(args.load_model),
     )
-    stop = {"signal": 0}
+    stop = {"signal": 0, "count": 0}
 
     def on_signal(signum: int, _frame: object) -> None:
         stop["signal"] = signum
+        stop["count"] += 1
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -141,7 +149,7 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     log.info("event=starting repository=%s runtime_dir=%s", repo, options.runtime_dir)
     try:
-        broker.run(lambda: stop["signal"] != 0)
+        broker.run(lambda: stop["count"])
     finally:
         log.info("event=stopping signal=%d", stop["signal"])
         broker.close()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from zinfer.client.errors import InvalidArgument, NotFound, ResourceExhausted, ShmError
+from zinfer.client.errors import InvalidArgument, NotFound, ResourceExhausted, ShmError, UnknownRegion
 from zinfer.client.protocol import ShmRef
-from zinfer.client.shm import region_size
+from zinfer.client.shm import reap_orphans, region_size
 
 MAX_REGIONS_PER_CLIENT = 1024
 
@@ -44,12 +44,27 @@ class RegionTable:
         """Raise ``InvalidArgument`` unless ``ref`` lies inside a region ``client`` registered."""
         size = self._by_client.get(client, {}).get(ref.region)
         if size is None:
-            raise InvalidArgument("tensor names a region this connection has not registered")
+            raise UnknownRegion("tensor names a region this connection has not registered")
         if ref.offset < 0 or ref.nbytes < 0 or ref.offset > size or ref.nbytes > size - ref.offset:
             raise InvalidArgument(
                 f"invalid offset + byte size for region of {size} bytes: "
                 f"offset {ref.offset}, size {ref.nbytes}"
             )
+
+    def reap_dead_clients(self) -> list[str]:
+        """Forget, and unlink, the regions whose creating client process has died."""
+        dead = set(reap_orphans([n for regions in self._by_client.values() for n in regions]))
+        if dead:
+            for client in list(self._by_client):
+                regions = self._by_client[client]
+                for name in dead & regions.keys():
+                    del regions[name]
+                if not regions:
+                    del self._by_client[client]
+        return sorted(dead)
+
+    def total_bytes(self) -> int:
+        return sum(sum(r.values()) for r in self._by_client.values())
 
     def count(self) -> int:
         return sum(len(r) for r in self._by_client.values())

@@ -27,6 +27,7 @@ from zinfer.client.errors import (
 )
 from zinfer.client.paths import SOCKET_NAME, WORKER_SOCKET_NAME, client_endpoint, worker_endpoint
 from zinfer.client.protocol import Command, Frame, Reply
+from zinfer.client.shm import reap_orphans
 from zinfer.client.transport import NOBLOCK, send_frames
 
 from .batcher import Batch, QueuedRequest
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 MAX_POLL_MS = 100
 REAP_INTERVAL_S = 0.05
+REGION_REAP_INTERVAL_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class ServerOptions:
     tcp: str | None = None
     max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES
     exit_timeout_s: float = 5.0
+    drain_timeout_s: float = 30.0
     log_level: str = "INFO"
     model_control_mode: str = "none"  # "none": load everything at start; "explicit": load/unload on request
     load_models: tuple[str, ...] = ()  # with "explicit": the models to load at start ("*" = all)
@@ -71,6 +74,9 @@ class Broker:
         self.restarts = RestartPolicy()
         self._ready_logged = False
         self._next_reap = 0.0
+        self.draining_since: float | None = None
+        self._ever_ready: set[bytes] = set()
+        self._next_region_reap = 0.0
         self._ctx = zmq.Context()
         self.runtime = RuntimeDir(options.runtime_dir)
         self.frontend: zmq.Socket[bytes] | None = None
@@ -84,6 +90,9 @@ class Broker:
     def start(self) -> None:
         rt = self.options.runtime_dir
         self.runtime.claim()
+        reaped = reap_orphans()
+        if reaped:
+            log.info("event=stale_segments_reaped count=%d", len(reaped))
         self.frontend = self._router(client_endpoint(rt))
         if self.options.tcp:
             self.frontend.bind(f"tcp://{self.options.tcp}")
@@ -157,12 +166,14 @@ class Broker:
 
     # ------------------------------------------------------------------------------------ loop
 
-    def run(self, should_stop: Callable[[], bool]) -> None:
+    def run(self, stop_requests: Callable[[], int]) -> None:
+        """Serve until asked to stop. The first request drains: new requests are refused with Unavailable,
+        what is queued and running finishes (up to the drain timeout); a second request stops at once."""
         assert self.frontend is not None and self.backend is not None
         poller = zmq.Poller()
         poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
-        while not should_stop():
+        while not self._should_exit(stop_requests()):
             timeout_ms = self._poll_timeout_ms()
             if timeout_ms < 1.0:  # zmq polls in whole milliseconds: sleep the sub-millisecond rest
                 time.sleep(timeout_ms / 1000)
@@ -175,10 +186,27 @@ class Broker:
             if now >= self._next_reap:
                 self._next_reap = now + REAP_INTERVAL_S
                 self._reap(now)
+            if now >= self._next_region_reap:
+                self._next_region_reap = now + REGION_REAP_INTERVAL_S
+                self._reap_regions()
             self._dispatch(now)
             if self.control.pending or self.registry.retiring:
                 self.control.poll(now)
             self._log_ready_once()
+
+    def _should_exit(self, requests: int) -> bool:
+        if not requests:
+            return False
+        now = time.monotonic()
+        if self.draining_since is None:
+            self.draining_since = now
+            log.info("event=draining queued=%d running=%d", self._queued(), len(self.inflight))
+        if requests > 1 or now - self.draining_since > self.options.drain_timeout_s:
+            return True
+        return not self.inflight and not self._queued()
+
+    def _queued(self) -> int:
+        return sum(len(s.batcher) for s in self.registry.states())
 
     def _drain(self, sock: zmq.Socket[bytes], handle: Callable[[bytes, list[Frame]], None]) -> None:
         for _ in range(256):  # bounded, so one busy socket cannot starve the other
@@ -247,6 +275,8 @@ class Broker:
     def _on_infer(self, identity: bytes, header: dict[str, Any], frames: list[Frame]) -> None:
         from .validation import check_request
 
+        if self.draining_since is not None:
+            raise Unavailable("the server is shutting down")
         req = protocol.infer_from_wire(header)
         state = self.registry.resolve(req.model, req.version)
         if not state.ready:
@@ -292,6 +322,7 @@ class Broker:
             return
         try:
             if msg.command == Command.W_READY:
+                self._ever_ready.add(identity)
                 state.instances.add(identity)
                 state.idle.append(identity)
                 log.info(
@@ -395,8 +426,12 @@ class Broker:
     def _reap(self, now: float) -> None:
         for wp, code in self.supervisor.reap():
             state = self.worker_model.pop(wp.identity, None)
+            ever_ready = wp.identity in self._ever_ready
+            self._ever_ready.discard(wp.identity)
             if state is None:
                 continue
+            if not ever_ready and state.error is None and not state.instances:
+                state.error = f"worker exited with code {code} while loading the model (see the log)"
             state.instances.discard(wp.identity)
             if wp.identity in state.idle:
                 state.idle.remove(wp.identity)
@@ -419,6 +454,12 @@ class Broker:
                 log.error("event=instance_failed model=%s error=%r", state.name, state.error)
         for spec in self.restarts.due(now):
             self._spawn(spec)
+
+    def _reap_regions(self) -> None:
+        """Regions of clients that died without closing: unregister, unmap in the workers, unlink."""
+        for name in self.regions.reap_dead_clients():
+            log.info("event=region_reaped reason=client_gone")
+            self.drop_region(name)
 
     def drop_region(self, name: str) -> None:
         """Tell every worker to unmap a region its client unregistered."""

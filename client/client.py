@@ -20,7 +20,15 @@ import numpy.typing as npt
 from . import dtypes, protocol
 from .arena import Arena, Slot
 from .connection import Connection
-from .errors import ClientError, ProtocolError, RequestTimeout, Status, from_status
+from .errors import (
+    ClientError,
+    ConnectionFailed,
+    ProtocolError,
+    RequestTimeout,
+    Status,
+    UnknownRegion,
+    from_status,
+)
 from .paths import default_url
 from .protocol import Command, Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef
 from .result import InferResult
@@ -146,6 +154,11 @@ class Client:
         self._call(Command.UNLOAD, {"model": name})
         self._models = {k: v for k, v in self._models.items() if k[0] != name}
 
+    def server_status(self) -> dict[str, Any]:
+        """What ``zinfer status`` shows: models, instances (pid, device, state, RSS, CPU), queues, recent figures."""
+        body: dict[str, Any] = self._call(Command.SERVER_STATUS, {}).body
+        return body
+
     def repository_index(self) -> list[dict[str, Any]]:
         body: list[dict[str, Any]] = self._call(Command.REPOSITORY_INDEX, {}).body
         return body
@@ -232,24 +245,20 @@ class Client:
             outputs=tuple(out_reqs),
         )
         header = protocol.infer_to_wire(req)
-        rid = header["id"] = self._conn.new_id()
-        if slots:  # until the reply comes the server may read or write them, even after a timeout
-            with self._orphans_lock:
-                self._orphans[rid] = slots
         try:
-            reply, rframes = self._conn.request(
-                Command.INFER, header, frames, self.timeout if timeout is None else timeout
-            )
-        except RequestTimeout:
-            raise  # the slots stay reserved until a late reply frees them
+            self._conn.check_server()  # nothing sent yet: a missing server frees the slots below
+            reply, rframes = self._send_infer(header, frames, slots, timeout)
+            if reply.status == Status.INVALID_ARGUMENT and reply.error.startswith(UnknownRegion.__name__):
+                # the server restarted and forgot our regions: register them again and retry once
+                self._register_all()
+                reply, rframes = self._send_infer(header, frames, slots, timeout)
+        except (RequestTimeout, ConnectionFailed) as exc:
+            if not self._orphans_has(header["id"]):
+                self._free(slots)
+            raise exc  # else the server may still use the slots: they stay reserved until a late reply
         except BaseException:
-            with self._orphans_lock:
-                self._orphans.pop(rid, None)
             self._free(slots)
             raise
-        if slots:
-            with self._orphans_lock:
-                self._orphans.pop(rid, None)
         try:
             if reply.status != Status.OK:
                 raise from_status(reply.status, reply.error)
@@ -257,6 +266,30 @@ class Client:
         finally:
             self._free([s for s in slots if s not in out_slots.values()])
         return result
+
+    def _send_infer(
+        self, header: dict[str, Any], frames: Sequence[Frame], slots: list[Slot], timeout: float | None
+    ) -> tuple[Reply, list[Frame]]:
+        rid = header["id"] = self._conn.new_id()
+        if slots:  # until the reply comes the server may read or write them, even after a timeout
+            with self._orphans_lock:
+                self._orphans[rid] = slots
+        reply, rframes = self._conn.request(
+            Command.INFER, header, frames, self.timeout if timeout is None else timeout
+        )
+        if slots:
+            with self._orphans_lock:
+                self._orphans.pop(rid, None)
+        return reply, rframes
+
+    def _orphans_has(self, rid: str) -> bool:
+        with self._orphans_lock:
+            return rid in self._orphans
+
+    def _register_all(self) -> None:
+        if self._arena is not None:
+            for seg in self._arena.segments:
+                self._register(seg)
 
     def _model_info(self, model: str, version: int) -> _ModelInfo:
         key = (model, version)

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 _POLL_SLICE_S = 0.001  # receive slice while other threads are waiting to send
 _REPLY_ONLY = frozenset({Command.REPLY})
+_SERVER_CHECK_S = 0.5  # while waiting, how often to check that a local server is still there
 
 
 @dataclass
@@ -53,7 +54,6 @@ class Connection:
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid()}-{id(self):x}-"
         self._closed = False
-        self._connected = False  # set by the first reply
 
     def close(self) -> None:
         self._closed = True
@@ -72,8 +72,7 @@ class Connection:
         """
         if self._closed:
             raise ClientError("the client is closed")
-        if not self._connected and self.url.startswith("ipc://") and not os.path.exists(self.url[6:]):
-            raise ConnectionFailed(f"no zinfer server at {self.url}")
+        self.check_server()
         rid = header.setdefault("id", self.new_id())
         waiter = _Waiter()
         msg = protocol.encode(command, header, frames)
@@ -88,7 +87,7 @@ class Connection:
                 self._senders -= 1
         try:
             self._wait(waiter, time.monotonic() + timeout)
-        except RequestTimeout:
+        except (RequestTimeout, ConnectionFailed):
             with self._waiters_lock:
                 if self._waiters.pop(rid, None) is not None:
                     self._late.add(rid)
@@ -96,11 +95,21 @@ class Connection:
         assert waiter.reply is not None
         return waiter.reply, waiter.frames
 
+    def check_server(self) -> None:
+        """A local server's socket file is gone when the server is: say so at once instead of timing out."""
+        if self.url.startswith("ipc://") and not os.path.exists(self.url[6:]):
+            raise ConnectionFailed(f"no zinfer server at {self.url}")
+
     def _wait(self, waiter: _Waiter, deadline: float) -> None:
+        next_check = time.monotonic() + _SERVER_CHECK_S
         while not waiter.event.is_set():
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 raise RequestTimeout("no reply from the server within the timeout")
+            if now >= next_check:
+                next_check = now + _SERVER_CHECK_S
+                self.check_server()
             if not self._recv_lock.acquire(blocking=False):
                 waiter.event.wait(min(remaining, _POLL_SLICE_S * 5))
                 continue
@@ -129,7 +138,6 @@ class Connection:
         except ProtocolError as exc:
             log.warning("event=bad_reply error=%r", str(exc))
             return
-        self._connected = True
         with self._waiters_lock:
             waiter = self._waiters.pop(reply.request_id, None)
             late = reply.request_id in self._late

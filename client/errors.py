@@ -11,6 +11,7 @@
     │   └── RequestTimeout          no reply came within the timeout
     └── ServerError                 the server answered with an error status
         ├── InvalidArgument         the request is malformed or does not match the model
+        │   └── UnknownRegion       a tensor names a region this connection has not registered
         ├── NotFound                unknown model, version or region
         ├── Unavailable             the model or server cannot take the request now
         ├── ResourceExhausted       a queue, arena or size limit is full
@@ -83,6 +84,10 @@ class InvalidArgument(ServerError):
     status = Status.INVALID_ARGUMENT
 
 
+class UnknownRegion(InvalidArgument):
+    """The region is not registered by this connection (after a server restart, re-register it)."""
+
+
 class NotFound(ServerError):
     status = Status.NOT_FOUND
 
@@ -131,12 +136,18 @@ _BY_STATUS: dict[Status, type[ServerError]] = {
 }
 
 
+_SUBCLASSES: dict[str, type[ServerError]] = {UnknownRegion.__name__: UnknownRegion}
+
+
 def from_status(status: int, text: str) -> ServerError:
     """Rebuild the exception for an error reply; ``text`` is ``"Class: message"``."""
     try:
         cls = _BY_STATUS[Status(status)]
     except ValueError:
         cls = InternalError
+    named = _SUBCLASSES.get(text.partition(":")[0])
+    if named is not None and issubclass(named, cls):
+        cls = named
     prefix = f"{cls.__name__}: "
     message = text[len(prefix) :] if text.startswith(prefix) else text
     return cls(message)

@@ -123,6 +123,40 @@ class Segment:
                 pass
 
 
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_orphans(names: list[str] | None = None) -> list[str]:
+    """Unlink client segments whose creating process is gone; returns their names.
+
+    Only names of the client form ``zinfer-c<pid>-<random>`` are considered. The pid could in theory have
+    been reused by another process, in which case the segment is kept (never the other way round).
+    """
+    if names is None:
+        try:
+            names = os.listdir(SHM_DIR)
+        except OSError:
+            return []
+    reaped = []
+    for name in names:
+        pid = creator_pid(name)
+        if pid is None or pid_alive(pid):
+            continue
+        try:
+            os.unlink(SHM_DIR / name)
+        except FileNotFoundError:
+            pass
+        reaped.append(name)
+    return reaped
+
+
 def region_size(name: str) -> int:
     """The size of a named segment, checked to be a regular file (used when a client registers it)."""
     check_name(name)

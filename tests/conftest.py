@@ -80,10 +80,15 @@ class ServerProcess:
 
 
 def start_server(
-    repository: Path = MODELS, *extra: str, ready_timeout: float = 60.0, wait_ready: bool = True
+    repository: Path = MODELS,
+    *extra: str,
+    ready_timeout: float = 60.0,
+    wait_ready: bool = True,
+    runtime_dir: Path | None = None,
 ) -> ServerProcess:
-    runtime_dir = Path(tempfile.mkdtemp(prefix="zi-"))
-    log_path = runtime_dir.with_suffix(".log")
+    """A ``zinfer serve`` on ``runtime_dir/rt`` (default: a fresh temp folder)."""
+    runtime_dir = runtime_dir or Path(tempfile.mkdtemp(prefix="zi-"))
+    log_path = runtime_dir.with_suffix(f".{time.monotonic_ns()}.log")
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
             [

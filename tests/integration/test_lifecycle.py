@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -227,3 +228,77 @@ def test_timed_out_request_keeps_its_slots_until_the_late_reply(
         out = client.infer("slow", {"INPUT_A": ONE, "INPUT_B": 2 * ONE}).as_numpy("OUTPUT_SUM")
         assert out[0, 0] == 3.0
         assert not client._orphans
+
+
+def test_sigterm_drains_queued_requests_and_refuses_new_ones(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Scenario 23: SIGTERM under load stops intake, finishes what is queued, then exits 0."""
+    repo = tmp_path / "models"
+    shutil.copytree(MODELS / "add", repo / "slow")
+    cfg = (repo / "slow" / "config.pbtxt").read_text().replace('name: "add"', 'name: "slow"')
+    (repo / "slow" / "config.pbtxt").write_text(
+        cfg.replace("max_queue_delay_microseconds: 0", "max_queue_delay_microseconds: 1500000")
+    )
+    server = server_factory(repo)
+    results: list[object] = []
+    with Client(server.url, timeout=30) as client:
+        client.infer("slow", {"INPUT_A": ONE, "INPUT_B": ONE})  # warm: metadata fetched
+
+        def queued() -> None:
+            try:
+                results.append(client.infer("slow", {"INPUT_A": ONE, "INPUT_B": ONE}).as_numpy("OUTPUT_SUM"))
+            except Exception as exc:
+                results.append(exc)
+
+        t = threading.Thread(target=queued)
+        t.start()
+        wait_for(lambda: client.statistics("slow")["model_stats"][0]["execution_count"] == 1 and t.is_alive(),
+                 5, "the request to be queued")  # fmt: skip
+        time.sleep(0.2)  # it has reached the queue, where it waits out its 1.5 s batch delay
+        server.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "event=draining" in server.log(), 10, "the server to start draining")
+        with Client(server.url, timeout=10) as late:
+            with pytest.raises(Unavailable, match="shutting down"):
+                late.infer("slow", {"INPUT_A": ONE, "INPUT_B": ONE})
+        t.join(30)
+    assert len(results) == 1 and not isinstance(results[0], Exception), results
+    assert server.proc.wait(30) == 0, server.log()
+
+
+def test_client_survives_a_server_restart(server_factory: Callable[..., ServerProcess]) -> None:
+    """Scenario 4: a clear error while the server is gone, then the same client works again (its
+    shared-memory regions are registered anew with the new server)."""
+    first = server_factory()
+    runtime = first.runtime_dir.parent
+    with Client(first.url, timeout=10, inline_threshold=-1) as client:
+        assert _add(client) == 2.0
+        assert first.stop() == 0
+        start = time.monotonic()
+        with pytest.raises(ConnectionFailed):
+            _add(client)
+        assert time.monotonic() - start < 5
+        server_factory(MODELS, runtime_dir=runtime)
+        assert _add(client) == 2.0
+
+
+def test_dead_clients_regions_are_reaped(server_factory: Callable[..., ServerProcess]) -> None:
+    """Scenario 7: a client killed without closing: its segments are unregistered and unlinked."""
+    server = server_factory()
+    code = (
+        "import numpy as np, os, sys\n"
+        "from zinfer.client import Client\n"
+        f"c = Client({server.url!r}, timeout=30, inline_threshold=-1)\n"
+        "c.infer('add', {'INPUT_A': np.ones((1, 1), np.float32), 'INPUT_B': np.ones((1, 1), np.float32)})\n"
+        "print(os.getpid(), flush=True)\n"
+        "os._exit(0)  # no close(): the segment stays behind\n"
+    )
+    before = zinfer_segments()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    pid = done.stdout.strip()
+    left = [n for n in zinfer_segments() - before if n.startswith(f"zinfer-c{pid}-")]
+    assert left, "the dead client should have left a segment"
+    wait_for(lambda: not any(n.startswith(f"zinfer-c{pid}-") for n in zinfer_segments()), 15,
+             "the server to reap the dead client's segment")  # fmt: skip
+    assert "event=region_reaped" in server.log()
