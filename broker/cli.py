@@ -55,6 +55,26 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="also accept clients over TCP (off by default; tensors then travel inline)",
     )
+    s.add_argument(
+        "--socket-group",
+        default=None,
+        metavar="GROUP",
+        help="let this group's members use the client socket (folder 0750, socket 0660)",
+    )
+    s.add_argument(
+        "--curve-secret-key",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="server certificate (from 'zinfer keys'): TCP clients must then use CURVE",
+    )
+    s.add_argument(
+        "--curve-allow",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="folder of client public certificates allowed to connect over TCP",
+    )
     s.add_argument("--max-tensor-bytes", type=int, default=1 << 32, help="largest tensor accepted, in bytes")
     s.add_argument(
         "--drain-timeout",
@@ -85,7 +105,18 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the server")
         if name != "models":
             c.add_argument("model")
+    k = sub.add_parser("keys", help="write a CURVE key pair: NAME.key (public) and NAME.key_secret")
+    k.add_argument("folder", type=Path)
+    k.add_argument("name")
     return p
+
+
+def keys(args: argparse.Namespace) -> int:
+    from .tcp_access import create_keys
+
+    public, secret = create_keys(args.folder, args.name)
+    print(f"public key (share it): {public}\nsecret key (keep it private): {secret}")
+    return 0
 
 
 def control(args: argparse.Namespace) -> int:
@@ -130,6 +161,9 @@ def serve(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout,
         log_level=args.log_level,
         model_control_mode=args.model_control_mode,
+        socket_group=args.socket_group,
+        curve_secret_key=args.curve_secret_key,
+        curve_allow=args.curve_allow,
         load_models=tuple(args.load_model),
     )
     stop = {"signal": 0, "count": 0}
@@ -160,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
+    if args.command == "keys":
+        return keys(args)
     return control(args)  # pragma: no cover - argparse rejects unknown commands
 
 

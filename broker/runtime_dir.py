@@ -8,7 +8,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from zinfer.client.errors import ServerError, Status
+from zinfer.client.errors import ConfigError, ServerError, Status
 from zinfer.client.paths import LOCK_NAME, SOCKET_NAME, WORKER_SOCKET_NAME
 
 
@@ -42,6 +42,19 @@ class RuntimeDir:
         self._lock_fd = fd
         for name in (SOCKET_NAME, WORKER_SOCKET_NAME):
             (self.path / name).unlink(missing_ok=True)
+
+    def share_with_group(self, group: str) -> None:
+        """Let members of ``group`` reach the client socket: folder 0750, socket 0660, both owned by it."""
+        import grp
+
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise ConfigError(f"--socket-group: no group named {group!r}") from None
+        os.chown(self.path, -1, gid)
+        os.chmod(self.path, 0o750)
+        os.chown(self.path / SOCKET_NAME, -1, gid)
+        os.chmod(self.path / SOCKET_NAME, 0o660)
 
     def release(self) -> None:
         """Remove the sockets and the lock; only the server holding the lock owns them."""

@@ -39,12 +39,14 @@ from .regions import RegionTable
 from .registry import ModelRegistry
 from .runtime_dir import RuntimeDir
 from .supervisor import RestartPolicy, Supervisor, WorkerSpec
+from .tcp_access import TcpFrontend
 from .validation import DEFAULT_MAX_TENSOR_BYTES
 
 log = logging.getLogger(__name__)
 
 MAX_POLL_MS = 100
 REAP_INTERVAL_S = 0.05
+IPC_TAG, TCP_TAG = b"i", b"t"  # prefixes of client identities by the socket they came in on
 REGION_REAP_INTERVAL_S = 2.0
 
 
@@ -56,6 +58,9 @@ class ServerOptions:
     max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES
     exit_timeout_s: float = 5.0
     drain_timeout_s: float = 30.0
+    socket_group: str | None = None  # a group whose members may use the client socket
+    curve_secret_key: Path | None = None  # server certificate (zinfer keys); enables CURVE on --tcp
+    curve_allow: Path | None = None  # folder of the client public certificates allowed to connect
     log_level: str = "INFO"
     model_control_mode: str = "none"  # "none": load everything at start; "explicit": load/unload on request
     load_models: tuple[str, ...] = ()  # with "explicit": the models to load at start ("*" = all)
@@ -80,6 +85,7 @@ class Broker:
         self._ctx = zmq.Context()
         self.runtime = RuntimeDir(options.runtime_dir)
         self.frontend: zmq.Socket[bytes] | None = None
+        self.tcp: TcpFrontend | None = None
         self.backend: zmq.Socket[bytes] | None = None
         self.handlers = ClientHandlers(self)
         self.control = ModelControl(self)
@@ -95,10 +101,13 @@ class Broker:
             log.info("event=stale_segments_reaped count=%d", len(reaped))
         self.frontend = self._router(client_endpoint(rt))
         if self.options.tcp:
-            self.frontend.bind(f"tcp://{self.options.tcp}")
+            o = self.options
+            self.tcp = TcpFrontend(self._ctx, o.tcp, o.curve_secret_key, o.curve_allow)  # type: ignore[arg-type]
         self.backend = self._router(worker_endpoint(rt))
         os.chmod(rt / SOCKET_NAME, 0o600)
         os.chmod(rt / WORKER_SOCKET_NAME, 0o600)
+        if self.options.socket_group:
+            self.runtime.share_with_group(self.options.socket_group)
         self._load_repository()
         log.info("event=listening endpoint=%s tcp=%s", client_endpoint(rt), self.options.tcp or "off")
 
@@ -160,6 +169,8 @@ class Broker:
         for sock in (self.frontend, self.backend):
             if sock is not None:
                 sock.close(linger=0)
+        if self.tcp is not None:
+            self.tcp.close()
         self._ctx.destroy(linger=0)
         self.runtime.release()
         log.info("event=stopped")
@@ -173,15 +184,20 @@ class Broker:
         poller = zmq.Poller()
         poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
+        tcp = self.tcp.sock if self.tcp is not None else None
+        if tcp is not None:
+            poller.register(tcp, zmq.POLLIN)
         while not self._should_exit(stop_requests()):
             timeout_ms = self._poll_timeout_ms()
             if timeout_ms < 1.0:  # zmq polls in whole milliseconds: sleep the sub-millisecond rest
                 time.sleep(timeout_ms / 1000)
             events = dict(poller.poll(int(timeout_ms)))
             if self.backend in events:
-                self._drain(self.backend, self._on_worker)
+                self._drain(self.backend, self._on_worker, b"")
             if self.frontend in events:
-                self._drain(self.frontend, self._on_client)
+                self._drain(self.frontend, self._on_client, IPC_TAG)
+            if tcp is not None and tcp in events:
+                self._drain(tcp, self._on_client, TCP_TAG)
             now = time.monotonic()
             if now >= self._next_reap:
                 self._next_reap = now + REAP_INTERVAL_S
@@ -208,10 +224,14 @@ class Broker:
     def _queued(self) -> int:
         return sum(len(s.batcher) for s in self.registry.states())
 
-    def _drain(self, sock: zmq.Socket[bytes], handle: Callable[[bytes, list[Frame]], None]) -> None:
-        for _ in range(256):  # bounded, so one busy socket cannot starve the other
+    def _drain(
+        self, sock: zmq.Socket[bytes], handle: Callable[[bytes, list[Frame]], None], tag: bytes
+    ) -> None:
+        """Handle what ``sock`` has (bounded, so one busy socket cannot starve the others). Client identities
+        are tagged with the socket they came from, so replies go back the same way."""
+        for _ in range(256):
             frames = sock.recv_multipart(copy=False)
-            handle(frames[0].bytes, [f.buffer for f in frames[1:]])
+            handle(tag + frames[0].bytes, [f.buffer for f in frames[1:]])
             if not int(sock.get(zmq.EVENTS)) & zmq.POLLIN:
                 return
 
@@ -299,8 +319,9 @@ class Broker:
     def send_client(self, identity: bytes, reply: Reply, frames: list[Frame] | None = None) -> None:
         assert self.frontend is not None
         msg = protocol.encode(Command.REPLY, protocol.reply_to_wire(reply), frames or ())
+        sock = self.tcp.sock if identity[:1] == TCP_TAG and self.tcp is not None else self.frontend
         try:
-            send_frames(self.frontend, [identity, *msg], NOBLOCK)
+            send_frames(sock, [identity[1:], *msg], NOBLOCK)
         except zmq.ZMQError as exc:  # the client is gone or not reading: count it, never block the loop
             log.warning("event=reply_undeliverable request=%s error=%r", reply.request_id, exc.strerror)
 

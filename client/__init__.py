@@ -5,6 +5,7 @@ and the broker and workers build on them.
 """
 
 from .client import Client
+from .connection import CurveKeys
 from .errors import (
     ClientError,
     ConnectionFailed,
@@ -21,6 +22,7 @@ __all__ = [
     "Client",
     "ClientError",
     "ConnectionFailed",
+    "CurveKeys",
     "InferResult",
     "InvalidArgument",
     "NotFound",

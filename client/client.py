@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from . import dtypes, protocol
 from .arena import Arena, Slot
-from .connection import Connection
+from .connection import Connection, CurveKeys
 from .errors import (
     ClientError,
     ConnectionFailed,
@@ -77,12 +77,13 @@ class Client:
         arena_bytes: int = 16 << 20,
         max_arena_bytes: int = 4 << 30,
         inline_threshold: int = 4096,
+        curve: CurveKeys | None = None,
     ) -> None:
         self.url = url or default_url()
         self.timeout = timeout
         self.inline_threshold = inline_threshold
         self._use_shm = self.url.startswith("ipc://") if shm is None else shm
-        self._conn = Connection(self.url, on_late_reply=self._late_reply)
+        self._conn = Connection(self.url, on_late_reply=self._late_reply, curve=curve)
         self._orphans_lock = threading.Lock()
         self._orphans: dict[str, list[Slot]] = {}  # slots of requests in flight, by request id
         self._models: dict[tuple[str, int], _ModelInfo] = {}
@@ -155,7 +156,7 @@ class Client:
         self._models = {k: v for k, v in self._models.items() if k[0] != name}
 
     def server_status(self) -> dict[str, Any]:
-        """What ``zinfer status`` shows: models, instances (pid, device, state, RSS, CPU), queues, recent figures."""
+        """What ``zinfer status`` shows: models, instances (pid, device, state, RSS, CPU), queues, figures."""
         body: dict[str, Any] = self._call(Command.SERVER_STATUS, {}).body
         return body
 

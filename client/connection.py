@@ -30,6 +30,28 @@ _REPLY_ONLY = frozenset({Command.REPLY})
 _SERVER_CHECK_S = 0.5  # while waiting, how often to check that a local server is still there
 
 
+@dataclass(frozen=True)
+class CurveKeys:
+    """Keys for a CURVE-secured TCP server (Z85 text or raw 32 bytes)."""
+
+    server_public: bytes
+    public: bytes
+    secret: bytes
+
+    @classmethod
+    def from_files(
+        cls, server_cert: str | os.PathLike[str], client_secret_cert: str | os.PathLike[str]
+    ) -> CurveKeys:
+        """From files written by ``zinfer keys``: the server's public one and the client's secret one."""
+        import zmq.auth
+
+        server_public, _ = zmq.auth.load_certificate(os.fspath(server_cert))
+        public, secret = zmq.auth.load_certificate(os.fspath(client_secret_cert))
+        if secret is None:
+            raise ClientError(f"{client_secret_cert}: no secret key in the file")
+        return cls(server_public, public, secret)
+
+
 @dataclass
 class _Waiter:
     event: threading.Event = field(default_factory=threading.Event)
@@ -38,12 +60,21 @@ class _Waiter:
 
 
 class Connection:
-    def __init__(self, url: str, on_late_reply: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        on_late_reply: Callable[[str], None] | None = None,
+        curve: CurveKeys | None = None,
+    ) -> None:
         self.url = url
         self._on_late = on_late_reply
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            self._sock.curve_serverkey = curve.server_public
+            self._sock.curve_publickey = curve.public
+            self._sock.curve_secretkey = curve.secret
         self._sock.connect(url)
         self._sock_lock = threading.Lock()
         self._recv_lock = threading.Lock()

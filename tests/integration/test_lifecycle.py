@@ -34,8 +34,8 @@ def test_sigterm_stops_everything_and_leaves_nothing(server_factory: Callable[..
     before = zinfer_segments()
     server = server_factory()
     workers = server.workers()
-    assert len(workers) == 3
     with Client(server.url, timeout=30) as client:
+        assert len(workers) == sum(r["state"] == "READY" for r in client.repository_index()) >= 3
         assert _add(client) == 2.0
         client.infer("identity", {"INPUT0": np.ones((1, 1 << 20), np.float32)})
         assert zinfer_segments() - before, "the client should own a segment while open"

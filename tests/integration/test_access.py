@@ -1,0 +1,92 @@
+"""Who may talk to the server: a private runtime directory, a shared group, loopback TCP, CURVE keys."""
+
+from __future__ import annotations
+
+import grp
+import os
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import MODELS, ServerProcess
+from zinfer.client import Client, CurveKeys
+from zinfer.client.errors import RequestTimeout
+
+pytestmark = pytest.mark.integration
+
+ONE = np.ones((1, 1), np.float32)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_runtime_dir_and_socket_are_private_by_default(server_factory: Callable[..., ServerProcess]) -> None:
+    """Scenario 21: other users cannot reach the socket."""
+    server = server_factory()
+    assert _mode(server.runtime_dir) == 0o700
+    assert _mode(server.runtime_dir / "zinfer.sock") == 0o600
+    assert _mode(server.runtime_dir / "workers.sock") == 0o600
+
+
+def test_socket_group_opens_it_to_a_group(server_factory: Callable[..., ServerProcess]) -> None:
+    group = grp.getgrgid(os.getgid()).gr_name
+    server = server_factory(MODELS, "--socket-group", group)
+    assert _mode(server.runtime_dir) == 0o750
+    assert _mode(server.runtime_dir / "zinfer.sock") == 0o660
+    assert os.stat(server.runtime_dir / "zinfer.sock").st_gid == os.getgid()
+    assert _mode(server.runtime_dir / "workers.sock") == 0o600  # workers' socket stays private
+
+
+def test_non_loopback_tcp_without_curve_is_refused(tmp_path: Path) -> None:
+    """Scenario 22: no open TCP port by accident."""
+    done = subprocess.run(
+        [sys.executable, "-m", "zinfer.broker", "serve", "--runtime-dir", str(tmp_path / "rt"),
+         "--tcp", f"0.0.0.0:{_free_port()}"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "without CURVE" in done.stderr
+
+
+def _keys(folder: Path, name: str) -> tuple[Path, Path]:
+    subprocess.run([sys.executable, "-m", "zinfer.broker", "keys", str(folder), name], check=True, timeout=60,
+                   capture_output=True)  # fmt: skip
+    return folder / f"{name}.key", folder / f"{name}.key_secret"
+
+
+def test_curve_admits_only_allowed_clients(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Scenario 22: CURVE with an allow-list."""
+    server_pub, server_sec = _keys(tmp_path / "server", "server")
+    _, allowed_sec = _keys(tmp_path / "allowed", "alice")
+    _, stranger_sec = _keys(tmp_path / "other", "mallory")
+    allow = tmp_path / "allow"
+    allow.mkdir()
+    (allow / "alice.key").write_bytes((tmp_path / "allowed" / "alice.key").read_bytes())
+    assert _mode(allowed_sec) == 0o600
+    port = _free_port()
+    server_factory(MODELS, "--tcp", f"127.0.0.1:{port}", "--curve-secret-key", str(server_sec),
+                   "--curve-allow", str(allow))  # fmt: skip
+    url = f"tcp://127.0.0.1:{port}"
+    with Client(url, timeout=30, curve=CurveKeys.from_files(server_pub, allowed_sec)) as alice:
+        assert alice.infer("add", {"INPUT_A": ONE, "INPUT_B": ONE}).as_numpy("OUTPUT_SUM")[0, 0] == 2
+    with Client(url, timeout=1.0, curve=CurveKeys.from_files(server_pub, stranger_sec)) as mallory:
+        with pytest.raises(RequestTimeout):
+            mallory.is_server_live()
+    with Client(url, timeout=1.0) as plain:
+        with pytest.raises(RequestTimeout):
+            plain.is_server_live()
