@@ -58,7 +58,8 @@ def zinfer_server(ready_timeout_s: float = 60.0) -> Iterator[str]:
     """A ``zinfer serve`` on the bundled models in a temp runtime dir; yields its URL; always stopped."""
     tmp = Path(tempfile.mkdtemp(prefix="zbs-", dir="/tmp"))
     log_path = tmp / "serve.log"
-    cmd = [sys.executable, "-m", "zinfer.broker", "serve", "--model-repository", str(ROOT / "configs/models")]
+    cmd = [sys.executable, "-m", "zinfer.broker", "serve", "--metrics", "127.0.0.1:0",
+           "--model-repository", str(ROOT / "configs/models")]  # fmt: skip
     cmd += ["--runtime-dir", str(tmp / "rt")]
     proc = None
     try:

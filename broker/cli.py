@@ -26,7 +26,7 @@ def bundled_models() -> Path:
 
 def _host_port(value: str) -> str:
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
     return value
 
@@ -55,6 +55,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="also accept clients over TCP (off by default; tensors then travel inline)",
     )
+    s.add_argument(
+        "--metrics",
+        type=_host_port,
+        default="127.0.0.1:8002",
+        metavar="HOST:PORT",
+        help="serve /metrics and the /v2/health endpoints here (port 0: any free port)",
+    )
+    s.add_argument("--no-metrics", action="store_true", help="serve no metrics or health endpoints")
     s.add_argument(
         "--socket-group",
         default=None,
@@ -105,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the server")
         if name != "models":
             c.add_argument("model")
+    sub.add_parser("status", help="a terminal view of a running server (see 'zinfer status --help')")
     k = sub.add_parser("keys", help="write a CURVE key pair: NAME.key (public) and NAME.key_secret")
     k.add_argument("folder", type=Path)
     k.add_argument("name")
@@ -162,6 +171,7 @@ def serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         model_control_mode=args.model_control_mode,
         socket_group=args.socket_group,
+        metrics=None if args.no_metrics else args.metrics,
         curve_secret_key=args.curve_secret_key,
         curve_allow=args.curve_allow,
         load_models=tuple(args.load_model),
@@ -191,6 +201,11 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["status"]:
+        from .status_view import main as status_main
+
+        return status_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)

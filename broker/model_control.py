@@ -66,6 +66,8 @@ class ModelControl:
             log.error("event=model_load_failed model=%s error=%r", name, error)
             raise Unavailable(f"model '{name}' failed to load: {error}")
         states = [state for state, _ in prepared]
+        for state in states:
+            self.broker.observer.attach(state)
         self.broker.registry.loading.add(name)
         self.pending.append(PendingLoad(name, states, client, request_id, now + LOAD_TIMEOUT_S))
         for state, devices in prepared:

@@ -10,6 +10,8 @@ from typing import Any
 from zinfer.client.protocol import Frame, InferRequest
 
 from .batcher import BatchPolicy, DynamicBatcher
+from .latency_window import LatencyWindow
+from .metrics import ModelMetrics
 from .model_config import ModelConfig
 from .signature import Signature
 
@@ -113,6 +115,8 @@ class ModelState:
         self.idle: deque[bytes] = deque()
         self.error: str | None = None
         self.stats = ModelStats()
+        self.metrics: ModelMetrics  # set by the observer when the state is created
+        self.window = LatencyWindow()  # the last minute, for zinfer status
         self.generation = 0
         self.retired = False  # unloaded or replaced: drains its queue, then its workers stop for good
 

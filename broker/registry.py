@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 from zinfer.client.errors import NotFound, Unavailable
 
+from .devices import GpuProbe, gpu_probe
 from .model_config import ModelConfig
 from .model_state import ModelState
 from .repository import ModelEntry
@@ -20,13 +21,33 @@ from .repository import ModelEntry
 log = logging.getLogger(__name__)
 
 
-def place_instances(config: ModelConfig) -> list[str] | str:
-    """One device per instance (``cpu`` here), or an error text when the instance groups cannot be placed."""
+def place_instances(config: ModelConfig, gpus: GpuProbe | None = None) -> list[str] | str:
+    """One device per instance (``cpu`` or ``gpu:<index>``), or an error text when they cannot be placed.
+
+    KIND_GPU: ``count`` instances on each GPU the group lists (every usable GPU when it lists none);
+    KIND_CPU and KIND_MODEL: ``count`` on the CPU; KIND_AUTO: like KIND_GPU when a GPU is usable (or the
+    group lists GPUs), else on the CPU. ``gpus`` is what :func:`zinfer.broker.devices.gpu_probe` found;
+    it is asked only when a group could go to a GPU.
+    """
     devices: list[str] = []
     for group in config.instance_group:
-        if group.kind == "KIND_GPU":
-            return "instance_group kind KIND_GPU is not supported yet (no GPU workers in this build)"
-        devices.extend(["cpu"] * group.count)
+        if group.kind in ("KIND_CPU", "KIND_MODEL"):
+            devices.extend(["cpu"] * group.count)
+            continue
+        probe = gpus if gpus is not None else gpu_probe()
+        if group.kind == "KIND_AUTO" and not probe.ids and not group.gpus:
+            devices.extend(["cpu"] * group.count)
+            continue
+        if not probe.ids:
+            return f"instance_group '{group.name}': {group.kind} but no usable GPU: {probe.reason}"
+        targets = list(group.gpus) or list(probe.ids)
+        missing = [g for g in targets if g not in probe.ids]
+        if missing:
+            usable = ", ".join(str(g) for g in probe.ids)
+            listed = ", ".join(str(g) for g in missing)
+            return f"instance_group '{group.name}': gpus [{listed}] not usable (usable GPUs: [{usable}])"
+        for gpu in targets:
+            devices.extend([f"gpu:{gpu}"] * group.count)
     return devices or ["cpu"]
 
 
@@ -60,8 +81,9 @@ class ModelRegistry:
         old = self.models.pop(name, {})
         for state in states:
             previous = old.get(state.version)
-            if previous is not None:
-                state.stats = previous.stats  # statistics of a version go on across a reload
+            if previous is not None:  # statistics of a version go on across a reload
+                state.stats = previous.stats
+                state.window = previous.window
         self.retire(list(old.values()))
         self.models[name] = {s.version: s for s in states}
         self.load_errors.pop(name, None)
@@ -79,6 +101,8 @@ class ModelRegistry:
         self.reload_errors.pop(name, None)
         if old is None:
             return False
+        for state in old.values():
+            state.metrics.remove()
         self.retire(list(old.values()))
         return True
 

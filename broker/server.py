@@ -35,6 +35,7 @@ from .handlers import ClientHandlers
 from .messages import client_outputs, execute_header
 from .model_control import ModelControl
 from .model_state import InFlight, ModelState, Pending
+from .observer import Observer
 from .regions import RegionTable
 from .registry import ModelRegistry
 from .runtime_dir import RuntimeDir
@@ -59,6 +60,7 @@ class ServerOptions:
     exit_timeout_s: float = 5.0
     drain_timeout_s: float = 30.0
     socket_group: str | None = None  # a group whose members may use the client socket
+    metrics: str | None = "127.0.0.1:8002"  # HOST:PORT of /metrics and the health endpoints; None = off
     curve_secret_key: Path | None = None  # server certificate (zinfer keys); enables CURVE on --tcp
     curve_allow: Path | None = None  # folder of the client public certificates allowed to connect
     log_level: str = "INFO"
@@ -89,6 +91,7 @@ class Broker:
         self.backend: zmq.Socket[bytes] | None = None
         self.handlers = ClientHandlers(self)
         self.control = ModelControl(self)
+        self.observer = Observer(self)
         self._spec_state: dict[WorkerSpec, ModelState] = {}
 
     # ------------------------------------------------------------------------------------ start / stop
@@ -109,6 +112,8 @@ class Broker:
         if self.options.socket_group:
             self.runtime.share_with_group(self.options.socket_group)
         self._load_repository()
+        if self.options.metrics:
+            self.observer.start_http(self.options.metrics)
         log.info("event=listening endpoint=%s tcp=%s", client_endpoint(rt), self.options.tcp or "off")
 
     def _router(self, endpoint: str) -> zmq.Socket[bytes]:
@@ -157,6 +162,7 @@ class Broker:
         """Fail what is queued, stop the workers, close and remove the sockets."""
         for state in self.registry.states():
             for p in state.batcher.remove(lambda _: True):
+                state.metrics.failure("OTHER")
                 self._reply_error(p, Unavailable("the server is shutting down"))
         for batch in list(self.inflight.values()):
             for p in batch.requests:
@@ -173,6 +179,7 @@ class Broker:
             self.tcp.close()
         self._ctx.destroy(linger=0)
         self.runtime.release()
+        self.observer.close()
         log.info("event=stopped")
 
     # ------------------------------------------------------------------------------------ loop
@@ -206,6 +213,7 @@ class Broker:
                 self._next_region_reap = now + REGION_REAP_INTERVAL_S
                 self._reap_regions()
             self._dispatch(now)
+            self.observer.maybe_publish(now)
             if self.control.pending or self.registry.retiring:
                 self.control.poll(now)
             self._log_ready_once()
@@ -300,6 +308,7 @@ class Broker:
         req = protocol.infer_from_wire(header)
         state = self.registry.resolve(req.model, req.version)
         if not state.ready:
+            state.metrics.rejected()
             reason = state.error or "no instance is ready yet"
             raise Unavailable(f"model '{state.name}' version {state.version} is not ready: {reason}")
         checked = check_request(
@@ -315,6 +324,7 @@ class Broker:
             next(self._seq), identity, req, frames, header["inputs"], outputs, checked.batch_size, now
         )
         state.batcher.add(QueuedRequest(pending, checked.batch_size, checked.shape_key, now), now)
+        state.metrics.bytes(checked.input_bytes, 0)
 
     def send_client(self, identity: bytes, reply: Reply, frames: list[Frame] | None = None) -> None:
         assert self.frontend is not None
@@ -380,6 +390,9 @@ class Broker:
         stats.compute_infer.add(int(timing[1]))
         stats.compute_output.add(int(timing[2]))
         now_ns = time.monotonic_ns()
+        metrics, window = state.metrics, state.window
+        t_in, t_inf, t_out = (int(x) / 1000 for x in timing)
+        sent_s = batch.sent_ns / 1e9
         for res in header["results"]:
             p = by_seq.pop(int(res["id"]), None)
             if p is None:
@@ -388,16 +401,20 @@ class Broker:
             if int(res.get("status", 0)) == 0:
                 stats.success.add(duration)
                 stats.inference_count += p.batch_size
+                metrics.success(duration / 1000, (sent_s - p.arrival) * 1e6, p.batch_size, t_in, t_inf, t_out)
+                window.record(now_ns / 1e9, duration / 1e9)
                 outputs, out_frames = client_outputs(res.get("outputs", []), frames)
                 body = {"model": state.name, "version": state.version, "outputs": outputs}
                 self.send_client(p.client, Reply(p.request.request_id, Status.OK, body=body), out_frames)
             else:
                 stats.fail.add(duration)
+                metrics.failure("BACKEND")
                 self.send_client(
                     p.client,
                     Reply(p.request.request_id, Status(int(res["status"])), str(res.get("error", ""))),
                 )
         for p in by_seq.values():  # a worker that forgot a request must not leave its client hanging
+            metrics.failure("OTHER")
             self._reply_error(p, Unavailable("the worker returned no result for this request"))
         stats.last_inference_ms = int(time.time() * 1000)
         if identity in state.instances:
@@ -422,9 +439,13 @@ class Broker:
 
     def _execute(self, state: ModelState, worker: bytes, batch: Batch[Pending], now: float) -> None:
         batch_id = next(self._batch_ids)
+        oldest = now
         for p in batch.items:
             state.stats.queue.add(int((now - p.arrival) * 1e9))
+            oldest = min(oldest, p.arrival)
         state.stats.record_batch(batch.size, batch.reason.value)
+        state.metrics.batch(batch.size, batch.reason.value, (now - oldest) * 1e6)
+        state.window.batch(now, batch.size)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "event=batch model=%s size=%d requests=%d reason=%s worker=%s",
@@ -442,6 +463,7 @@ class Broker:
     def _fail_batch(self, batch: InFlight, why: str) -> None:
         for p in batch.requests:
             batch.model.stats.fail.add(0)
+            batch.model.metrics.failure("BACKEND")
             self._reply_error(p, Unavailable(f"model '{batch.model.name}' instance failed: {why}"))
 
     def _reap(self, now: float) -> None:

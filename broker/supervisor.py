@@ -36,6 +36,7 @@ class WorkerProc:
     identity: bytes
     proc: subprocess.Popen[bytes]
     started: float
+    incarnation: int = 1
 
 
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
@@ -105,7 +106,7 @@ class Supervisor:
             self._log_level,
         ]
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, close_fds=True)
-        wp = WorkerProc(spec, identity, proc, time.monotonic())
+        wp = WorkerProc(spec, identity, proc, time.monotonic(), incarnation)
         self._procs[identity] = wp
         log.info("event=worker_spawned model=%s version=%d instance=%d generation=%d pid=%d", *key, proc.pid)
         return wp
@@ -122,6 +123,9 @@ class Supervisor:
                 del self._procs[identity]
                 dead.append((wp, code))
         return dead
+
+    def procs(self) -> list[WorkerProc]:
+        return list(self._procs.values())
 
     def pids(self) -> list[int]:
         return [wp.proc.pid for wp in self._procs.values()]

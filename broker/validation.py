@@ -20,6 +20,7 @@ class CheckedRequest:
     batch_size: int
     shape_key: Hashable
     outputs: tuple[OutputRequest, ...]
+    input_bytes: int
 
 
 def _nbytes(ref: TensorRef, frames: Sequence[Frame]) -> int:
@@ -74,6 +75,7 @@ def check_request(
     specs = sig.inputs
     seen: dict[str, TensorRef] = {}
     frames_used: set[int] = set()
+    input_bytes = 0
     for ref in req.inputs:
         spec = specs.get(ref.name)
         if spec is None:
@@ -89,6 +91,7 @@ def check_request(
                 f"input '{ref.name}' has datatype {ref.datatype}, model '{model}' expects {want}"
             )
         nbytes = _nbytes(ref, frames)
+        input_bytes += nbytes
         if nbytes > max_tensor_bytes:
             raise InvalidArgument(
                 f"input '{ref.name}' of {nbytes} bytes is over the {max_tensor_bytes} byte limit"
@@ -123,7 +126,7 @@ def check_request(
     shape_key = tuple(
         (name, seen[name].shape[1:] if sig.batching else seen[name].shape) for name in sorted(seen)
     )
-    return CheckedRequest(batch, shape_key, outputs)
+    return CheckedRequest(batch, shape_key, outputs, input_bytes)
 
 
 def _check_outputs(

@@ -47,6 +47,14 @@ class ServerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    @property
+    def http_url(self) -> str:
+        """Where its /metrics and health endpoints are (from the log)."""
+        for line in self.log().splitlines():
+            if "event=http_listening" in line:
+                return "http://" + line.rsplit("address=", 1)[1].split()[0]
+        raise AssertionError("the server logged no HTTP address")
+
     def workers(self) -> list[psutil.Process]:
         try:
             return psutil.Process(self.proc.pid).children(recursive=True)
@@ -79,6 +87,13 @@ class ServerProcess:
         return code
 
 
+def _metrics_flag(extra: tuple[str, ...]) -> tuple[str, ...]:
+    """Servers in tests run side by side: their metrics go on any free port unless a test says otherwise."""
+    if any(a.startswith("--metrics") or a == "--no-metrics" for a in extra):
+        return ()
+    return ("--metrics", "127.0.0.1:0")
+
+
 def start_server(
     repository: Path = MODELS,
     *extra: str,
@@ -100,6 +115,7 @@ def start_server(
                 str(repository),
                 "--runtime-dir",
                 str(runtime_dir / "rt"),
+                *_metrics_flag(extra),
                 *extra,
             ],
             stdout=log_file,

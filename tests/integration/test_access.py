@@ -53,7 +53,8 @@ def test_socket_group_opens_it_to_a_group(server_factory: Callable[..., ServerPr
 def test_non_loopback_tcp_without_curve_is_refused(tmp_path: Path) -> None:
     """Scenario 22: no open TCP port by accident."""
     done = subprocess.run(
-        [sys.executable, "-m", "zinfer.broker", "serve", "--runtime-dir", str(tmp_path / "rt"),
+        [sys.executable, "-m", "zinfer.broker", "serve", "--no-metrics",
+         "--runtime-dir", str(tmp_path / "rt"),
          "--tcp", f"0.0.0.0:{_free_port()}"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

@@ -53,7 +53,15 @@ def test_ctrl_c_to_the_process_group_exits_zero() -> None:
     try:
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "zinfer.broker", "serve", "--runtime-dir", str(runtime / "rt")],
+                [
+                    sys.executable,
+                    "-m",
+                    "zinfer.broker",
+                    "serve",
+                    "--no-metrics",
+                    "--runtime-dir",
+                    str(runtime / "rt"),
+                ],
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -78,7 +86,15 @@ def test_ctrl_c_to_the_process_group_exits_zero() -> None:
 def test_second_server_on_same_runtime_dir_refuses(server_factory: Callable[..., ServerProcess]) -> None:
     first = server_factory()
     second = subprocess.run(
-        [sys.executable, "-m", "zinfer.broker", "serve", "--runtime-dir", str(first.runtime_dir)],
+        [
+            sys.executable,
+            "-m",
+            "zinfer.broker",
+            "serve",
+            "--no-metrics",
+            "--runtime-dir",
+            str(first.runtime_dir),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -191,7 +207,8 @@ def test_killed_worker_is_restarted(server_factory: Callable[..., ServerProcess]
 def test_unusable_runtime_dir_fails_with_a_clear_error(tmp_path: Path) -> None:
     too_long = tmp_path / ("d" * 120)
     done = subprocess.run(
-        [sys.executable, "-m", "zinfer.broker", "serve", "--runtime-dir", str(too_long)],
+        [sys.executable, "-m", "zinfer.broker", "serve", "--no-metrics",
+         "--runtime-dir", str(too_long)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 1
@@ -200,7 +217,8 @@ def test_unusable_runtime_dir_fails_with_a_clear_error(tmp_path: Path) -> None:
 
 def test_missing_repository_fails_with_a_clear_error(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "zinfer.broker", "serve", "--model-repository", str(tmp_path / "nope"),
+        [sys.executable, "-m", "zinfer.broker", "serve", "--no-metrics",
+         "--model-repository", str(tmp_path / "nope"),
          "--runtime-dir", str(tmp_path / "rt")],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

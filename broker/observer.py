@@ -1,0 +1,129 @@
+"""What the broker shows the outside: Prometheus metrics and health over HTTP, and ``zinfer status``.
+
+The HTTP endpoints run on their own thread and never touch broker state: the broker loop publishes an
+immutable health snapshot and a tuple of worker records every ``PUBLISH_INTERVAL_S``, and the metric
+objects it updates per request are plain counters the scrape thread reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from .http_endpoints import HealthSnapshot, HttpEndpoints
+from .latency_window import LatencyWindow
+from .metrics import ServerMetrics, WorkerRecord
+from .model_state import ModelState
+
+if TYPE_CHECKING:
+    from .server import Broker
+
+log = logging.getLogger(__name__)
+
+PUBLISH_INTERVAL_S = 0.25
+
+
+class Observer:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.worker_records: tuple[WorkerRecord, ...] = ()
+        self.health = HealthSnapshot()
+        self.metrics = ServerMetrics(lambda: self.worker_records)
+        self.http: HttpEndpoints | None = None
+        self.started = time.monotonic()
+        self._next_publish = 0.0
+
+    def start_http(self, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        self.http = HttpEndpoints(self.metrics.render, lambda: self.health, host=host, port=int(port))
+        self.http.start()
+
+    def attach(self, state: ModelState) -> None:
+        """Give a new model state its metric series (shared with earlier loads of the same version)."""
+        state.metrics = self.metrics.model(state.name, state.version, state.config.max_batch_size)
+        state.window = LatencyWindow()
+
+    def maybe_publish(self, now: float) -> None:
+        if now >= self._next_publish:
+            self._next_publish = now + PUBLISH_INTERVAL_S
+            self.publish()
+
+    def publish(self) -> None:
+        b = self.broker
+        serving = list(b.registry.serving())
+        for s in serving:
+            s.metrics.pending(len(s.batcher))
+        entries: list[tuple[str, int | None, bool]] = [(s.name, s.version, s.ready) for s in serving]
+        entries += [(name, None, False) for name in b.registry.load_errors]
+        ready = (
+            b.startup_done and b.draining_since is None and all(s.ready for s in serving if s.error is None)
+        )
+        self.health = HealthSnapshot.build(True, ready, entries)
+        self.metrics.shm_bytes(b.regions.total_bytes())
+        records = []
+        for wp in b.supervisor.procs():
+            state = b.worker_model.get(wp.identity)
+            if state is None:
+                continue
+            up = "READY" if wp.identity in state.instances else "LOADING"
+            spec = wp.spec
+            records.append(
+                WorkerRecord(
+                    state.name, state.version, spec.instance, wp.proc.pid, spec.device, up, wp.incarnation - 1
+                )
+            )
+        self.worker_records = tuple(records)
+
+    def status(self) -> dict[str, Any]:
+        """The ``server_status`` answer (its shape is documented in ``status_view``)."""
+        b = self.broker
+        now = time.monotonic()
+        procs = {wp.identity: wp for wp in b.supervisor.procs()}
+        models = []
+        for s in sorted(b.registry.serving(), key=lambda s: (s.name, s.version)):
+            ws = s.window.stats(now)
+            instances = []
+            for identity, state in b.worker_model.items():
+                wp = procs.get(identity)
+                if state is not s or wp is None:
+                    continue
+                instances.append(
+                    {
+                        "instance": wp.spec.instance,
+                        "pid": wp.proc.pid,
+                        "device": wp.spec.device,
+                        "state": "READY" if identity in s.instances else "LOADING",
+                        "restarts": wp.incarnation - 1,
+                        **_process_figures(wp.proc.pid),
+                    }
+                )
+            models.append({
+                "name": s.name, "version": s.version, "state": s.state(), "reason": s.error,
+                "queue_depth": len(s.batcher), "mean_batch_1m": ws.mean_batch,
+                "p99_ms_1m": None if ws.p99_s is None else ws.p99_s * 1000, "rate_1m": ws.rate,
+                "instances": sorted(instances, key=lambda i: i["instance"]),
+            })  # fmt: skip
+        for name, reason in sorted(b.registry.load_errors.items()):
+            models.append({"name": name, "version": None, "state": "UNAVAILABLE", "reason": reason,
+                           "queue_depth": 0, "rate_1m": 0.0, "instances": []})  # fmt: skip
+        return {"server": {"pid": os.getpid(), "uptime_s": now - self.started, "ready": self.health.ready},
+                "models": models}  # fmt: skip
+
+    def close(self) -> None:
+        self.health = HealthSnapshot()
+        if self.http is not None:
+            self.http.stop()
+        self.metrics.close()
+
+
+def _process_figures(pid: int) -> dict[str, Any]:
+    try:
+        p = psutil.Process(pid)
+        cpu = p.cpu_times()
+        return {"rss_bytes": p.memory_info().rss, "cpu_s": cpu.user + cpu.system}
+    except psutil.Error:
+        return {"rss_bytes": None, "cpu_s": None}
