@@ -1,112 +1,83 @@
 """Triton-style dynamic batching policy: pure, clock-injected, no I/O.
 
-The broker loop feeds requests in with :meth:`DynamicBatcher.add` and asks for work with
-:meth:`DynamicBatcher.pop_ready` whenever model instances are free.  Time is always passed in
-(seconds on the caller's monotonic clock); nothing here sleeps, logs or reads a clock.
+The broker loop feeds requests in with :meth:`DynamicBatcher.add`, fails the ones whose queue timeout
+passed with :meth:`DynamicBatcher.expire`, and asks for work with :meth:`DynamicBatcher.pop_ready`
+whenever model instances are free. Time is always passed in (seconds on the caller's monotonic clock);
+nothing here sleeps, logs or reads a clock.
 
-Batch formation follows Triton's ``GetDynamicBatch`` (see triton-features.md §1.3):
+The queue is Triton's priority queue (:mod:`zinfer.broker.priority_queue`: levels, FIFO within a level,
+queue timeouts with REJECT/DELAY, ``max_queue_size``). Batch formation follows Triton's
+``GetDynamicBatch`` (see triton-features.md §1.3):
 
 * Batches are formed lazily, only when an instance is free, so the queue keeps growing while every
   instance is busy and the next batch is larger.
-* The queue is walked strictly FIFO from the oldest request.  The first request fixes the shape key;
-  a request with another shape key cuts the batch (it is never skipped over); a request that would
-  push the batch past ``max_batch_size`` ends it.  The largest preferred size reached during the walk
-  wins; if the batch would pass the largest preferred size before any preferred size was reached it
-  is saturated and goes with what it has.
-* The queue delay is measured from the oldest queued request, not from when the batch was started.
-* Decision: preferred size reached (delay not exceeded) -> that prefix; shape/size cut or saturated ->
-  now; ``max_queue_delay_us == 0`` -> whatever is queued; delay exceeded -> whatever fits; else wait
-  until :meth:`DynamicBatcher.next_deadline`.
+* The queue is walked in service order (level 1 first, FIFO within a level) from its head. The first
+  request fixes the shape key; a request with another shape key cuts the batch (it is never skipped
+  over); a request that would push the batch past ``max_batch_size`` ends it. The largest preferred size
+  reached during the walk wins; if the batch would pass the largest preferred size before any preferred
+  size was reached it is saturated and goes with what it has.
+* The queue delay is measured from the oldest request of the walk, not from when the batch was started.
+* Decision: preferred size reached (delay not exceeded) -> that prefix; saturated, shape/size cut or
+  largest preferred size reached -> now; ``max_queue_delay_us == 0`` -> whatever is queued; delay
+  exceeded -> whatever fits; else wait until :meth:`DynamicBatcher.next_deadline`.
+* With ``latency_target_us`` set, :mod:`zinfer.broker.adaptive` decides instead of the queue delay
+  whether to send what is pending or wait; preferred sizes, cuts and saturation still send at once.
 """
 
 from __future__ import annotations
 
-import enum
-from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["Batch", "BatchPolicy", "BatchReason", "DynamicBatcher", "QueuedRequest"]
+from .adaptive import AdaptiveController, AdaptiveStats
+from .batch_policy import Batch, BatchPolicy, BatchReason, InvalidPriority, QueuedRequest, QueueFull
+from .priority_queue import PriorityQueue
+
+__all__ = [
+    "Batch",
+    "BatchPolicy",
+    "BatchReason",
+    "BatcherStats",
+    "DynamicBatcher",
+    "InvalidPriority",
+    "QueueFull",
+    "QueuedRequest",
+]
 
 T = TypeVar("T")
 
 _US_PER_S = 1_000_000
 
 
-class BatchReason(enum.Enum):
-    """Why a batch was sent (kept for explainability and metrics)."""
+@dataclass(frozen=True, slots=True)
+class BatcherStats:
+    """A snapshot of one batcher, for metrics."""
 
-    NO_BATCHING = "no_batching"  # max_batch_size == 0: every request alone
-    PREFERRED = "preferred"  # a preferred batch size was reached
-    MAX_SIZE = "max_size"  # the next request would pass the size limit, or the batch is full
-    SHAPE_CUT = "shape_cut"  # the next request's variable dims differ
-    DELAY_EXPIRED = "delay_expired"  # the oldest request waited max_queue_delay
-    IDLE_NO_DELAY = "idle_no_delay"  # max_queue_delay is 0: an instance was free, send what is queued
-
-
-def _require_count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    return value
+    queued: int  # requests queued
+    queued_rows: int
+    level_sizes: tuple[int, ...]  # requests queued per priority level, level 1 first
+    rejected_timeouts: int  # REJECT requests whose queue timeout passed (since start)
+    delayed_timeouts: int  # DELAY requests moved behind their level
+    rejected_queue_full: int  # add() calls refused with QueueFull
+    adaptive: AdaptiveStats | None  # None unless latency_target_us is set
 
 
 @dataclass(frozen=True, slots=True)
-class BatchPolicy:
-    """Batching knobs, named as in Triton's model config.
+class _Scan:
+    """The walk from the queue head to the first cut; depends on the queue only, not on the time."""
 
-    ``preferred_batch_sizes`` is normalised to a sorted, de-duplicated tuple; when empty and batching
-    is on it becomes ``(max_batch_size,)`` as Triton does.
-    """
-
-    max_batch_size: int  # 0 = no batching
-    preferred_batch_sizes: tuple[int, ...] = ()
-    max_queue_delay_us: int = 0
-
-    def __post_init__(self) -> None:
-        max_size = _require_count("max_batch_size", self.max_batch_size)
-        _require_count("max_queue_delay_us", self.max_queue_delay_us)
-        raw: object = self.preferred_batch_sizes
-        if not isinstance(raw, (tuple, list)):
-            raise ValueError(f"preferred_batch_sizes must be a tuple of ints, got {raw!r}")
-        sizes = {_require_count("preferred_batch_sizes entry", s) for s in raw}
-        if max_size == 0 and sizes:
-            raise ValueError(
-                f"preferred_batch_sizes must be empty when max_batch_size is 0 (no batching), got {raw!r}"
-            )
-        bad = sorted(s for s in sizes if not 1 <= s <= max_size)
-        if bad:
-            raise ValueError(f"preferred_batch_sizes {bad} outside [1, max_batch_size={max_size}]")
-        if not sizes and max_size > 0:
-            sizes = {max_size}
-        object.__setattr__(self, "preferred_batch_sizes", tuple(sorted(sizes)))
-
-
-@dataclass(frozen=True, slots=True)
-class QueuedRequest(Generic[T]):
-    """One queued request; ``item`` is opaque to the batcher."""
-
-    item: T
-    batch_size: int  # rows this request carries; a request with its own batch of N counts N
-    shape_key: Hashable  # requests with different keys never share a batch
-    arrival: float  # seconds on the caller's monotonic clock
-
-
-@dataclass(frozen=True, slots=True)
-class Batch(Generic[T]):
-    """A batch to hand to one free instance, items in FIFO order."""
-
-    items: tuple[T, ...]
-    size: int  # sum of the requests' batch_size
-    reason: BatchReason
+    count: int  # requests walked
+    size: int  # their rows
+    cut: BatchReason | None  # why the walk stopped before the queue's end
+    pref_count: int  # requests in the prefix of the largest preferred size reached (0 = none)
+    pref_size: int
+    sat_count: int  # requests before the walk passed the largest preferred size with none reached
+    oldest: float  # the oldest arrival among the walked requests
 
 
 class DynamicBatcher(Generic[T]):
-    """Queue plus Triton's batch-formation rules. Not thread-safe; drive it from one loop.
-
-    Requests should be added in non-decreasing ``arrival`` order; the head of the queue is taken as
-    the oldest request when measuring the queue delay.
-    """
+    """Queue plus Triton's batch-formation rules. Not thread-safe; drive it from one loop."""
 
     def __init__(self, policy: BatchPolicy) -> None:
         self._policy = policy
@@ -114,8 +85,17 @@ class DynamicBatcher(Generic[T]):
         self._preferred = frozenset(policy.preferred_batch_sizes)
         self._max_preferred = max(policy.preferred_batch_sizes, default=0)
         self._delay_s = policy.max_queue_delay_us / _US_PER_S
-        self._queue: deque[QueuedRequest[T]] = deque()
-        self._rows = 0
+        self._queue: PriorityQueue[T] = PriorityQueue(policy)
+        self._adaptive: AdaptiveController | None = None
+        if policy.latency_target_us and self._max > 0:
+            self._adaptive = AdaptiveController(
+                policy.latency_target_us / _US_PER_S, self._max_preferred, policy.instances
+            )
+        self._scan: _Scan | None = None  # cache of _walk(); None = stale
+        self._flip: float | None = None  # the adaptive plan for the cached scan
+        self._expired: list[T] = []  # REJECT timeouts found by pop_ready, returned by the next expire()
+        self._expired_at: float | None = None
+        self._rejected_timeouts = self._delayed_timeouts = self._rejected_full = 0
 
     @property
     def policy(self) -> BatchPolicy:
@@ -124,106 +104,193 @@ class DynamicBatcher(Generic[T]):
     @property
     def queued_batch_size(self) -> int:
         """Total rows queued (sum of batch_size)."""
-        return self._rows
+        return self._queue.rows
 
     def __len__(self) -> int:
         return len(self._queue)
 
     def add(self, request: QueuedRequest[T], now: float) -> None:
-        """Queue a request. ``now`` is accepted for symmetry; delay runs from ``request.arrival``."""
+        """Queue a request; the queue delay and timeout run from ``request.arrival``.
+
+        Raises :class:`QueueFull` when its level holds ``max_queue_size`` requests,
+        :class:`InvalidPriority` for a priority outside ``[0, priority_levels]``, ``ValueError`` for a
+        bad ``batch_size`` or ``timeout_us``. A refused request is not queued.
+        """
         size: object = request.batch_size
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"request batch_size must be an int >= 1, got {size!r}")
         if self._max > 0 and size > self._max:
             raise ValueError(f"request batch_size {size} exceeds max_batch_size {self._max}")
-        self._queue.append(request)
-        self._rows += size
+        try:
+            self._queue.push(request)
+        except QueueFull:
+            self._rejected_full += 1
+            raise
+        self._scan = None
+        if self._adaptive is not None:
+            self._adaptive.arrivals.observe(request.arrival, size)
+
+    def expire(self, now: float) -> list[T]:
+        """Apply queue timeouts due at ``now``; return the REJECT requests taken out, oldest first.
+
+        DELAY requests whose timeout passed move behind the unexpired requests of their level. Call it
+        on every loop pass (also while no instance is free) so timeouts are reported promptly.
+        """
+        self._apply_timeouts(now)
+        out, self._expired, self._expired_at = self._expired, [], None
+        return out
 
     def pop_ready(self, now: float, free_instances: int) -> list[Batch[T]]:
-        """Form up to ``free_instances`` batches that are ready at ``now``, oldest first.
+        """Form up to ``free_instances`` batches that are ready at ``now``, in service order.
 
-        Stops at the first batch that should still wait: with strict FIFO nothing behind it may go.
+        Stops at the first batch that should still wait: nothing behind it may go. Requests whose
+        REJECT timeout has passed are never batched; they are held for the next :meth:`expire`.
         """
         if free_instances < 0:
             raise ValueError(f"free_instances must be >= 0, got {free_instances}")
+        self._apply_timeouts(now)
         batches: list[Batch[T]] = []
         while len(batches) < free_instances and self._queue:
             plan = self._plan(now)
             if plan is None:
                 break
-            batches.append(self._take(*plan))
+            batches.append(self._take(now, *plan))
+        if self._adaptive is not None and free_instances > len(batches):
+            self._adaptive.note_decision(now, self._flip if self._queue else None)
         return batches
 
     def next_deadline(self) -> float | None:
-        """Time at which the oldest request's queue delay expires, or None if nothing waits on time.
+        """The earliest time at which :meth:`pop_ready` or :meth:`expire` would act differently.
 
-        Only meaningful while an instance is free: with no free instance nothing is sent anyway, and
-        the caller should wake on an instance becoming free instead.
+        That is the minimum of the batch deadline (the oldest walked request's queue delay, or the
+        adaptive plan's flip time) and :meth:`next_expiry`. None means nothing waits on time. The batch
+        deadline only matters while an instance is free; with none free, wake for :meth:`next_expiry`.
+        A time in the past means "due now".
         """
-        if not self._queue or self._max == 0 or self._delay_s == 0:
-            return None
-        return self._queue[0].arrival + self._delay_s
+        times = [t for t in (self._batch_deadline(), self.next_expiry()) if t is not None]
+        return min(times, default=None)
+
+    def next_expiry(self) -> float | None:
+        """The earliest queue timeout of a queued request (or a past time if :meth:`expire` has work)."""
+        nxt = self._queue.next_expiry()
+        if self._expired_at is not None:
+            return self._expired_at if nxt is None else min(nxt, self._expired_at)
+        return nxt
 
     def remove(self, predicate: Callable[[T], bool]) -> list[T]:
-        """Drop queued requests whose item matches ``predicate``; return their items in FIFO order."""
-        kept: deque[QueuedRequest[T]] = deque()
-        removed: list[T] = []
-        for req in self._queue:
-            if predicate(req.item):
-                removed.append(req.item)
-                self._rows -= req.batch_size
-            else:
-                kept.append(req)
-        self._queue = kept
-        return removed
+        """Drop queued requests whose item matches ``predicate``; return their items in service order.
+
+        Timed-out requests held for :meth:`expire` are included (first), so nothing is lost.
+        """
+        held: list[T] = []
+        kept: list[T] = []
+        for item in self._expired:
+            (held if predicate(item) else kept).append(item)
+        self._expired = kept
+        if not kept:
+            self._expired_at = None
+        removed = self._queue.remove(predicate)
+        if removed:
+            self._scan = None
+        return held + [e.request.item for e in removed]
+
+    def observe_execution(self, batch_size: int, seconds: float, now: float) -> None:
+        """Feed the adaptive mode one batch's execution time (dispatch to reply); no-op when it is off."""
+        if self._adaptive is not None:
+            self._adaptive.exec.observe(batch_size, seconds)
+            self._scan = None
+
+    def stats(self) -> BatcherStats:
+        return BatcherStats(
+            queued=len(self._queue),
+            queued_rows=self._queue.rows,
+            level_sizes=self._queue.level_sizes(),
+            rejected_timeouts=self._rejected_timeouts,
+            delayed_timeouts=self._delayed_timeouts,
+            rejected_queue_full=self._rejected_full,
+            adaptive=self._adaptive.stats() if self._adaptive is not None else None,
+        )
+
+    def _apply_timeouts(self, now: float) -> None:
+        rejected, moved = self._queue.expire(now)
+        if rejected or moved:
+            self._scan = None
+            self._delayed_timeouts += moved
+            self._rejected_timeouts += len(rejected)
+        if rejected:
+            self._expired.extend(e.request.item for e in rejected)
+            if self._expired_at is None:
+                self._expired_at = now
+
+    def _batch_deadline(self) -> float | None:
+        if not self._queue or self._max == 0:
+            return None
+        scan = self._current_scan()
+        if self._adaptive is not None:
+            return self._flip
+        return scan.oldest + self._delay_s if self._delay_s > 0 else None
+
+    def _current_scan(self) -> _Scan:
+        if self._scan is None:
+            self._scan = self._walk()
+            if self._adaptive is not None:
+                self._flip = self._adaptive.plan(self._scan.size, self._scan.oldest)
+        return self._scan
+
+    def _walk(self) -> _Scan:
+        entries = iter(self._queue)
+        head = next(entries).request
+        size, count, oldest = head.batch_size, 1, head.arrival
+        pref_size, pref_count = (size, 1) if size in self._preferred else (0, 0)
+        sat_count = 0
+        cut: BatchReason | None = None
+        for entry in entries:
+            req = entry.request
+            new_size = size + req.batch_size
+            if req.shape_key != head.shape_key:
+                cut = BatchReason.SHAPE_CUT
+                break
+            if new_size > self._max:
+                cut = BatchReason.MAX_SIZE
+                break
+            if new_size > self._max_preferred and not pref_count and not sat_count:
+                sat_count = count  # saturated: no preferred size is reachable any more
+            size, count, oldest = new_size, count + 1, min(oldest, req.arrival)
+            if size in self._preferred:
+                pref_size, pref_count = size, count
+        return _Scan(count, size, cut, pref_count, pref_size, sat_count, oldest)
 
     def _plan(self, now: float) -> tuple[int, BatchReason] | None:
         """How many head requests form the next batch, and why; None means wait."""
         if self._max == 0:
             return 1, BatchReason.NO_BATCHING
-        head = self._queue[0]
-        # Same expression as next_deadline(), so pop_ready(next_deadline()) always fires.
-        delay_exceeded = self._delay_s > 0 and now >= head.arrival + self._delay_s
-        size = count = 0
-        pref_size = pref_count = 0
-        cut: BatchReason | None = None
-        for req in self._queue:
-            new_size = size + req.batch_size
-            if count:
-                if req.shape_key != head.shape_key:
-                    cut = BatchReason.SHAPE_CUT
-                    break
-                if new_size > self._max:
-                    cut = BatchReason.MAX_SIZE
-                    break
-                if new_size > self._max_preferred and not delay_exceeded:
-                    if pref_count:
-                        break  # no larger preferred size is reachable; the prefix below wins
-                    return count, BatchReason.MAX_SIZE  # saturated before any preferred size
-            size, count = new_size, count + 1
-            if size in self._preferred:
-                pref_size, pref_count = size, count
-                if size == self._max_preferred and not delay_exceeded:
-                    break  # nothing larger is preferred; the walk cannot change the answer
-        if pref_count and not delay_exceeded:
-            full = pref_size == self._max
-            return pref_count, BatchReason.MAX_SIZE if full else BatchReason.PREFERRED
-        if cut is not None:
-            return count, cut
-        if size >= self._max_preferred:
-            return count, BatchReason.MAX_SIZE
-        if self._delay_s == 0:
-            return count, BatchReason.IDLE_NO_DELAY
-        if delay_exceeded:
-            return count, BatchReason.DELAY_EXPIRED
-        return None
+        scan = self._current_scan()
+        if self._adaptive is not None:
+            # Adaptive mode never overrides a preferred size; it only decides when to stop waiting.
+            flip = self._flip
+            exceeded = False
+            send = flip is None or now >= flip
+            late = BatchReason.ADAPTIVE_NO_GAIN if flip is None else BatchReason.ADAPTIVE_TARGET
+        else:
+            # Same expression as next_deadline(), so pop_ready(next_deadline()) always fires.
+            exceeded = self._delay_s > 0 and now >= scan.oldest + self._delay_s
+            send = exceeded or self._delay_s == 0
+            late = BatchReason.DELAY_EXPIRED if exceeded else BatchReason.IDLE_NO_DELAY
+        if scan.pref_count and not exceeded:
+            full = scan.pref_size == self._max
+            return scan.pref_count, BatchReason.MAX_SIZE if full else BatchReason.PREFERRED
+        if scan.sat_count and not exceeded:
+            return scan.sat_count, BatchReason.MAX_SIZE
+        if scan.cut is not None:
+            return scan.count, scan.cut
+        if scan.size >= self._max_preferred:
+            return scan.count, BatchReason.MAX_SIZE
+        return (scan.count, late) if send else None
 
-    def _take(self, count: int, reason: BatchReason) -> Batch[T]:
-        items: list[T] = []
-        size = 0
-        for _ in range(count):
-            req = self._queue.popleft()
-            items.append(req.item)
-            size += req.batch_size
-        self._rows -= size
-        return Batch(items=tuple(items), size=size, reason=reason)
+    def _take(self, now: float, count: int, reason: BatchReason) -> Batch[T]:
+        entries = self._queue.take(count)
+        self._scan = None
+        if self._adaptive is not None:
+            self._adaptive.record_dispatch(now, (e.request.arrival for e in entries))
+        items = tuple(e.request.item for e in entries)
+        return Batch(items=items, size=sum(e.request.batch_size for e in entries), reason=reason)

@@ -227,6 +227,7 @@ def decode_dynamic_batching(b: Block, max_batch_size: int) -> DynamicBatching:
         default_priority_level=b.integer("default_priority_level", UINT64),
         default_queue_policy=None if default_block is None else decode_queue_policy(default_block),
         priority_queue_policy=frozen_map(b.map("priority_queue_policy", int, _queue_policy_value)),
+        zinfer_latency_target_microseconds=b.integer("zinfer_latency_target_microseconds", UINT64),
     )
     levels = record.priority_levels
     if levels > 0 and not 1 <= record.default_priority_level <= levels:

@@ -30,6 +30,7 @@ SUPPORTED_FEATURES: frozenset[str] = frozenset(
         "dynamic_batching",
         "dynamic_batching.preferred_batch_size",
         "dynamic_batching.max_queue_delay_microseconds",
+        "dynamic_batching.zinfer_latency_target_microseconds",
         "instance_group",
         "instance_group.name",
         "instance_group.kind",
@@ -67,6 +68,12 @@ FEATURES: tuple[tuple[str, Callable[[ModelConfig], bool]], ...] = (
     (
         "dynamic_batching.max_queue_delay_microseconds",
         lambda c: c.dynamic_batching is not None and c.dynamic_batching.max_queue_delay_microseconds > 0,
+    ),
+    (
+        "dynamic_batching.zinfer_latency_target_microseconds",
+        lambda c: (
+            c.dynamic_batching is not None and c.dynamic_batching.zinfer_latency_target_microseconds > 0
+        ),
     ),
     (
         "dynamic_batching.preserve_ordering",

@@ -166,7 +166,11 @@ class QueuePolicy:
 
 @dataclass(frozen=True, slots=True)
 class DynamicBatching:
-    """``preferred_batch_size`` is already normalised: ``(max_batch_size,)`` when it was empty."""
+    """``preferred_batch_size`` is already normalised: ``(max_batch_size,)`` when it was empty.
+
+    ``zinfer_latency_target_microseconds`` is zinfer's own field (not in Triton's proto): when > 0 the
+    batcher adapts its waiting to meet that queue+execution latency target (``zinfer.broker.adaptive``).
+    """
 
     preferred_batch_size: tuple[int, ...] = ()
     max_queue_delay_microseconds: int = 0
@@ -175,6 +179,14 @@ class DynamicBatching:
     default_priority_level: int = 0
     default_queue_policy: QueuePolicy | None = None
     priority_queue_policy: Mapping[int, QueuePolicy] = field(default_factory=empty_map)
+    zinfer_latency_target_microseconds: int = 0  # zinfer's adaptive batching target; 0 = off
+
+    def to_dict(self) -> dict[str, Any]:
+        """Triton's JSON form; the zinfer field only when it is set, so the rest stays Triton's."""
+        out = record_to_dict(self)
+        if not self.zinfer_latency_target_microseconds:
+            del out["zinfer_latency_target_microseconds"]
+        return out
 
 
 @dataclass(frozen=True, slots=True)

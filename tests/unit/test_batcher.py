@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from zinfer.broker.batcher import Batch, BatchPolicy, BatchReason, DynamicBatcher, QueuedRequest
+from zinfer.broker.simulate import ExecModel, SimRequest, poisson_arrivals, simulate
 
 R = BatchReason
 MS = 1e-3
@@ -328,3 +329,37 @@ def test_simulation_invariants(seed: int) -> None:
 
     assert sent == list(range(len(requests))), "lost, duplicated or reordered requests"
     assert len(batcher) == 0 and batcher.queued_batch_size == 0
+
+
+def test_queued_request_new_fields_default() -> None:
+    req = QueuedRequest("x", 2, "k", 1.5)  # the broker's positional form
+    assert (req.priority, req.timeout_us) == (0, 0)
+    assert QueuedRequest("x", 2, "k", 1.5, 1, 300).timeout_us == 300
+
+
+def test_stats_snapshot() -> None:
+    batcher = make(BatchPolicy(8, (), 1000), [(2, "a", 0.0), (1, "a", 0.0)])
+    stats = batcher.stats()
+    assert (stats.queued, stats.queued_rows, stats.level_sizes) == (2, 3, (2,))
+    assert (stats.rejected_timeouts, stats.delayed_timeouts, stats.rejected_queue_full) == (0, 0, 0)
+    assert stats.adaptive is None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_simulation_keeps_fifo_in_every_mode(seed: int) -> None:
+    rng = random.Random(seed)
+    max_size = rng.choice([1, 4, 16])
+    policy = BatchPolicy(
+        max_size,
+        tuple(rng.sample(range(1, max_size + 1), k=1)) if rng.random() < 0.3 else (),
+        rng.choice([0, 300]),
+        latency_target_us=rng.choice([0, 3000, 20_000]),
+    )
+    reqs = [
+        SimRequest(t, rng.randint(1, max_size), shape_key=rng.choice("aab"))
+        for t in poisson_arrivals(rng.choice([500.0, 3000.0]), 300, seed)
+    ]
+    result = simulate(policy, reqs, ExecModel(0.3 * MS, 0.05 * MS))
+    assert list(result.completed) == list(range(len(reqs))), "lost, duplicated or reordered requests"
+    assert all(size <= max_size for size in result.batch_sizes)
+    assert result.stats.queued == 0

@@ -142,6 +142,19 @@ def test_dynamic_batching_full() -> None:
     assert db.preserve_ordering and db.priority_levels == 3 and db.default_priority_level == 2
     assert db.default_queue_policy == QueuePolicy(TimeoutAction.DELAY, 5000, True, 10)
     assert dict(db.priority_queue_policy) == {1: QueuePolicy(max_queue_size=2), 3: QueuePolicy()}
+    assert db.zinfer_latency_target_microseconds == 0
+
+
+def test_zinfer_latency_target() -> None:
+    c = cfg("max_batch_size: 8 dynamic_batching { zinfer_latency_target_microseconds: 5000 }")
+    assert c.dynamic_batching is not None and c.dynamic_batching.zinfer_latency_target_microseconds == 5000
+    d = c.to_dict()["dynamic_batching"]
+    assert d["zinfer_latency_target_microseconds"] == 5000 and d["preferred_batch_size"] == [8]
+    assert json.loads(json.dumps(d)) == d
+    plain = cfg("max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 7 }").to_dict()
+    assert "zinfer_latency_target_microseconds" not in plain["dynamic_batching"]  # Triton's form when unset
+    assert plain["dynamic_batching"]["max_queue_delay_microseconds"] == 7
+    assert unsupported_features(c) == []
 
 
 def test_preferred_batch_size_normalisation() -> None:
@@ -468,6 +481,19 @@ def test_to_dict_other_policies() -> None:
             "field 'max_queue_delay_microseconds': -5 is out of range",
         ),
         (
+            "max_batch_size: 4 dynamic_batching { zinfer_latency_target_microseconds: -1 }",
+            "field 'zinfer_latency_target_microseconds': -1 is out of range",
+        ),
+        (
+            "max_batch_size: 4 dynamic_batching { zinfer_latency_target_microseconds: 1.5 }",
+            "field 'zinfer_latency_target_microseconds'",
+        ),
+        (
+            "max_batch_size: 4 dynamic_batching { zinfer_latency_target_microseconds: 1 "
+            "zinfer_latency_target_microseconds: 2 }",
+            "field 'zinfer_latency_target_microseconds'",
+        ),
+        (
             "version_policy { latest { num_versions: 1 } all { } }",
             "field 'all': only one of latest, all, specific",
         ),
@@ -674,6 +700,8 @@ def test_load_model_config_from_file(tmp_path: Path) -> None:
             ["dynamic_batching.priority_levels"],
         ),
         ("max_batch_size: 2 dynamic_batching { default_queue_policy { } }", []),
+        ("max_batch_size: 2 dynamic_batching { zinfer_latency_target_microseconds: 900 }", []),
+        ("max_batch_size: 2 dynamic_batching { zinfer_latency_target_microseconds: 0 }", []),
         (
             "max_batch_size: 2 dynamic_batching { default_queue_policy { max_queue_size: 4 } }",
             ["dynamic_batching.default_queue_policy"],

@@ -1,0 +1,211 @@
+"""Adaptive batching toward a latency target (``zinfer_latency_target_microseconds``). Pure, clock-injected.
+
+With a target ``T`` the batcher ignores ``max_queue_delay`` and asks :meth:`AdaptiveController.plan`, for
+the batch it would send now (``n`` rows, oldest request queued at ``t0``), until when waiting for more
+requests still pays. It learns online:
+
+* execution time per batch size: an EWMA per size (used once a size has :data:`MIN_SAMPLES`
+  samples) and a weighted least-squares fit ``E(m) = fixed + per_item * m`` over those EWMAs for the
+  other sizes. With one size seen the fit is ``per_item = E(s) / s`` (no fixed cost, so no gain from
+  batching): until the model has seen two sizes the batcher never waits.
+* the arrival rate ``lam`` in rows per second: EWMAs of the inter-arrival time and of rows per request.
+
+Decision rule. Let ``h = HEADROOM * T``, ``rho = min(1, lam * E(n) / (n * instances))`` (how busy the
+instances would be serving batches of ``n`` at this rate). For each candidate size ``m`` in
+``(n, cap]`` (``cap`` = the largest preferred size) the expected extra wait is ``dt = (m - n) / lam`` and
+
+* feasible: ``dt + E(m) <= h`` (a request arriving now still meets the target), and the follow-on batch
+  of the ``lam * E(m)`` rows that arrive while this one runs can meet it too: ``E(m) + E(follow) <= h``;
+* worth it: the relative throughput gain ``rho * (theta(m) / theta(n) - 1)``, with
+  ``theta(m) = m / E(m)``, exceeds the latency it costs as a share of the target,
+  ``(dt + E(m) - E(n)) / T``. Throughput gains count only in proportion to ``rho``: an idle instance
+  gains nothing from bigger batches, so at light load the batcher sends at once.
+
+If no candidate is worth it the batch goes now (``ADAPTIVE_NO_GAIN``). Otherwise the batcher waits until
+``flip = max over worthwhile m of (t0 + h - dt(m) - E(m))``: the last moment at which the oldest request
+could still wait for ``m`` rows and meet ``h``; from then on it sends (``ADAPTIVE_TARGET``). Reaching a
+preferred size, a shape cut or the size limit sends at once as in Triton. The plan only changes when
+the queue or an estimate changes, so ``flip`` is exactly when the decision flips in between.
+
+A request that cannot meet the target even if sent alone at once (``wait + E(1) > T``) is still served;
+it is counted in ``target_misses`` (see :meth:`AdaptiveController.stats`). Nothing is shed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+__all__ = ["AdaptiveController", "AdaptiveStats", "ArrivalEstimator", "ExecEstimator"]
+
+HEADROOM = 0.9  # plan for 90% of the target: estimates are noisy and arrivals are random
+MIN_SAMPLES = 3  # samples before a size's own EWMA replaces the fitted line
+EXEC_ALPHA = 0.2  # EWMA weight of a new execution-time sample
+GAP_ALPHA = 1 / 16  # EWMA weight of a new inter-arrival gap
+_FIT_WEIGHT_CAP = 16  # a size's weight in the fit grows with its samples up to this
+_MIN_GAP_S = 1e-7  # floor of the mean gap (caps the rate estimate at 10 M rows/s)
+
+
+class ExecEstimator:
+    """Online estimate of execution seconds per batch size."""
+
+    def __init__(self, alpha: float = EXEC_ALPHA) -> None:
+        self._alpha = alpha
+        self._ewma: dict[int, float] = {}
+        self._samples: dict[int, int] = {}
+        self._fit: tuple[float, float] | None = None
+
+    def observe(self, size: int, seconds: float) -> None:
+        if size < 1 or not seconds >= 0 or math.isinf(seconds):
+            raise ValueError(f"need batch size >= 1 and finite seconds >= 0, got {size}, {seconds!r}")
+        old = self._ewma.get(size)
+        self._ewma[size] = seconds if old is None else old + self._alpha * (seconds - old)
+        self._samples[size] = self._samples.get(size, 0) + 1
+        self._fit = self._refit()
+
+    @property
+    def fit(self) -> tuple[float, float] | None:
+        """``(fixed, per_item)`` seconds, or None before the first sample."""
+        return self._fit
+
+    def estimate(self, size: int) -> float | None:
+        """Estimated seconds for a batch of ``size`` rows, or None before the first sample."""
+        if self._samples.get(size, 0) >= MIN_SAMPLES:
+            return self._ewma[size]
+        if self._fit is None:
+            return None
+        fixed, per_item = self._fit
+        return fixed + per_item * size
+
+    def table(self) -> tuple[tuple[int, float, int], ...]:
+        """``(size, EWMA seconds, samples)`` for every size seen."""
+        return tuple((s, self._ewma[s], self._samples[s]) for s in sorted(self._ewma))
+
+    def _refit(self) -> tuple[float, float]:
+        points = [(s, e, min(self._samples[s], _FIT_WEIGHT_CAP)) for s, e in self._ewma.items()]
+        total = sum(w for _, _, w in points)
+        mx = sum(w * s for s, _, w in points) / total
+        my = sum(w * e for _, e, w in points) / total
+        sxx = sum(w * (s - mx) ** 2 for s, _, w in points)
+        if sxx <= 0:  # one size: all of it per item, so batching looks like no gain
+            return 0.0, my / mx
+        per_item = sum(w * (s - mx) * (e - my) for s, e, w in points) / sxx
+        if per_item < 0:
+            return my, 0.0
+        fixed = my - per_item * mx
+        if fixed < 0:  # through the origin instead
+            return 0.0, sum(w * s * e for s, e, w in points) / sum(w * s * s for s, _, w in points)
+        return fixed, per_item
+
+
+class ArrivalEstimator:
+    """Online estimate of the arrival rate in rows per second."""
+
+    def __init__(self, alpha: float = GAP_ALPHA) -> None:
+        self._alpha = alpha
+        self._last: float | None = None
+        self._gap: float | None = None
+        self._rows: float | None = None
+
+    def observe(self, arrival: float, rows: int) -> None:
+        self._rows = rows if self._rows is None else self._rows + self._alpha * (rows - self._rows)
+        if self._last is not None:
+            gap = max(0.0, arrival - self._last)
+            self._gap = gap if self._gap is None else self._gap + self._alpha * (gap - self._gap)
+        self._last = arrival if self._last is None else max(self._last, arrival)
+
+    def rate(self) -> float:
+        """Rows per second; 0 before two arrivals."""
+        if self._gap is None or self._rows is None:
+            return 0.0
+        return self._rows / max(self._gap, _MIN_GAP_S)
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveStats:
+    """A snapshot of the adaptive controller, for metrics and logs."""
+
+    target_s: float
+    arrival_rate: float  # rows per second
+    exec_fixed_s: float | None  # the fitted line; None before the first execution
+    exec_per_item_s: float | None
+    exec_estimates: tuple[tuple[int, float, int], ...]  # (size, EWMA seconds, samples)
+    target_misses: int  # requests that could not meet the target even sent alone at once
+    dispatched: int  # requests sent in adaptive mode
+    planned_wait_s: float  # at the last decision: how long the batcher chose to wait (0 = sent)
+
+
+def _candidates(n: int, cap: int) -> Iterator[int]:
+    """Sizes above ``n`` up to ``cap``: every size near ``n``, then a geometric ladder, then ``cap``."""
+    step = 1
+    while n + step < cap:
+        yield n + step
+        step = max(step + 1, int(step * 1.25))
+    if cap > n:
+        yield cap
+
+
+class AdaptiveController:
+    """Decides how long a batch may wait for more requests within a latency target (module docstring)."""
+
+    def __init__(self, target_s: float, cap: int, instances: int = 1, headroom: float = HEADROOM) -> None:
+        if not target_s > 0 or cap < 1 or instances < 1 or not 0 < headroom <= 1:
+            raise ValueError(f"bad adaptive settings: {target_s=} {cap=} {instances=} {headroom=}")
+        self.target_s = target_s
+        self._cap = cap
+        self._instances = instances
+        self._budget = headroom * target_s
+        self.exec = ExecEstimator()
+        self.arrivals = ArrivalEstimator()
+        self._misses = 0
+        self._dispatched = 0
+        self._planned_wait = 0.0
+
+    def plan(self, n: int, oldest: float) -> float | None:
+        """When a batch of ``n`` rows, oldest queued at ``oldest``, should go; None = now, at any time."""
+        lam = self.arrivals.rate()
+        e_n = self.exec.estimate(n)
+        if n >= self._cap or lam <= 0 or not e_n:
+            return None
+        rho = min(1.0, lam * e_n / (n * self._instances))
+        flip: float | None = None
+        for m in _candidates(n, self._cap):
+            e_m = self._estimate(m)
+            dt = (m - n) / lam
+            follow = min(self._cap, max(1, math.ceil(lam * e_m)))
+            if dt + e_m > self._budget or e_m + self._estimate(follow) > self._budget:
+                break  # larger sizes only wait and run longer
+            gain = rho * (m * e_n / (n * e_m) - 1) if e_m > 0 else 0.0
+            if gain > (dt + e_m - e_n) / self.target_s:
+                last = oldest + self._budget - dt - e_m
+                flip = last if flip is None else max(flip, last)
+        return flip
+
+    def note_decision(self, now: float, flip: float | None) -> None:
+        """Record the wait chosen at ``now`` (for :meth:`stats`)."""
+        self._planned_wait = max(0.0, flip - now) if flip is not None else 0.0
+
+    def record_dispatch(self, now: float, arrivals: Iterable[float]) -> None:
+        """Count the requests of a batch sent at ``now`` that could not meet the target in any case."""
+        alone = self._estimate(1)
+        for arrival in arrivals:
+            self._dispatched += 1
+            if now - arrival + alone > self.target_s:
+                self._misses += 1
+
+    def stats(self) -> AdaptiveStats:
+        fit = self.exec.fit
+        return AdaptiveStats(
+            target_s=self.target_s,
+            arrival_rate=self.arrivals.rate(),
+            exec_fixed_s=fit[0] if fit else None,
+            exec_per_item_s=fit[1] if fit else None,
+            exec_estimates=self.exec.table(),
+            target_misses=self._misses,
+            dispatched=self._dispatched,
+            planned_wait_s=self._planned_wait,
+        )
+
+    def _estimate(self, size: int) -> float:
+        return self.exec.estimate(size) or 0.0

@@ -1,0 +1,189 @@
+"""The records of the dynamic batcher: its policy, a queued request, a formed batch and why it was sent.
+
+Pure data, no I/O. :class:`BatchPolicy` carries Triton's ``dynamic_batching`` knobs (triton-features.md
+§1.2) plus zinfer's adaptive latency target; :meth:`BatchPolicy.from_config` builds it from a
+:class:`~zinfer.broker.model_config.ModelConfig`. Exceptions a caller reports to the client::
+
+    ValueError
+    ├── QueueFull        the request's priority level holds max_queue_size requests already
+    └── InvalidPriority  the request's priority is outside [0, priority_levels]
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from .config_records import QueuePolicy, empty_map, frozen_map
+
+if TYPE_CHECKING:
+    from .model_config import ModelConfig
+
+__all__ = [
+    "Batch",
+    "BatchPolicy",
+    "BatchReason",
+    "InvalidPriority",
+    "QueueFull",
+    "QueuePolicy",
+    "QueuedRequest",
+]
+
+T = TypeVar("T")
+
+
+class QueueFull(ValueError):
+    """The request's priority level already holds ``max_queue_size`` requests (Triton: UNAVAILABLE)."""
+
+
+class InvalidPriority(ValueError):
+    """The request's priority is not 0 (the default level) or a level in ``[1, priority_levels]``."""
+
+
+class BatchReason(enum.Enum):
+    """Why a batch was sent (kept for explainability and metrics)."""
+
+    NO_BATCHING = "no_batching"  # max_batch_size == 0: every request alone
+    PREFERRED = "preferred"  # a preferred batch size was reached
+    MAX_SIZE = "max_size"  # the next request would pass the size limit, or the batch is full
+    SHAPE_CUT = "shape_cut"  # the next request's variable dims differ
+    DELAY_EXPIRED = "delay_expired"  # the oldest request waited max_queue_delay
+    IDLE_NO_DELAY = "idle_no_delay"  # max_queue_delay is 0: an instance was free, send what is queued
+    ADAPTIVE_TARGET = "adaptive_target"  # adaptive: waiting longer would break the latency target
+    ADAPTIVE_NO_GAIN = "adaptive_no_gain"  # adaptive: waiting for more requests would not pay
+
+
+def _require_count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
+def _check_queue_policy(name: str, policy: object) -> None:
+    if not isinstance(policy, QueuePolicy):
+        raise ValueError(f"{name} must be a QueuePolicy, got {policy!r}")
+    _require_count(f"{name}.default_timeout_microseconds", policy.default_timeout_microseconds)
+    _require_count(f"{name}.max_queue_size", policy.max_queue_size)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPolicy:
+    """Batching knobs, named as in Triton's model config (``*_us`` for ``*_microseconds``).
+
+    ``preferred_batch_sizes`` is normalised to a sorted, de-duplicated tuple; when empty and batching
+    is on it becomes ``(max_batch_size,)`` as Triton does. ``priority_levels == 0`` means one queue
+    under ``default_queue_policy``; otherwise ``default_priority_level`` must be in
+    ``[1, priority_levels]`` and a level without an entry in ``priority_queue_policy`` uses
+    ``default_queue_policy``. ``latency_target_us > 0`` switches on the adaptive mode
+    (:mod:`zinfer.broker.adaptive`), which then ignores ``max_queue_delay_us``; ``instances`` is the
+    number of model instances, which the adaptive mode uses to estimate utilisation.
+    """
+
+    max_batch_size: int  # 0 = no batching
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    priority_levels: int = 0
+    default_priority_level: int = 0
+    default_queue_policy: QueuePolicy = QueuePolicy()
+    priority_queue_policy: Mapping[int, QueuePolicy] = field(default_factory=empty_map)
+    latency_target_us: int = 0  # zinfer_latency_target_microseconds; 0 = off
+    instances: int = 1
+
+    def __post_init__(self) -> None:
+        max_size = _require_count("max_batch_size", self.max_batch_size)
+        _require_count("max_queue_delay_us", self.max_queue_delay_us)
+        _require_count("latency_target_us", self.latency_target_us)
+        if _require_count("instances", self.instances) < 1:
+            raise ValueError(f"instances must be >= 1, got {self.instances}")
+        raw: object = self.preferred_batch_sizes
+        if not isinstance(raw, (tuple, list)):
+            raise ValueError(f"preferred_batch_sizes must be a tuple of ints, got {raw!r}")
+        sizes = {_require_count("preferred_batch_sizes entry", s) for s in raw}
+        if max_size == 0 and sizes:
+            raise ValueError(
+                f"preferred_batch_sizes must be empty when max_batch_size is 0 (no batching), got {raw!r}"
+            )
+        bad = sorted(s for s in sizes if not 1 <= s <= max_size)
+        if bad:
+            raise ValueError(f"preferred_batch_sizes {bad} outside [1, max_batch_size={max_size}]")
+        if not sizes and max_size > 0:
+            sizes = {max_size}
+        object.__setattr__(self, "preferred_batch_sizes", tuple(sorted(sizes)))
+        self._check_priorities()
+
+    def _check_priorities(self) -> None:
+        levels = _require_count("priority_levels", self.priority_levels)
+        default = _require_count("default_priority_level", self.default_priority_level)
+        if levels > 0 and not 1 <= default <= levels:
+            raise ValueError(
+                f"default_priority_level must be in [1, priority_levels={levels}], got {default}"
+            )
+        if levels == 0 and default != 0:
+            raise ValueError(f"default_priority_level must be 0 without priority levels, got {default}")
+        _check_queue_policy("default_queue_policy", self.default_queue_policy)
+        per_level: object = self.priority_queue_policy
+        if not isinstance(per_level, Mapping):
+            raise ValueError(f"priority_queue_policy must be a mapping, got {per_level!r}")
+        for level, policy in per_level.items():
+            if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= levels:
+                raise ValueError(
+                    f"priority_queue_policy level {level!r} is not in [1, priority_levels={levels}]"
+                )
+            _check_queue_policy(f"priority_queue_policy[{level}]", policy)
+        object.__setattr__(self, "priority_queue_policy", frozen_map(per_level))
+
+    def queue_policy(self, level: int) -> QueuePolicy:
+        """The queue policy of ``level`` (1-based); 0 or a level without its own policy: the default."""
+        return self.priority_queue_policy.get(level, self.default_queue_policy)
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, instances: int | None = None) -> BatchPolicy:
+        """The policy of a model config; ``instances`` defaults to the sum of its instance group counts.
+
+        Without ``dynamic_batching`` a batching model gets Triton's default scheduler: every request is
+        executed on its own (preferred size 1, no delay), and no priorities or queue policies apply.
+        """
+        count = instances if instances is not None else sum(g.count for g in config.instance_group) or 1
+        db = config.dynamic_batching
+        if db is None:
+            preferred = (1,) if config.max_batch_size > 0 else ()
+            return cls(config.max_batch_size, preferred, instances=count)
+        return cls(
+            max_batch_size=config.max_batch_size,
+            preferred_batch_sizes=tuple(db.preferred_batch_size),
+            max_queue_delay_us=db.max_queue_delay_microseconds,
+            priority_levels=db.priority_levels,
+            default_priority_level=db.default_priority_level,
+            default_queue_policy=db.default_queue_policy or QueuePolicy(),
+            priority_queue_policy=db.priority_queue_policy,
+            latency_target_us=db.zinfer_latency_target_microseconds,
+            instances=count,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRequest(Generic[T]):
+    """One queued request; ``item`` is opaque to the batcher.
+
+    ``priority`` is the request's own level (0 = the model's default level, 1 = highest) and
+    ``timeout_us`` its own queue timeout (0 = none; used only where the queue policy allows an override,
+    and only when shorter than the policy's default).
+    """
+
+    item: T
+    batch_size: int  # rows this request carries; a request with its own batch of N counts N
+    shape_key: Hashable  # requests with different keys never share a batch
+    arrival: float  # seconds on the caller's monotonic clock
+    priority: int = 0
+    timeout_us: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Batch(Generic[T]):
+    """A batch to hand to one free instance, items in service order (priority, then FIFO)."""
+
+    items: tuple[T, ...]
+    size: int  # sum of the requests' batch_size
+    reason: BatchReason
