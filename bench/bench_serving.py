@@ -54,13 +54,13 @@ LOOP_MAX_S = 120.0  # a measurement loop stops here even if its count is not rea
 
 
 @contextmanager
-def zinfer_server(ready_timeout_s: float = 60.0) -> Iterator[str]:
-    """A ``zinfer serve`` on the bundled models in a temp runtime dir; yields its URL; always stopped."""
+def zinfer_server(ready_timeout_s: float = 60.0, extra: tuple[str, ...] = ()) -> Iterator[str]:
+    """A ``zinfer serve`` on the bundled models in a temp runtime dir; yields its URL; always stopped.
+    ``extra`` adds serve options (default: metrics on any free port)."""
     tmp = Path(tempfile.mkdtemp(prefix="zbs-", dir="/tmp"))
     log_path = tmp / "serve.log"
-    cmd = [sys.executable, "-m", "zinfer.broker", "serve", "--metrics", "127.0.0.1:0",
-           "--model-repository", str(ROOT / "configs/models")]  # fmt: skip
-    cmd += ["--runtime-dir", str(tmp / "rt")]
+    cmd = [sys.executable, "-m", "zinfer.broker", "serve", "--model-repository", str(ROOT / "configs/models")]
+    cmd += ["--runtime-dir", str(tmp / "rt"), *(extra or ("--metrics", "127.0.0.1:0"))]
     proc = None
     try:
         with open(log_path, "wb") as log:

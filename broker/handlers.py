@@ -78,6 +78,8 @@ class ClientHandlers:
             return b.registry.resolve(_str(header, "model"), _version(header)).config.to_dict()
         if command == Command.STATISTICS:
             return self._statistics(header)
+        if command == Command.CANCEL:
+            return {"state": b.path.cancel(identity, _str(header, "target"))}
         if command == Command.SERVER_STATUS:
             return b.observer.status()
         if command == Command.REPOSITORY_INDEX:

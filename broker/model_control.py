@@ -112,7 +112,7 @@ class ModelControl:
 
     def _stop_drained(self) -> None:
         registry, broker = self.broker.registry, self.broker
-        busy = {id(b.model) for b in broker.inflight.values()}
+        busy = {id(b.model) for b in broker.path.inflight.values()}
         for state in list(registry.retiring):
             if len(state.batcher) or id(state) in busy:
                 continue

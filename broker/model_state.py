@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zinfer.client.protocol import Frame, InferRequest
+from zinfer.client.protocol import Frame, InferRequest, Reply
 
 from .batcher import BatchPolicy, DynamicBatcher
 from .latency_window import LatencyWindow
 from .metrics import ModelMetrics
 from .model_config import ModelConfig
+from .ordering import ResponseOrder
 from .signature import Signature
 
 
@@ -28,6 +29,7 @@ class Pending:
     wire_outputs: list[dict[str, Any]]
     batch_size: int
     arrival: float
+    cancelled: bool = False  # cancelled while running: its result is discarded
 
 
 @dataclass
@@ -101,15 +103,11 @@ class ModelState:
         self.version = version
         self.version_dir = version_dir
         self.expected_instances = instances
+        self.batcher: DynamicBatcher[Pending] = DynamicBatcher(BatchPolicy.from_config(config, instances))
         db = config.dynamic_batching
-        self.batcher: DynamicBatcher[Pending] = DynamicBatcher(
-            BatchPolicy(
-                max_batch_size=config.max_batch_size,
-                preferred_batch_sizes=tuple(db.preferred_batch_size) if db is not None else (),
-                max_queue_delay_us=db.max_queue_delay_microseconds if db is not None else 0,
-            )
-            if db is not None or config.max_batch_size == 0
-            else BatchPolicy(max_batch_size=config.max_batch_size, preferred_batch_sizes=(1,))
+        # with preserve_ordering, responses leave in arrival order: (client, reply, frames) by request seq
+        self.order: ResponseOrder[int, tuple[bytes, Reply, list[Frame]]] | None = (
+            ResponseOrder() if db is not None and db.preserve_ordering else None
         )
         self.instances: set[bytes] = set()
         self.idle: deque[bytes] = deque()

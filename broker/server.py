@@ -7,7 +7,6 @@ instances and reap dead workers after every wake-up.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
@@ -30,14 +29,13 @@ from zinfer.client.protocol import Command, Frame, Reply
 from zinfer.client.shm import reap_orphans
 from zinfer.client.transport import NOBLOCK, send_frames
 
-from .batcher import Batch, QueuedRequest
 from .handlers import ClientHandlers
-from .messages import client_outputs, execute_header
 from .model_control import ModelControl
-from .model_state import InFlight, ModelState, Pending
+from .model_state import ModelState
 from .observer import Observer
 from .regions import RegionTable
 from .registry import ModelRegistry
+from .request_path import RequestPath
 from .runtime_dir import RuntimeDir
 from .supervisor import RestartPolicy, Supervisor, WorkerSpec
 from .tcp_access import TcpFrontend
@@ -74,10 +72,8 @@ class Broker:
         self.regions = RegionTable()
         self.registry = ModelRegistry()
         self.supervisor = Supervisor(options.log_level)
-        self.inflight: dict[int, InFlight] = {}
         self.worker_model: dict[bytes, ModelState] = {}
-        self._seq = itertools.count(1)
-        self._batch_ids = itertools.count(1)
+        self.path = RequestPath(self)
         self.restarts = RestartPolicy()
         self._ready_logged = False
         self._next_reap = 0.0
@@ -160,14 +156,8 @@ class Broker:
 
     def close(self) -> None:
         """Fail what is queued, stop the workers, close and remove the sockets."""
-        for state in self.registry.states():
-            for p in state.batcher.remove(lambda _: True):
-                state.metrics.failure("OTHER")
-                self._reply_error(p, Unavailable("the server is shutting down"))
-        for batch in list(self.inflight.values()):
-            for p in batch.requests:
-                self._reply_error(p, Unavailable("the server is shutting down"))
-        self.inflight.clear()
+        if self.frontend is not None:
+            self.path.fail_queued(Unavailable("the server is shutting down"))
         if self.backend is not None:
             for identity in list(self.worker_model):
                 self.send_worker(identity, Command.W_SHUTDOWN, {})
@@ -195,7 +185,7 @@ class Broker:
         if tcp is not None:
             poller.register(tcp, zmq.POLLIN)
         while not self._should_exit(stop_requests()):
-            timeout_ms = self._poll_timeout_ms()
+            timeout_ms = self.path.poll_timeout_ms()
             if timeout_ms < 1.0:  # zmq polls in whole milliseconds: sleep the sub-millisecond rest
                 time.sleep(timeout_ms / 1000)
             events = dict(poller.poll(int(timeout_ms)))
@@ -212,7 +202,8 @@ class Broker:
             if now >= self._next_region_reap:
                 self._next_region_reap = now + REGION_REAP_INTERVAL_S
                 self._reap_regions()
-            self._dispatch(now)
+            self.path.expire(now)
+            self.path.dispatch(now)
             self.observer.maybe_publish(now)
             if self.control.pending or self.registry.retiring:
                 self.control.poll(now)
@@ -224,13 +215,10 @@ class Broker:
         now = time.monotonic()
         if self.draining_since is None:
             self.draining_since = now
-            log.info("event=draining queued=%d running=%d", self._queued(), len(self.inflight))
+            log.info("event=draining queued=%d running=%d", self.path.queued(), len(self.path.inflight))
         if requests > 1 or now - self.draining_since > self.options.drain_timeout_s:
             return True
-        return not self.inflight and not self._queued()
-
-    def _queued(self) -> int:
-        return sum(len(s.batcher) for s in self.registry.states())
+        return not self.path.inflight and not self.path.queued()
 
     def _drain(
         self, sock: zmq.Socket[bytes], handle: Callable[[bytes, list[Frame]], None], tag: bytes
@@ -242,18 +230,6 @@ class Broker:
             handle(tag + frames[0].bytes, [f.buffer for f in frames[1:]])
             if not int(sock.get(zmq.EVENTS)) & zmq.POLLIN:
                 return
-
-    def _poll_timeout_ms(self) -> float:
-        """Milliseconds until the nearest batch deadline of a model with an idle instance (capped)."""
-        deadline: float | None = None
-        for state in self.registry.states():
-            if state.idle:
-                d = state.batcher.next_deadline()
-                if d is not None and (deadline is None or d < deadline):
-                    deadline = d
-        if deadline is None:
-            return float(MAX_POLL_MS)
-        return max(0.0, min(float(MAX_POLL_MS), (deadline - time.monotonic()) * 1000))
 
     def _log_ready_once(self) -> None:
         if self._ready_logged or self.control.pending:
@@ -282,7 +258,7 @@ class Broker:
         rid = protocol.request_id_of(msg.header)
         try:
             if msg.command == Command.INFER:
-                self._on_infer(identity, msg.header, msg.frames)
+                self.path.admit(identity, msg.header, msg.frames)
                 return
             if msg.command == Command.LOAD:  # answered once the model is ready or has failed
                 self.control.load(str(msg.header.get("model", "")), time.monotonic(), identity, rid)
@@ -300,32 +276,6 @@ class Broker:
             return
         self.send_client(identity, Reply(rid, Status.OK, body=body))
 
-    def _on_infer(self, identity: bytes, header: dict[str, Any], frames: list[Frame]) -> None:
-        from .validation import check_request
-
-        if self.draining_since is not None:
-            raise Unavailable("the server is shutting down")
-        req = protocol.infer_from_wire(header)
-        state = self.registry.resolve(req.model, req.version)
-        if not state.ready:
-            state.metrics.rejected()
-            reason = state.error or "no instance is ready yet"
-            raise Unavailable(f"model '{state.name}' version {state.version} is not ready: {reason}")
-        checked = check_request(
-            req, frames, state.signature, self.regions, identity, self.options.max_tensor_bytes
-        )
-        now = time.monotonic()
-        outputs = (
-            header["outputs"]
-            if req.outputs is not None
-            else [protocol.output_to_wire(o) for o in checked.outputs]
-        )
-        pending = Pending(
-            next(self._seq), identity, req, frames, header["inputs"], outputs, checked.batch_size, now
-        )
-        state.batcher.add(QueuedRequest(pending, checked.batch_size, checked.shape_key, now), now)
-        state.metrics.bytes(checked.input_bytes, 0)
-
     def send_client(self, identity: bytes, reply: Reply, frames: list[Frame] | None = None) -> None:
         assert self.frontend is not None
         msg = protocol.encode(Command.REPLY, protocol.reply_to_wire(reply), frames or ())
@@ -334,9 +284,6 @@ class Broker:
             send_frames(sock, [identity[1:], *msg], NOBLOCK)
         except zmq.ZMQError as exc:  # the client is gone or not reading: count it, never block the loop
             log.warning("event=reply_undeliverable request=%s error=%r", reply.request_id, exc.strerror)
-
-    def _reply_error(self, p: Pending, exc: ServerError) -> None:
-        self.send_client(p.client, Reply(p.request.request_id, exc.status, exc.wire_text()))
 
     # ------------------------------------------------------------------------------------ workers
 
@@ -372,53 +319,9 @@ class Broker:
                     state.error,
                 )
             elif msg.command == Command.W_RESULT:
-                self._on_result(identity, state, msg.header, msg.frames)
+                self.path.on_result(identity, state, msg.header, msg.frames)
         except (ProtocolError, KeyError, TypeError, ValueError) as exc:
             log.error("event=bad_worker_message worker=%s error=%r", identity, str(exc))
-
-    def _on_result(
-        self, identity: bytes, state: ModelState, header: dict[str, Any], frames: list[Frame]
-    ) -> None:
-        batch = self.inflight.pop(int(header["batch"]), None)
-        if batch is None or batch.worker != identity:
-            log.warning("event=stale_result worker=%s", identity)
-            return
-        by_seq = {p.seq: p for p in batch.requests}
-        timing = header.get("t", [0, 0, 0])
-        stats = state.stats
-        stats.compute_input.add(int(timing[0]))
-        stats.compute_infer.add(int(timing[1]))
-        stats.compute_output.add(int(timing[2]))
-        now_ns = time.monotonic_ns()
-        metrics, window = state.metrics, state.window
-        t_in, t_inf, t_out = (int(x) / 1000 for x in timing)
-        sent_s = batch.sent_ns / 1e9
-        for res in header["results"]:
-            p = by_seq.pop(int(res["id"]), None)
-            if p is None:
-                continue
-            duration = now_ns - int(p.arrival * 1e9)
-            if int(res.get("status", 0)) == 0:
-                stats.success.add(duration)
-                stats.inference_count += p.batch_size
-                metrics.success(duration / 1000, (sent_s - p.arrival) * 1e6, p.batch_size, t_in, t_inf, t_out)
-                window.record(now_ns / 1e9, duration / 1e9)
-                outputs, out_frames = client_outputs(res.get("outputs", []), frames)
-                body = {"model": state.name, "version": state.version, "outputs": outputs}
-                self.send_client(p.client, Reply(p.request.request_id, Status.OK, body=body), out_frames)
-            else:
-                stats.fail.add(duration)
-                metrics.failure("BACKEND")
-                self.send_client(
-                    p.client,
-                    Reply(p.request.request_id, Status(int(res["status"])), str(res.get("error", ""))),
-                )
-        for p in by_seq.values():  # a worker that forgot a request must not leave its client hanging
-            metrics.failure("OTHER")
-            self._reply_error(p, Unavailable("the worker returned no result for this request"))
-        stats.last_inference_ms = int(time.time() * 1000)
-        if identity in state.instances:
-            state.idle.append(identity)
 
     def send_worker(
         self, identity: bytes, command: Command, header: dict[str, Any], frames: list[Frame] | None = None
@@ -430,41 +333,6 @@ class Broker:
         except zmq.ZMQError as exc:
             log.warning("event=worker_unreachable worker=%s error=%r", identity, exc.strerror)
             return False
-
-    def _dispatch(self, now: float) -> None:
-        for state in self.registry.states():
-            if state.idle and len(state.batcher):
-                for batch in state.batcher.pop_ready(now, len(state.idle)):
-                    self._execute(state, state.idle.popleft(), batch, now)
-
-    def _execute(self, state: ModelState, worker: bytes, batch: Batch[Pending], now: float) -> None:
-        batch_id = next(self._batch_ids)
-        oldest = now
-        for p in batch.items:
-            state.stats.queue.add(int((now - p.arrival) * 1e9))
-            oldest = min(oldest, p.arrival)
-        state.stats.record_batch(batch.size, batch.reason.value)
-        state.metrics.batch(batch.size, batch.reason.value, (now - oldest) * 1e6)
-        state.window.batch(now, batch.size)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "event=batch model=%s size=%d requests=%d reason=%s worker=%s",
-                state.name,
-                batch.size,
-                len(batch.items),
-                batch.reason.value,
-                worker.decode(),
-            )
-        header, frames = execute_header(batch_id, batch.items)
-        self.inflight[batch_id] = InFlight(batch_id, worker, state, list(batch.items), time.monotonic_ns())
-        if not self.send_worker(worker, Command.W_EXECUTE, header, frames):
-            self._fail_batch(self.inflight.pop(batch_id), "the instance could not be reached")
-
-    def _fail_batch(self, batch: InFlight, why: str) -> None:
-        for p in batch.requests:
-            batch.model.stats.fail.add(0)
-            batch.model.metrics.failure("BACKEND")
-            self._reply_error(p, Unavailable(f"model '{batch.model.name}' instance failed: {why}"))
 
     def _reap(self, now: float) -> None:
         for wp, code in self.supervisor.reap():
@@ -478,10 +346,7 @@ class Broker:
             state.instances.discard(wp.identity)
             if wp.identity in state.idle:
                 state.idle.remove(wp.identity)
-            for bid, batch in list(self.inflight.items()):
-                if batch.worker == wp.identity:
-                    del self.inflight[bid]
-                    self._fail_batch(batch, f"worker exited with code {code}")
+            self.path.fail_worker(wp.identity, f"worker exited with code {code}")
             log.warning(
                 "event=worker_exited model=%s version=%d worker=%s code=%d",
                 state.name,

@@ -86,6 +86,7 @@ class Client:
         self._conn = Connection(self.url, on_late_reply=self._late_reply, curve=curve)
         self._orphans_lock = threading.Lock()
         self._orphans: dict[str, list[Slot]] = {}  # slots of requests in flight, by request id
+        self._active: dict[str, str] = {}  # caller's request_id -> wire id, for cancel()
         self._models: dict[tuple[str, int], _ModelInfo] = {}
         # arrays made by empty(): id of their base memoryview -> (that memoryview, its slot)
         self._owned: dict[int, tuple[memoryview, Slot]] = {}
@@ -224,9 +225,18 @@ class Client:
         outputs: Sequence[str] | None = None,
         request_id: str | None = None,
         model_version: int = 0,
-        timeout: float | None = None,
+        priority: int = 0,
+        timeout: int | None = None,
+        client_timeout: float | None = None,
     ) -> InferResult:
-        """Run ``model`` on ``inputs`` and return its outputs (all of them unless ``outputs`` names some)."""
+        """Run ``model`` on ``inputs`` and return its outputs (all of them unless ``outputs`` names some).
+
+        As in Triton's client: ``priority`` is the request's priority level (0 = the model's default, 1 =
+        highest) and ``timeout`` its queue timeout in microseconds, honoured where the model's queue policy
+        allows an override. ``client_timeout`` (seconds, default: the client's ``timeout``) is how long to
+        wait for the answer; when it passes the request is cancelled in the server and ``RequestTimeout``
+        is raised. ``request_id`` names the request for ``cancel`` from another thread.
+        """
         info = self._model_info(model, model_version)
         slots: list[Slot] = []
         frames: list[Frame] = []
@@ -244,15 +254,17 @@ class Client:
             version=model_version,
             inputs=tuple(refs),
             outputs=tuple(out_reqs),
+            priority=priority,
+            timeout_us=timeout or 0,
         )
         header = protocol.infer_to_wire(req)
         try:
             self._conn.check_server()  # nothing sent yet: a missing server frees the slots below
-            reply, rframes = self._send_infer(header, frames, slots, timeout)
+            reply, rframes = self._send_infer(header, frames, slots, client_timeout, request_id)
             if reply.status == Status.INVALID_ARGUMENT and reply.error.startswith(UnknownRegion.__name__):
                 # the server restarted and forgot our regions: register them again and retry once
                 self._register_all()
-                reply, rframes = self._send_infer(header, frames, slots, timeout)
+                reply, rframes = self._send_infer(header, frames, slots, client_timeout, request_id)
         except (RequestTimeout, ConnectionFailed) as exc:
             if not self._orphans_has(header["id"]):
                 self._free(slots)
@@ -269,19 +281,45 @@ class Client:
         return result
 
     def _send_infer(
-        self, header: dict[str, Any], frames: Sequence[Frame], slots: list[Slot], timeout: float | None
+        self,
+        header: dict[str, Any],
+        frames: Sequence[Frame],
+        slots: list[Slot],
+        timeout: float | None,
+        user_id: str | None,
     ) -> tuple[Reply, list[Frame]]:
         rid = header["id"] = self._conn.new_id()
-        if slots:  # until the reply comes the server may read or write them, even after a timeout
-            with self._orphans_lock:
+        with self._orphans_lock:
+            if slots:  # until the reply comes the server may read or write them, even after a timeout
                 self._orphans[rid] = slots
-        reply, rframes = self._conn.request(
-            Command.INFER, header, frames, self.timeout if timeout is None else timeout
-        )
+            if user_id:
+                self._active[user_id] = rid
+        try:
+            reply, rframes = self._conn.request(
+                Command.INFER, header, frames, self.timeout if timeout is None else timeout
+            )
+        except RequestTimeout:
+            self._conn.send_only(Command.CANCEL, {"target": rid})  # the server drops it or its result
+            raise
+        finally:
+            if user_id:
+                with self._orphans_lock:
+                    self._active.pop(user_id, None)
         if slots:
             with self._orphans_lock:
                 self._orphans.pop(rid, None)
         return reply, rframes
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel the running ``infer`` that was given this ``request_id`` (from another thread): it leaves
+        the server's queue, or its result is discarded, and that ``infer`` raises ``Cancelled``. Returns
+        False when no such request is in flight."""
+        with self._orphans_lock:
+            rid = self._active.get(request_id)
+        if rid is None:
+            return False
+        self._call(Command.CANCEL, {"target": rid})
+        return True
 
     def _orphans_has(self, rid: str) -> bool:
         with self._orphans_lock:

@@ -131,6 +131,12 @@ class Connection:
         if self.url.startswith("ipc://") and not os.path.exists(self.url[6:]):
             raise ConnectionFailed(f"no zinfer server at {self.url}")
 
+    def send_only(self, command: Command, header: dict[str, Any]) -> None:
+        """Send without waiting for the answer (which is then dropped)."""
+        header.setdefault("id", self.new_id())
+        with self._sock_lock:
+            send_frames(self._sock, protocol.encode(command, header))
+
     def _wait(self, waiter: _Waiter, deadline: float) -> None:
         next_check = time.monotonic() + _SERVER_CHECK_S
         while not waiter.event.is_set():

@@ -240,7 +240,7 @@ def test_timed_out_request_keeps_its_slots_until_the_late_reply(
     with Client(server.url, timeout=30, inline_threshold=-1) as client:
         client.infer("slow", {"INPUT_A": ONE, "INPUT_B": ONE})  # metadata fetched, arena made
         with pytest.raises(RequestTimeout):
-            client.infer("slow", {"INPUT_A": ONE, "INPUT_B": ONE}, timeout=0.05)
+            client.infer("slow", {"INPUT_A": ONE, "INPUT_B": ONE}, client_timeout=0.05)
         assert len(client._orphans) == 1  # the server may still write into them
         # the next call reads the late reply on its way (a sync client reads only while a call waits)
         out = client.infer("slow", {"INPUT_A": ONE, "INPUT_B": 2 * ONE}).as_numpy("OUTPUT_SUM")

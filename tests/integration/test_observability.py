@@ -98,8 +98,9 @@ def test_failures_carry_their_reason(server_factory: Callable[..., ServerProcess
         assert _get(server.http_url + "/v2/health/ready")[0] == 503
         wait_for(lambda: _get(server.http_url + "/v2/models/add/ready")[0] == 200, 30, "the restart")
         m = _samples(server)
-        assert _value(m, "zinfer_worker_restarts_total", model="add", version="1", model_instance="0", device="cpu") == 1
-        assert _value(m, "zinfer_worker_up", model="add", version="1", model_instance="0", device="cpu") == 1
+        worker = {"model": "add", "version": "1", "model_instance": "0", "device": "cpu"}
+        assert _value(m, "zinfer_worker_restarts_total", **worker) == 1
+        assert _value(m, "zinfer_worker_up", **worker) == 1
 
 
 def test_health_endpoints(server_factory: Callable[..., ServerProcess], tmp_path: Path) -> None:

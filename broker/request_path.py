@@ -1,0 +1,226 @@
+"""The path of an inference request through the broker: admission, queueing, timeouts, cancellation,
+batching onto idle instances, and the replies (in arrival order where the model asks for it)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from zinfer.client import protocol
+from zinfer.client.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    InvalidArgument,
+    ServerError,
+    Status,
+    Unavailable,
+)
+from zinfer.client.protocol import Command, Frame, Reply
+
+from .batcher import Batch, InvalidPriority, QueuedRequest, QueueFull
+from .messages import client_outputs, execute_header
+from .model_state import InFlight, ModelState, Pending
+from .validation import check_request
+
+if TYPE_CHECKING:
+    from .server import Broker
+
+log = logging.getLogger(__name__)
+
+MAX_POLL_MS = 100
+
+
+class RequestPath:
+    def __init__(self, broker: Broker) -> None:
+        self.b = broker
+        self.inflight: dict[int, InFlight] = {}
+        self._seq = itertools.count(1)
+        self._batch_ids = itertools.count(1)
+
+    # ------------------------------------------------------------------------------------ admission
+
+    def admit(self, identity: bytes, header: dict[str, Any], frames: list[Frame]) -> None:
+        """Check a request and queue it; raises a ServerError (answered at once) when it cannot go in."""
+        b = self.b
+        if b.draining_since is not None:
+            raise Unavailable("the server is shutting down")
+        req = protocol.infer_from_wire(header)
+        state = b.registry.resolve(req.model, req.version)
+        if not state.ready:
+            state.metrics.rejected()
+            reason = state.error or "no instance is ready yet"
+            raise Unavailable(f"model '{state.name}' version {state.version} is not ready: {reason}")
+        checked = check_request(req, frames, state.signature, b.regions, identity, b.options.max_tensor_bytes)
+        now = time.monotonic()
+        outputs = header["outputs"] if req.outputs is not None else [
+            protocol.output_to_wire(o) for o in checked.outputs
+        ]  # fmt: skip
+        p = Pending(
+            next(self._seq), identity, req, frames, header["inputs"], outputs, checked.batch_size, now
+        )
+        queued = QueuedRequest(p, checked.batch_size, checked.shape_key, now, req.priority, req.timeout_us)
+        try:
+            state.batcher.add(queued, now)
+        except QueueFull as exc:
+            state.metrics.rejected()
+            raise Unavailable(str(exc)) from None
+        except InvalidPriority as exc:
+            raise InvalidArgument(str(exc)) from None
+        if state.order is not None:
+            state.order.submit(p.seq)
+        state.metrics.bytes(checked.input_bytes, 0)
+
+    def cancel(self, identity: bytes, target: str) -> str:
+        """Cancel the caller's request ``target``: out of the queue, or its result discarded if it runs."""
+        for state in self.b.registry.states():
+            for p in state.batcher.remove(lambda p: p.client == identity and p.request.request_id == target):
+                self._finish_early(state, p, Cancelled("the request was cancelled"))
+                state.metrics.cancelled()
+                return "queued"
+        for batch in self.inflight.values():
+            for p in batch.requests:
+                if p.client == identity and p.request.request_id == target and not p.cancelled:
+                    p.cancelled = True
+                    return "running"
+        return "unknown"
+
+    def expire(self, now: float) -> None:
+        """Answer the requests whose queue timeout has passed, whether or not an instance is free."""
+        for state in self.b.registry.states():
+            due = state.batcher.next_expiry()
+            if due is None or due > now:
+                continue
+            for p in state.batcher.expire(now):
+                state.metrics.timed_out()
+                state.stats.fail.add(int((now - p.arrival) * 1e9))
+                self._finish_early(state, p, DeadlineExceeded("Request timeout expired"))
+
+    # ------------------------------------------------------------------------------------ batches
+
+    def dispatch(self, now: float) -> None:
+        for state in self.b.registry.states():
+            if state.idle and len(state.batcher):
+                for batch in state.batcher.pop_ready(now, len(state.idle)):
+                    self._execute(state, state.idle.popleft(), batch, now)
+
+    def _execute(self, state: ModelState, worker: bytes, batch: Batch[Pending], now: float) -> None:
+        batch_id = next(self._batch_ids)
+        oldest = now
+        for p in batch.items:
+            state.stats.queue.add(int((now - p.arrival) * 1e9))
+            oldest = min(oldest, p.arrival)
+        state.stats.record_batch(batch.size, batch.reason.value)
+        state.metrics.batch(batch.size, batch.reason.value, (now - oldest) * 1e6)
+        state.window.batch(now, batch.size)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("event=batch model=%s size=%d requests=%d reason=%s worker=%s", state.name, batch.size,
+                      len(batch.items), batch.reason.value, worker.decode())  # fmt: skip
+        header, frames = execute_header(batch_id, batch.items)
+        self.inflight[batch_id] = InFlight(batch_id, worker, state, list(batch.items), time.monotonic_ns())
+        if not self.b.send_worker(worker, Command.W_EXECUTE, header, frames):
+            self.fail_batch(self.inflight.pop(batch_id), "the instance could not be reached")
+
+    def fail_batch(self, batch: InFlight, why: str) -> None:
+        for p in batch.requests:
+            batch.model.stats.fail.add(0)
+            batch.model.metrics.failure("BACKEND")
+            error = Unavailable(f"model '{batch.model.name}' instance failed: {why}")
+            self._reply(batch.model, p, Reply(p.request.request_id, error.status, error.wire_text()), [])
+
+    def fail_worker(self, worker: bytes, why: str) -> None:
+        for bid, batch in list(self.inflight.items()):
+            if batch.worker == worker:
+                del self.inflight[bid]
+                self.fail_batch(batch, why)
+
+    def on_result(
+        self, identity: bytes, state: ModelState, header: dict[str, Any], frames: list[Frame]
+    ) -> None:
+        batch = self.inflight.pop(int(header["batch"]), None)
+        if batch is None or batch.worker != identity:
+            log.warning("event=stale_result worker=%s", identity)
+            return
+        by_seq = {p.seq: p for p in batch.requests}
+        timing = header.get("t", [0, 0, 0])
+        stats, metrics, window = state.stats, state.metrics, state.window
+        stats.compute_input.add(int(timing[0]))
+        stats.compute_infer.add(int(timing[1]))
+        stats.compute_output.add(int(timing[2]))
+        now_ns = time.monotonic_ns()
+        rows = sum(p.batch_size for p in batch.requests)
+        state.batcher.observe_execution(rows, (now_ns - batch.sent_ns) / 1e9, now_ns / 1e9)
+        t_in, t_inf, t_out = (int(x) / 1000 for x in timing)
+        sent_s = batch.sent_ns / 1e9
+        out_frames: list[Frame]
+        for res in header["results"]:
+            p = by_seq.pop(int(res["id"]), None)
+            if p is None:
+                continue
+            duration = now_ns - int(p.arrival * 1e9)
+            rid = p.request.request_id
+            if p.cancelled:
+                metrics.cancelled()
+                reply, out_frames = Reply(rid, Status.CANCELLED, "Cancelled: the request was cancelled"), []
+            elif int(res.get("status", 0)) == 0:
+                stats.success.add(duration)
+                stats.inference_count += p.batch_size
+                metrics.success(duration / 1000, (sent_s - p.arrival) * 1e6, p.batch_size, t_in, t_inf, t_out)
+                window.record(now_ns / 1e9, duration / 1e9)
+                outputs, out_frames = client_outputs(res.get("outputs", []), frames)
+                reply = Reply(
+                    rid, Status.OK, body={"model": state.name, "version": state.version, "outputs": outputs}
+                )
+            else:
+                stats.fail.add(duration)
+                metrics.failure("BACKEND")
+                reply, out_frames = Reply(rid, Status(int(res["status"])), str(res.get("error", ""))), []
+            self._reply(state, p, reply, out_frames)
+        for p in by_seq.values():  # a worker that forgot a request must not leave its client hanging
+            metrics.failure("OTHER")
+            error = Unavailable("the worker returned no result for this request")
+            self._reply(state, p, Reply(p.request.request_id, error.status, error.wire_text()), [])
+        stats.last_inference_ms = int(time.time() * 1000)
+        if identity in state.instances:
+            state.idle.append(identity)
+
+    # ------------------------------------------------------------------------------------ replies
+
+    def _reply(self, state: ModelState, p: Pending, reply: Reply, frames: list[Frame]) -> None:
+        if state.order is None:
+            self.b.send_client(p.client, reply, frames)
+            return
+        for _, (client, ready, ready_frames) in state.order.complete(p.seq, (p.client, reply, frames)):
+            self.b.send_client(client, ready, ready_frames)
+
+    def _finish_early(self, state: ModelState, p: Pending, error: ServerError) -> None:
+        """Answer a request that never ran; it does not hold back the ordered responses behind it."""
+        self.b.send_client(p.client, Reply(p.request.request_id, error.status, error.wire_text()))
+        if state.order is not None:
+            for _, (client, ready, ready_frames) in state.order.drop(p.seq):
+                self.b.send_client(client, ready, ready_frames)
+
+    def fail_queued(self, error: ServerError) -> None:
+        for state in self.b.registry.states():
+            for p in state.batcher.remove(lambda _: True):
+                state.metrics.failure("OTHER")
+                self._finish_early(state, p, error)
+        for batch in list(self.inflight.values()):
+            for p in batch.requests:
+                self.b.send_client(p.client, Reply(p.request.request_id, error.status, error.wire_text()))
+        self.inflight.clear()
+
+    def poll_timeout_ms(self) -> float:
+        """Milliseconds until the nearest batch deadline (models with an idle instance) or queue timeout."""
+        deadline: float | None = None
+        for state in self.b.registry.states():
+            d = state.batcher.next_deadline() if state.idle else state.batcher.next_expiry()
+            if d is not None and (deadline is None or d < deadline):
+                deadline = d
+        if deadline is None:
+            return float(MAX_POLL_MS)
+        return max(0.0, min(float(MAX_POLL_MS), (deadline - time.monotonic()) * 1000))
+
+    def queued(self) -> int:
+        return sum(len(s.batcher) for s in self.b.registry.states())
