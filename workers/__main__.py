@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import sys
 from pathlib import Path
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parent", required=True, type=int)
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)  # a model's print() reaches the log as it happens
     logging.basicConfig(
         level=a.log_level.upper(),
         format=f"%(asctime)s level=%(levelname)s logger=%(name)s worker={a.identity} %(message)s",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import numpy.typing as npt
 
@@ -10,12 +12,24 @@ from zinfer.client.protocol import ShmRef
 from zinfer.client.shm import Segment
 
 
-class RegionCache:
-    """Attached segments by name. ``begin_batch`` forgets the sizes checked for the previous batch."""
+class Pinner(Protocol):
+    """Told when a segment is mapped and before it is unmapped (a GPU device page-locks it)."""
 
-    def __init__(self) -> None:
+    def pin(self, seg: Segment) -> None: ...
+
+    def unpin(self, seg: Segment) -> None: ...
+
+
+class RegionCache:
+    """Attached segments by name. ``begin_batch`` forgets the sizes checked for the previous batch.
+
+    A ``pinner`` (the worker's device) hears of every segment attached and of every one dropped.
+    """
+
+    def __init__(self, pinner: Pinner | None = None) -> None:
         self._segments: dict[str, Segment] = {}
         self._checked: dict[str, int] = {}
+        self.pinner = pinner
 
     def begin_batch(self) -> None:
         self._checked.clear()
@@ -33,6 +47,8 @@ class RegionCache:
             except ShmError as exc:
                 raise InvalidArgument(f"shared-memory region is not available: {exc}") from None
             self._segments[ref.region] = seg
+            if self.pinner is not None:
+                self.pinner.pin(seg)
         size = self._checked.get(ref.region)
         if size is None:
             size = min(seg.current_size(), seg.size)
@@ -45,6 +61,8 @@ class RegionCache:
         seg = self._segments.pop(name, None)
         self._checked.pop(name, None)
         if seg is not None:
+            if self.pinner is not None:
+                self.pinner.unpin(seg)
             seg.close(unlink=False)
 
     def close(self) -> None:

@@ -19,12 +19,14 @@ import zmq
 from zinfer.broker.model_config import load_model_config
 from zinfer.broker.signature import Signature
 from zinfer.client import protocol
-from zinfer.client.errors import ProtocolError
+from zinfer.client.errors import ConfigError, ProtocolError
 from zinfer.client.protocol import Command, Frame
 from zinfer.client.transport import send_frames
 
 from .batch import BatchRequest, run_batch
-from .kernels import Model, load_model
+from .device import CPU, Device, open_device
+from .loader import load_model
+from .model import AnyModel
 from .regions import RegionCache
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ class Worker:
     def __init__(self, args: WorkerArgs) -> None:
         self.args = args
         self.regions = RegionCache()
+        self.device: Device = CPU
         self._stop = False
         self._ctx = zmq.Context()
         self.sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
@@ -61,13 +64,16 @@ class Worker:
     def send(self, command: Command, header: dict[str, Any], frames: list[Frame] | None = None) -> None:
         send_frames(self.sock, protocol.encode(command, header, frames or ()))
 
-    def load(self) -> tuple[Signature, Model] | None:
+    def load(self) -> tuple[Signature, AnyModel] | None:
         a = self.args
         try:
             config = load_model_config(a.repository / a.model / "config.pbtxt", a.model)
-            model = load_model(config, a.repository / a.model / str(a.version))
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            self.device = open_device(a.device)
+            self.regions.pinner = self.device
+            model = load_model(config, a.repository / a.model / str(a.version), self.device, a.instance)
+        except (Exception, SystemExit) as exc:
+            # our own load errors already name the model or file; anything else gets its type
+            error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
             log.error("event=load_failed model=%s version=%d error=%r", a.model, a.version, error)
             self.send(Command.W_LOAD_FAILED, {"error": error})
             return None
@@ -124,13 +130,13 @@ class Worker:
             self.close()
         return 0
 
-    def _execute(self, sig: Signature, model: Model, header: dict[str, Any], frames: list[Frame]) -> None:
+    def _execute(self, sig: Signature, model: AnyModel, header: dict[str, Any], frames: list[Frame]) -> None:
         try:
             requests = [BatchRequest.from_broker(r) for r in header["requests"]]
         except (KeyError, TypeError, ValueError) as exc:
             log.error("event=bad_execute error=%r", str(exc))
             return
-        outcome = run_batch(model, sig, requests, frames, self.regions)
+        outcome = run_batch(model, sig, requests, frames, self.regions, self.device)
         self.send(
             Command.W_RESULT,
             {
@@ -143,6 +149,10 @@ class Worker:
 
     def close(self) -> None:
         self.regions.close()
+        try:
+            self.device.close()
+        except Exception as exc:
+            log.warning("event=device_close_failed error=%r", exc)
         self.sock.close()
         self._ctx.term()
 

@@ -1,0 +1,170 @@
+"""GPU workers on a real device: the device layer in-process, then linear/mlp (FP32, FP16) and a native
+Python model through a real server on KIND_GPU instances, against NumPy references.
+
+Skipped (by tests/gpu/conftest.py) unless CuPy sees a CUDA device.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import ServerProcess
+from zinfer.broker.devices import gpu_ids, probe_gpus
+from zinfer.broker.model_config import parse_model_config
+from zinfer.broker.signature import Signature
+from zinfer.client import Client
+from zinfer.client.protocol import OutputRequest, ShmRef, TensorRef
+from zinfer.client.shm import Segment
+from zinfer.workers.batch import BatchRequest, run_batch
+from zinfer.workers.device import open_device
+from zinfer.workers.loader import load_model
+from zinfer.workers.regions import RegionCache
+
+RNG = np.random.default_rng(11)
+K, H, N = 256, 512, 128
+W0 = (RNG.standard_normal((K, H)) / np.sqrt(K)).astype(np.float32)
+B0 = (RNG.standard_normal(H) * 0.1).astype(np.float32)
+W1 = (RNG.standard_normal((H, N)) / np.sqrt(H)).astype(np.float32)
+B1 = (RNG.standard_normal(N) * 0.1).astype(np.float32)
+
+
+def _reference(x: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray, bool]]) -> np.ndarray:
+    h = x.astype(np.float64)
+    for w, b, relu in layers:
+        h = h @ w.astype(np.float64) + b
+        if relu:
+            h = np.maximum(h, 0)
+    return h
+
+
+def _dense_config(name: str, kernel: str, dtype: str, n_out: int, kind: str = "KIND_GPU") -> str:
+    return (
+        f'name: "{name}"\nbackend: "zinfer"\nmax_batch_size: 64\n'
+        f'input [ {{ name: "X" data_type: {dtype} dims: [ {K} ] }} ]\n'
+        f'output [ {{ name: "Y" data_type: {dtype} dims: [ {n_out} ] }} ]\n'
+        "dynamic_batching { max_queue_delay_microseconds: 2000 }\n"
+        f"instance_group [ {{ kind: {kind} count: 1 }} ]\n"
+        f'parameters {{ key: "kernel" value: {{ string_value: "{kernel}" }} }}\n'
+    )
+
+
+def test_probe_finds_the_gpu() -> None:
+    probe = probe_gpus()
+    assert probe.ids and probe.reason == "", probe
+    assert gpu_ids() == list(probe.ids)
+
+
+def test_device_layer_copies_through_page_locked_regions(tmp_path: Path) -> None:
+    device = open_device("gpu:0")
+    np.savez(tmp_path / "weights.npz", W0=W0, b0=B0, W1=W1, b1=B1)
+    config = parse_model_config(_dense_config("m", "mlp", "TYPE_FP32", N), source="t", model_name="m")
+    model = load_model(config, tmp_path, device)
+    seg, regions = Segment.create(8 << 20), RegionCache(device)
+    try:
+        x = RNG.standard_normal((24, K)).astype(np.float32)
+        np.frombuffer(seg.buf, np.float32, count=x.size).reshape(x.shape)[:] = x
+        row = K * 4
+        out_base = 4 << 20
+        reqs = [
+            BatchRequest(
+                i,
+                (TensorRef("X", "FP32", (8, K), shm=ShmRef(seg.name, i * 8 * row, 8 * row)),),
+                (OutputRequest("Y", ShmRef(seg.name, out_base + i * 8 * N * 4, 8 * N * 4)),),
+            )
+            for i in range(3)
+        ]
+        out = run_batch(model, Signature.of(config), reqs, [], regions, device)
+        assert [r["status"] for r in out.results] == [0, 0, 0], out.results
+        assert seg.name in device._pinned  # type: ignore[attr-defined]
+        got = np.frombuffer(seg.buf, np.float32, count=24 * N, offset=out_base).reshape(24, N).copy()
+        expected = _reference(x, [(W0, B0, True), (W1, B1, False)])
+        np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3)
+    finally:
+        regions.close()
+        seg.close()
+    assert not device._pinned  # type: ignore[attr-defined]
+    device.close()
+
+
+@pytest.fixture
+def gpu_repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    for name, kernel, dtype in (
+        ("lin32", "linear", "TYPE_FP32"),
+        ("lin16", "linear", "TYPE_FP16"),
+        ("mlp32", "mlp", "TYPE_FP32"),
+        ("mlp16", "mlp", "TYPE_FP16"),
+    ):
+        (repo / name / "1").mkdir(parents=True)
+        n_out = H if kernel == "linear" else N
+        (repo / name / "config.pbtxt").write_text(_dense_config(name, kernel, dtype, n_out))
+        if kernel == "linear":
+            np.save(repo / name / "1" / "W.npy", W0)
+            np.save(repo / name / "1" / "b.npy", B0)
+        else:
+            np.savez(repo / name / "1" / "weights.npz", W0=W0, b0=B0, W1=W1, b1=B1)
+    native = repo / "on_gpu"
+    (native / "1").mkdir(parents=True)
+    (native / "config.pbtxt").write_text(
+        'name: "on_gpu"\nbackend: "python"\nmax_batch_size: 16\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] },\n'
+        '         { name: "IS_CUPY" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]\n"
+    )
+    (native / "1" / "model.py").write_text(
+        textwrap.dedent(
+            """
+            import cupy
+
+            class Model:
+                def initialize(self, config):
+                    assert config["device"] == "gpu:0" and config["device_kind"] == "GPU"
+
+                def execute(self, inputs):
+                    x = inputs["X"]
+                    flag = cupy.full((x.shape[0], 1), int(isinstance(x, cupy.ndarray)), dtype=cupy.int32)
+                    return {"Y": x * 2, "IS_CUPY": flag}
+            """
+        )
+    )
+    return repo
+
+
+def test_dense_kernels_and_python_model_on_gpu_workers(
+    server_factory: Callable[..., ServerProcess], gpu_repo: Path
+) -> None:
+    server = server_factory(gpu_repo)
+    cmdlines = server.worker_cmdlines()
+    assert sum("--device gpu:" in c for c in cmdlines) == 4 * len(gpu_ids()) + 1, cmdlines
+    x = RNG.standard_normal((32, K)).astype(np.float32)
+    lin = _reference(x, [(W0, B0, False)])
+    mlp = _reference(x, [(W0, B0, True), (W1, B1, False)])
+    with Client(server.url, timeout=60, arena_bytes=64 << 20) as client:
+        for model, expected in (("lin32", lin), ("mlp32", mlp)):
+            y = client.infer(model, {"X": x}).as_numpy("Y")
+            assert y.dtype == np.float32
+            np.testing.assert_allclose(y, expected, rtol=1e-3, atol=1e-3)
+        for model, expected in (("lin16", lin), ("mlp16", mlp)):
+            y = client.infer(model, {"X": x.astype(np.float16)}).as_numpy("Y")
+            assert y.dtype == np.float16
+            np.testing.assert_allclose(y.astype(np.float64), expected, rtol=3e-2, atol=3e-2)
+
+        def one(i: int) -> Any:
+            return client.infer("mlp32", {"X": x[i : i + 1]}).as_numpy("Y")
+
+        with ThreadPoolExecutor(16) as pool:  # many requests, gathered into device batches
+            rows = list(pool.map(one, range(32)))
+        np.testing.assert_allclose(np.concatenate(rows), mlp, rtol=1e-3, atol=1e-3)
+
+        small = np.arange(8, dtype=np.float32).reshape(2, 4)
+        result = client.infer("on_gpu", {"X": small})
+        np.testing.assert_array_equal(result.as_numpy("Y"), small * 2)
+        assert result.as_numpy("IS_CUPY").tolist() == [[1], [1]]

@@ -1,0 +1,168 @@
+"""The pieces of an EXECUTE shared by both batch runners: requests, input arrays, output checks and emits."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from zinfer.broker.signature import Signature
+from zinfer.client import dtypes
+from zinfer.client.errors import InternalError, ServerError
+from zinfer.client.protocol import Frame, OutputRequest, ShmRef, TensorRef
+
+from .device import CPU, Device
+from .model import Alloc, Array, no_alloc
+from .regions import RegionCache
+
+
+class BatchRequest(NamedTuple):
+    """One request of a batch as the broker sent it."""
+
+    id: int
+    inputs: tuple[TensorRef, ...]
+    outputs: tuple[OutputRequest, ...]
+    request_id: str = ""  # the client's id, when the broker passes it on
+
+    @classmethod
+    def from_broker(cls, d: dict[str, Any]) -> BatchRequest:
+        """Build from an EXECUTE entry. The broker checked every field when the client sent it."""
+        return cls(
+            int(d["id"]),
+            tuple(
+                TensorRef(
+                    t["name"],
+                    t["datatype"],
+                    tuple(t["shape"]),
+                    ShmRef(*t["shm"]) if "shm" in t else None,
+                    t.get("frame"),
+                )
+                for t in d["inputs"]
+            ),
+            tuple(
+                OutputRequest(o["name"], ShmRef(*o["slot"]) if "slot" in o else None) for o in d["outputs"]
+            ),
+            str(d.get("request_id", "")),
+        )
+
+
+@dataclass
+class BatchOutcome:
+    results: list[dict[str, Any]] = field(default_factory=list)
+    frames: list[Frame] = field(default_factory=list)
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+
+def input_array(ref: TensorRef, frames: Sequence[Frame], regions: RegionCache) -> Array:
+    """One input as a host array over the client's memory (or the inline frame), read-only."""
+    if ref.shm is not None:
+        raw: Any = regions.bytes(ref.shm)
+    else:
+        assert ref.frame is not None
+        raw = np.frombuffer(frames[ref.frame], dtype=np.uint8)
+    if ref.datatype == dtypes.BYTES:
+        return dtypes.deserialize_bytes(raw, ref.shape)
+    arr: Array = raw.view(dtypes.wire_to_numpy(ref.datatype)).reshape(ref.shape)
+    arr.flags.writeable = False  # the client's memory: models must not write into their inputs
+    return arr
+
+
+def request_arrays(req: BatchRequest, frames: Sequence[Frame], regions: RegionCache) -> dict[str, Array]:
+    return {ref.name: input_array(ref, frames, regions) for ref in req.inputs}
+
+
+def request_rows(arrays: dict[str, Array], batching: bool) -> int:
+    first = next(iter(arrays.values()), None)
+    return int(first.shape[0]) if batching and first is not None and first.ndim else 1
+
+
+def check_output(name: str, value: Any, sig: Signature, total_rows: int, device: Device = CPU) -> Array:
+    """A model's output as an array, checked against the config: dtype, batch size and dims."""
+    spec = sig.outputs[name]
+    try:
+        arr = device.as_output(value)
+    except Exception as exc:
+        raise InternalError(f"output {name!r} is not an array ({type(value).__name__}: {exc})") from None
+    if spec.wire == dtypes.BYTES:
+        if arr.dtype.kind not in "OSU" or not isinstance(arr, np.ndarray):
+            raise InternalError(f"output {name!r} must hold bytes or strings, got {arr.dtype}")
+    elif arr.dtype != spec.dtype:
+        raise InternalError(f"output {name!r} has dtype {arr.dtype}, the config says {spec.config_type}")
+    dims = spec.dims
+    if sig.batching:
+        if arr.ndim == 0 or arr.shape[0] != total_rows:
+            got = arr.shape[0] if arr.ndim else "no batch dimension"
+            raise InternalError(
+                f"output {name!r} has batch size {got}, the inputs had {total_rows}: "
+                "a model must return one output row per input row"
+            )
+        body = arr.shape[1:]
+    else:
+        body = arr.shape
+    if len(body) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, body, strict=True)):
+        raise InternalError(f"output {name!r} has shape {list(arr.shape)}, the config says dims {list(dims)}")
+    return arr
+
+
+def slot_alloc(req: BatchRequest, regions: RegionCache) -> Alloc:
+    """Offer a lone request's output slots to the kernel, each once, when the result fits."""
+    slots = {o.name: o.slot for o in req.outputs if o.slot is not None}
+
+    def alloc(name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array | None:
+        slot = slots.pop(name, None)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if slot is None or dtype.kind in "OSU" or nbytes > slot.nbytes:
+            return None
+        view: Array = regions.bytes(ShmRef(slot.region, slot.offset, nbytes)).view(dtype).reshape(shape)
+        return view
+
+    return alloc if slots else no_alloc
+
+
+def emit(
+    name: str,
+    piece: Array,
+    slot: ShmRef | None,
+    wire: str,
+    regions: RegionCache,
+    frames: list[Frame],
+    device: Device = CPU,
+) -> dict[str, Any]:
+    """One output of one request: into its slot when it fits, else as an inline frame."""
+    shape = list(piece.shape)
+    if wire == dtypes.BYTES:
+        data = dtypes.serialize_bytes(piece)
+        if slot is not None and len(data) <= slot.nbytes:
+            ref = ShmRef(slot.region, slot.offset, len(data))
+            regions.bytes(ref)[:] = np.frombuffer(data, np.uint8)
+            return {"name": name, "datatype": wire, "shape": shape, "shm": list(ref)}
+        frames.append(data)
+        return {"name": name, "datatype": wire, "shape": shape, "frame": len(frames) - 1}
+    nbytes = int(piece.size) * piece.dtype.itemsize
+    if slot is not None and nbytes <= slot.nbytes:
+        dst = regions.bytes(ShmRef(slot.region, slot.offset, nbytes)).view(piece.dtype).reshape(piece.shape)
+        device.copy_to_host(piece, dst)  # a no-op when the kernel wrote it there
+        return {"name": name, "datatype": wire, "shape": shape, "shm": [slot.region, slot.offset, nbytes]}
+    host = device.to_host(piece)
+    frames.append(host.reshape(-1).view(np.uint8).data)
+    return {"name": name, "datatype": wire, "shape": shape, "frame": len(frames) - 1}
+
+
+def error_result(req_id: int, exc: ServerError) -> dict[str, Any]:
+    return {"id": req_id, "status": int(exc.status), "error": exc.wire_text()}
+
+
+def fail_all(requests: Sequence[BatchRequest], exc: ServerError, out: BatchOutcome) -> None:
+    out.frames.clear()
+    out.results = [error_result(r.id, exc) for r in requests]
+
+
+def model_failure(exc: BaseException) -> InternalError:
+    """The error a model's own exception becomes (it fails the requests it touched)."""
+    text = str(exc)
+    return InternalError(f"model raised {type(exc).__name__}" + (f": {text}" if text else ""))

@@ -1,0 +1,33 @@
+"""Build the model a worker runs from its config, on its device.
+
+``backend: "zinfer"`` picks a built-in kernel (``zinfer.workers.kernels``); ``backend: "python"`` runs the
+version folder's ``model.py`` (``zinfer.workers.python_model``). Every failure is a ConfigError whose
+text names the model and, where there is one, the file and the exception; the worker sends it to the
+broker, which marks that model unavailable with it and keeps serving the others.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zinfer.broker.model_config import ModelConfig
+from zinfer.client.errors import ConfigError
+
+from .device import CPU, Device
+from .kernels import load_kernel
+from .model import AnyModel
+from .python_model import load_python_model
+
+BACKENDS = ("zinfer", "python")
+
+
+def load_model(config: ModelConfig, version_dir: Path, device: Device = CPU, instance: int = 0) -> AnyModel:
+    if config.backend == "zinfer":
+        return load_kernel(config, version_dir, device)
+    if config.backend == "python":
+        return load_python_model(config, version_dir, device, instance)
+    backend = config.backend or config.platform or "(none)"
+    raise ConfigError(
+        f"model {config.name!r}: backend {backend!r} is not supported yet "
+        '(use backend: "zinfer" with a kernel parameter, or backend: "python" with a model.py)'
+    )

@@ -1,0 +1,117 @@
+"""One EXECUTE for a model that answers request by request (a Triton-style model.py).
+
+Each request gets its own host arrays over its own bytes (nothing is concatenated); the model returns one
+result per request. A request whose inputs cannot be read, whose result is an error, or whose outputs do
+not match the config fails alone; an exception from the model fails every request it was given.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from zinfer.broker.signature import Signature
+from zinfer.client.errors import InternalError, ServerError
+from zinfer.client.protocol import Frame
+
+from .batch_io import (
+    BatchOutcome,
+    BatchRequest,
+    check_output,
+    emit,
+    error_result,
+    model_failure,
+    request_arrays,
+    request_rows,
+)
+from .device import CPU, Device
+from .model import RequestInputs, RequestModel, RequestResult
+from .regions import RegionCache
+
+log = logging.getLogger(__name__)
+
+
+def _answer(
+    req: BatchRequest,
+    rows: int,
+    result: RequestResult,
+    sig: Signature,
+    regions: RegionCache,
+    frames: list[Frame],
+    device: Device,
+) -> dict[str, Any]:
+    """The result entry of one request; its frames are appended to ``frames`` only when it succeeds."""
+    if isinstance(result, ServerError):
+        return error_result(req.id, result)
+    try:
+        if not isinstance(result, Mapping):
+            raise InternalError(f"model returned {type(result).__name__} for a request, expected outputs")
+        missing = [o.name for o in req.outputs if o.name not in result]
+        if missing:
+            raise InternalError(f"response has no output named {', '.join(repr(m) for m in missing)}")
+        own: list[Frame] = []
+        tensors = []
+        for want in req.outputs:
+            arr = check_output(want.name, result[want.name], sig, rows, device)
+            tensors.append(emit(want.name, arr, want.slot, sig.outputs[want.name].wire, regions, own, device))
+    except ServerError as exc:
+        return error_result(req.id, exc)
+    base = len(frames)
+    for t in tensors:
+        if "frame" in t:
+            t["frame"] += base
+    frames.extend(own)
+    return {"id": req.id, "status": 0, "outputs": tensors}
+
+
+def run_requests(
+    model: RequestModel,
+    sig: Signature,
+    requests: Sequence[BatchRequest],
+    frames: Sequence[Frame],
+    regions: RegionCache,
+    device: Device = CPU,
+) -> BatchOutcome:
+    out = BatchOutcome()
+    regions.begin_batch()
+    t0 = time.perf_counter_ns()
+    runnable: list[tuple[BatchRequest, int]] = []
+    inputs: list[RequestInputs] = []
+    for req in requests:
+        try:
+            arrays = request_arrays(req, frames, regions)
+        except ServerError as exc:
+            out.results.append(error_result(req.id, exc))
+            continue
+        runnable.append((req, request_rows(arrays, sig.batching)))
+        inputs.append(RequestInputs(req.request_id, arrays, tuple(o.name for o in req.outputs)))
+    t1 = time.perf_counter_ns()
+    if not runnable:
+        return out
+    try:
+        results = list(model.execute_requests(inputs))
+        if len(results) != len(runnable):
+            raise InternalError(f"model returned {len(results)} results for {len(runnable)} requests")
+    except Exception as exc:
+        if not isinstance(exc, ServerError):
+            log.warning("event=model_failed model=%s error=%r", sig.name, exc, exc_info=True)
+        failure = exc if isinstance(exc, ServerError) else model_failure(exc)
+        out.results.extend(error_result(req.id, failure) for req, _ in runnable)
+        return out
+    t2 = time.perf_counter_ns()
+    for (req, rows), result in zip(runnable, results, strict=True):
+        try:
+            out.results.append(_answer(req, rows, result, sig, regions, out.frames, device))
+        except Exception as exc:  # a device copy that failed
+            out.results.append(error_result(req.id, InternalError(f"could not write the outputs: {exc}")))
+    try:
+        device.synchronize()
+    except Exception as exc:
+        out.frames.clear()
+        failure = InternalError(f"could not write the outputs: {exc}")
+        out.results = [error_result(r["id"], failure) if r.get("status") == 0 else r for r in out.results]
+    t3 = time.perf_counter_ns()
+    out.input_ns, out.infer_ns, out.output_ns = t1 - t0, t2 - t1, t3 - t2
+    return out
