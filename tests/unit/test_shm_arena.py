@@ -122,3 +122,28 @@ def test_dtype_names() -> None:
         dtypes.numpy_to_wire(np.complex64)
     with pytest.raises(InvalidArgument):
         dtypes.wire_to_numpy("FP8")
+
+
+def test_scenario_14_full_dev_shm_is_a_clean_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """posix_fallocate reserves the pages up front, so a full /dev/shm is ENOSPC here, not a SIGBUS later.
+    (The fault is injected: filling the real /dev/shm would take half the machine's memory.)"""
+    import errno
+
+    before = set(os.listdir(SHM_DIR))
+    real = os.posix_fallocate
+
+    def full(fd: int, offset: int, size: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(ShmError, match="/dev/shm is full"):
+        Segment.create(1 << 20)
+    arena = Arena(initial_bytes=4096, max_bytes=1 << 20)
+    try:
+        with pytest.raises(ShmError, match="full"):
+            arena.alloc(100)
+        monkeypatch.setattr(os, "posix_fallocate", real)
+        arena.alloc(100)  # the arena still works once there is room
+    finally:
+        arena.close()
+    assert set(os.listdir(SHM_DIR)) == before  # nothing half-made left behind
