@@ -57,6 +57,8 @@ class ServerOptions:
     max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES
     exit_timeout_s: float = 5.0
     drain_timeout_s: float = 30.0
+    heartbeat_interval_s: float = 1.0  # workers and broker heartbeat each other this often
+    heartbeat_liveness: int = 5  # intervals of silence after which a worker is declared dead
     socket_group: str | None = None  # a group whose members may use the client socket
     metrics: str | None = "127.0.0.1:8002"  # HOST:PORT of /metrics and the health endpoints; None = off
     curve_secret_key: Path | None = None  # server certificate (zinfer keys); enables CURVE on --tcp
@@ -71,7 +73,9 @@ class Broker:
         self.options = options
         self.regions = RegionTable()
         self.registry = ModelRegistry()
-        self.supervisor = Supervisor(options.log_level)
+        self.supervisor = Supervisor(
+            options.log_level, options.heartbeat_interval_s, options.heartbeat_liveness
+        )
         self.worker_model: dict[bytes, ModelState] = {}
         self.path = RequestPath(self)
         self.restarts = RestartPolicy()
@@ -79,6 +83,7 @@ class Broker:
         self._next_reap = 0.0
         self.draining_since: float | None = None
         self._ever_ready: set[bytes] = set()
+        self._last_heartbeat: dict[bytes, float] = {}
         self._next_region_reap = 0.0
         self._ctx = zmq.Context()
         self.runtime = RuntimeDir(options.runtime_dir)
@@ -293,6 +298,12 @@ class Broker:
         except ProtocolError as exc:
             log.warning("event=bad_worker_message worker=%s error=%r", identity, str(exc))
             return
+        if msg.command == Command.W_HEARTBEAT and identity.endswith(protocol.HEARTBEAT_SUFFIX):
+            worker = identity[: -len(protocol.HEARTBEAT_SUFFIX)]
+            if worker in self.worker_model:
+                self._last_heartbeat[worker] = time.monotonic()
+                self.send_worker(identity, Command.W_HEARTBEAT, {})
+            return
         state = self.worker_model.get(identity)
         if state is None:
             log.warning("event=unknown_worker worker=%s", identity)
@@ -334,9 +345,22 @@ class Broker:
             log.warning("event=worker_unreachable worker=%s error=%r", identity, exc.strerror)
             return False
 
+    def _check_heartbeats(self, now: float) -> None:
+        """Kill workers whose heartbeats stopped (frozen or wedged); reaping then fails their batch."""
+        limit = self.options.heartbeat_interval_s * self.options.heartbeat_liveness
+        for wp in self.supervisor.procs():
+            last = max(self._last_heartbeat.get(wp.identity, 0.0), wp.started)
+            if now - last > limit and wp.identity in self.worker_model:
+                silent = now - last
+                log.error("event=worker_unresponsive worker=%s silent_s=%.1f", wp.identity, silent)
+                self._last_heartbeat[wp.identity] = now  # once: reaping follows
+                self.supervisor.kill(wp.identity)
+
     def _reap(self, now: float) -> None:
+        self._check_heartbeats(now)
         for wp, code in self.supervisor.reap():
             state = self.worker_model.pop(wp.identity, None)
+            self._last_heartbeat.pop(wp.identity, None)
             ever_ready = wp.identity in self._ever_ready
             self._ever_ready.discard(wp.identity)
             if state is None:

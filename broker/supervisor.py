@@ -72,7 +72,9 @@ class RestartPolicy:
 
 
 class Supervisor:
-    def __init__(self, log_level: str = "INFO") -> None:
+    def __init__(self, log_level: str = "INFO", heartbeat_s: float = 1.0, liveness: int = 5) -> None:
+        self.heartbeat_s = heartbeat_s
+        self.liveness = liveness
         self._procs: dict[bytes, WorkerProc] = {}
         self._incarnations: dict[tuple[str, int, int, int], int] = {}
         self._log_level = log_level
@@ -104,6 +106,10 @@ class Supervisor:
             str(os.getpid()),
             "--log-level",
             self._log_level,
+            "--heartbeat-interval",
+            str(self.heartbeat_s),
+            "--heartbeat-liveness",
+            str(self.liveness),
         ]
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, close_fds=True)
         wp = WorkerProc(spec, identity, proc, time.monotonic(), incarnation)
@@ -123,6 +129,11 @@ class Supervisor:
                 del self._procs[identity]
                 dead.append((wp, code))
         return dead
+
+    def kill(self, identity: bytes) -> None:
+        wp = self._procs.get(identity)
+        if wp is not None and wp.proc.poll() is None:
+            wp.proc.kill()
 
     def procs(self) -> list[WorkerProc]:
         return list(self._procs.values())

@@ -59,6 +59,9 @@ class Command(IntEnum):
     W_DROP_REGION = 0x47
 
 
+HEARTBEAT_SUFFIX = b".hb"
+"""A worker's heartbeat socket has its worker's identity plus this suffix."""
+
 CLIENT_COMMANDS = frozenset(c for c in Command if c < Command.REPLY)
 WORKER_COMMANDS = frozenset({Command.W_READY, Command.W_HEARTBEAT, Command.W_RESULT, Command.W_LOAD_FAILED})
 

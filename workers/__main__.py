@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--identity", required=True)
     p.add_argument("--parent", required=True, type=int)
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--heartbeat-interval", type=float, default=1.0)
+    p.add_argument("--heartbeat-liveness", type=int, default=5)
     a = p.parse_args(argv)
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(line_buffering=True)  # a model's print() reaches the log as it happens
@@ -33,7 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     return main_loop(
         WorkerArgs(
-            a.endpoint, a.repository, a.model, a.version, a.instance, a.device, a.identity.encode(), a.parent
+            a.endpoint,
+            a.repository,
+            a.model,
+            a.version,
+            a.instance,
+            a.device,
+            a.identity.encode(),
+            a.parent,
+            a.heartbeat_interval,
+            a.heartbeat_liveness,
         )
     )
 

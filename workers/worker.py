@@ -25,6 +25,7 @@ from zinfer.client.transport import send_frames
 
 from .batch import BatchRequest, run_batch
 from .device import CPU, Device, open_device
+from .heartbeat import Heartbeat
 from .loader import load_model
 from .model import AnyModel
 from .regions import RegionCache
@@ -44,6 +45,8 @@ class WorkerArgs:
     device: str
     identity: bytes
     parent: int
+    heartbeat_s: float = 1.0
+    liveness: int = 5
 
 
 class Worker:
@@ -57,6 +60,8 @@ class Worker:
         self.sock.setsockopt(zmq.IDENTITY, args.identity)
         self.sock.setsockopt(zmq.LINGER, 2000)
         self.sock.connect(args.endpoint)
+        self.heartbeat = Heartbeat(self._ctx, args.endpoint, args.identity, args.heartbeat_s, args.liveness)
+        self.heartbeat.start()
 
     def request_stop(self, *_: object) -> None:
         self._stop = True
@@ -148,6 +153,7 @@ class Worker:
         )
 
     def close(self) -> None:
+        self.heartbeat.stop()
         self.regions.close()
         try:
             self.device.close()

@@ -92,6 +92,31 @@ def test_scenario_01_worker_killed_mid_batch(
         assert client.infer("slow", {"INPUT_A": ONE, "INPUT_B": ONE}).as_numpy("OUTPUT_SUM")[0, 0] == 2
 
 
+def test_scenario_02_hung_worker_is_replaced(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """A worker frozen mid-batch (SIGSTOP) stops heartbeating: after 5 intervals it is killed, its request
+    fails with Unavailable, and a new instance serves."""
+    server = server_factory(_slow_repo(tmp_path, 0.5))
+    results: list[object] = []
+    with Client(server.url, timeout=30) as client:
+        client._model_info("slow", 0)
+        ab = {"INPUT_A": ONE, "INPUT_B": ONE}
+        t = threading.Thread(target=lambda: results.append(_try(lambda: client.infer("slow", ab))))
+        t.start()
+        wait_for(lambda: client.statistics("slow")["model_stats"][0]["execution_count"] == 1, 10, "the batch")
+        frozen = _worker(server, "slow")
+        os.kill(frozen, signal.SIGSTOP)
+        start = time.monotonic()
+        t.join(20)
+        assert len(results) == 1 and isinstance(results[0], Unavailable), results
+        assert time.monotonic() - start < 10  # 5 intervals of 1 s, then the kill
+        assert "event=worker_unresponsive" in server.log()
+        (tmp_path / "models" / "slow" / "1" / "delay").write_text("0")
+        wait_for(lambda: client.is_model_ready("slow"), 30, "the replacement", interval=0.1)
+        assert client.infer("slow", {"INPUT_A": ONE, "INPUT_B": ONE}).as_numpy("OUTPUT_SUM")[0, 0] == 2
+
+
 def test_scenario_05_broker_crash_then_clean_restart(server_factory: Callable[..., ServerProcess]) -> None:
     """A killed server leaves its socket, lock and a dead client's segment: the next start reaps, rebinds."""
     first = server_factory()
