@@ -20,6 +20,7 @@ class TensorSpec:
     dtype: np.dtype[Any]  # object for BYTES
     itemsize: int  # 0 for BYTES
     dims: tuple[int, ...]  # without the batch dimension
+    reshape: tuple[int, ...] | None = None  # the shape the model sees instead of dims (config "reshape")
 
     @property
     def fixed_size(self) -> bool:
@@ -41,8 +42,9 @@ class Signature:
     def of(cls, config: ModelConfig) -> Signature:
         def spec(t: Any) -> TensorSpec:
             wire = dtypes.config_to_wire(t.data_type)
+            reshape = tuple(t.reshape) if t.reshape is not None else None
             return TensorSpec(t.name, t.data_type, wire, dtypes.wire_to_numpy(wire), dtypes.itemsize(wire),
-                              tuple(t.dims))  # fmt: skip
+                              tuple(t.dims), reshape)  # fmt: skip
 
         return cls(
             config.name,

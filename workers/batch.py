@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-from zinfer.broker.signature import Signature
+from zinfer.broker.signature import Signature, TensorSpec
 from zinfer.client.errors import InternalError, ServerError
 from zinfer.client.protocol import Frame
 
@@ -79,6 +80,26 @@ def scatter(
     device.synchronize()  # the copies into the slots are done before the reply says so
 
 
+def _reshape(
+    arrays: Mapping[str, Any], specs: Mapping[str, TensorSpec], batching: bool, to_model: bool
+) -> dict[str, Any]:
+    """Apply the config's ``reshape``: to the model's shape on the way in, back to ``dims`` on the way out."""
+    out = dict(arrays)
+    for name, arr in arrays.items():
+        spec = specs.get(name)
+        if spec is None or spec.reshape is None or not hasattr(arr, "reshape"):
+            continue
+        target = spec.reshape if to_model else spec.dims
+        lead = (arr.shape[0],) if batching and arr.ndim else ()
+        try:
+            out[name] = arr.reshape(lead + tuple(target))
+        except ValueError:
+            raise InternalError(
+                f"{name!r} of shape {list(arr.shape)} cannot take the configured shape {list(target)}"
+            ) from None
+    return out
+
+
 def run_batch(
     model: AnyModel,
     sig: Signature,
@@ -104,6 +125,7 @@ def run_batch(
         return out
     t1 = time.perf_counter_ns()
     try:
+        batch = _reshape(batch, sig.inputs, sig.batching, to_model=True)
         if len(requests) == 1 and getattr(model, "writes_into_slots", False):
             raw = model.execute(batch, slot_alloc(requests[0], regions))  # type: ignore[call-arg]
         else:
@@ -114,6 +136,7 @@ def run_batch(
         missing = sorted(wanted - set(raw))
         if missing:
             raise InternalError(f"model returned no output named {', '.join(repr(m) for m in missing)}")
+        raw = _reshape({n: raw[n] for n in wanted}, sig.outputs, sig.batching, to_model=False)
         outputs = {n: check_output(n, raw[n], sig, sum(rows), device) for n in wanted}
         device.synchronize()
     except ServerError as exc:

@@ -128,3 +128,33 @@ def test_kernel_writes_straight_into_the_output_slot() -> None:
     finally:
         regions.close()
         seg.close()
+
+
+def test_reshape_is_applied_both_ways() -> None:
+    """The model sees the config's reshape; the client gets dims back."""
+    cfg = parse_model_config(
+        """
+        name: "r"
+        backend: "zinfer"
+        max_batch_size: 4
+        input [ { name: "A" data_type: TYPE_FP32 dims: [ 6 ] reshape: { shape: [ 2, 3 ] } } ]
+        output [ { name: "S" data_type: TYPE_FP32 dims: [ 6 ] reshape: { shape: [ 2, 3 ] } } ]
+        """,
+        source="test",
+        model_name="r",
+    )
+    seen: list[tuple[int, ...]] = []
+
+    class Shapes:
+        def execute(self, inputs: Mapping[str, Any], /) -> Any:
+            seen.append(inputs["A"].shape)
+            return {"S": inputs["A"] * 2}
+
+        def finalize(self) -> None:
+            pass
+
+    frames: list[Any] = [np.arange(12, dtype=np.float32).tobytes()]
+    req = BatchRequest(1, (TensorRef("A", "FP32", (2, 6), frame=0),), (OutputRequest("S"),))
+    out = run_batch(Shapes(), Signature.of(cfg), [req], frames, RegionCache())
+    assert seen == [(2, 2, 3)]
+    np.testing.assert_array_equal(_outputs(out, 1), np.arange(12, dtype=np.float32).reshape(2, 6) * 2)
