@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import sys
+import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import zmq
 
 from zinfer.client.errors import ZinferError
 from zinfer.client.paths import default_runtime_dir
 
+from .sd_notify import Notifier
 from .server import Broker, ServerOptions
+from .server_config import FILE_ONLY_KEYS, KEYS, ConfigFileError, flag_defaults, host_port, load_config
 
 log = logging.getLogger("zinfer.serve")
+
+NOTIFY_TICK_S = 0.05  # how often the main loop reports to systemd (READY, STATUS, WATCHDOG)
 
 
 def bundled_models() -> Path:
@@ -25,16 +33,29 @@ def bundled_models() -> Path:
 
 
 def _host_port(value: str) -> str:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
-    return value
+    try:
+        return host_port(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _parser() -> argparse.ArgumentParser:
+def _metrics_address(value: str) -> str:
+    return value if value == "off" else _host_port(value)
+
+
+def _parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The ``zinfer`` command line; ``serve_defaults`` (from a configuration file) replace the built-in
+    defaults of ``zinfer serve``, so that flags given on the command line override the file."""
     p = argparse.ArgumentParser(prog="zinfer", description="zinfer: an intra-host inference server.")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve a model repository")
+    s.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TOML file with any of the options below (and more; see configs/zinfer.toml); flags override it",
+    )
     s.add_argument(
         "--model-repository",
         type=Path,
@@ -57,12 +78,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--metrics",
-        type=_host_port,
+        type=_metrics_address,
         default="127.0.0.1:8002",
         metavar="HOST:PORT",
-        help="serve /metrics and the /v2/health endpoints here (port 0: any free port)",
+        help="serve /metrics and the /v2/health endpoints here (port 0: any free port; 'off': none)",
     )
-    s.add_argument("--no-metrics", action="store_true", help="serve no metrics or health endpoints")
+    s.add_argument(
+        "--no-metrics",
+        action="store_const",
+        const="off",
+        dest="metrics",
+        help="serve no metrics or health endpoints (same as --metrics off)",
+    )
     s.add_argument(
         "--socket-group",
         default=None,
@@ -101,10 +128,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--load-model",
         action="append",
-        default=[],
+        default=None,
         metavar="NAME",
         help="with --model-control-mode explicit: a model to load at start (repeatable; '*' loads all)",
     )
+    if serve_defaults:
+        s.set_defaults(**serve_defaults)
     for name, text in (("models", "list the repository's models and their state"),
                        ("load", "load or reload a model (explicit model control)"),
                        ("unload", "unload a model (explicit model control)")):  # fmt: skip
@@ -151,17 +180,22 @@ def control(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level,
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-        stream=sys.stderr,
-    )
-    repo = (args.model_repository or bundled_models()).resolve()
-    if not repo.is_dir():
-        log.error("event=bad_repository path=%s error='not a folder'", repo)
-        return 2
-    options = ServerOptions(
+def server_options(args: argparse.Namespace, repo: Path) -> ServerOptions:
+    """``ServerOptions`` from the parsed flags (whose defaults hold the configuration file's values).
+
+    Keys that only the file sets become fields of the same name; a key whose field ``ServerOptions`` does
+    not have yet is logged (``event=config_key_ignored``) and left out."""
+    known = {f.name for f in dataclasses.fields(ServerOptions)}
+    extra: dict[str, Any] = {}
+    for name in FILE_ONLY_KEYS:
+        if not hasattr(args, KEYS[name].dest):
+            continue
+        if name in known:
+            extra[name] = getattr(args, KEYS[name].dest)
+        else:
+            log.warning("event=config_key_ignored key=%s reason='not supported by this server yet'", name)
+    load_models = args.load_model if args.load_model is not None else getattr(args, "config_load_models", ())
+    return ServerOptions(
         model_repository=repo,
         runtime_dir=(args.runtime_dir or default_runtime_dir()).resolve(),
         tcp=args.tcp,
@@ -171,11 +205,68 @@ def serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         model_control_mode=args.model_control_mode,
         socket_group=args.socket_group,
-        metrics=None if args.no_metrics else args.metrics,
+        metrics=None if args.metrics == "off" else args.metrics,
         curve_secret_key=args.curve_secret_key,
         curve_allow=args.curve_allow,
-        load_models=tuple(args.load_model),
+        load_models=tuple(load_models),
+        **extra,
     )
+
+
+def _names(names: list[str], limit: int = 8) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def serving_status(broker: Broker) -> str:
+    """One line for ``systemctl status``: what is loading, serving, failed, or that the server drains."""
+    states = list(broker.registry.states())
+    ready = sorted({s.name for s in states if s.ready})
+    failed = sorted({s.name for s in states if s.error} | set(broker.registry.load_errors))
+    loading = sorted({p.name for p in broker.control.pending})
+    if broker.draining_since is not None:
+        head = "draining queued and running requests, then stopping"
+    elif loading:
+        head = f"loading {len(loading)} model(s): {_names(loading)}; {len(ready)} ready"
+    else:
+        head = f"serving {len(ready)} model(s)"
+    return head + (f"; failed: {_names(failed)}" if failed else "")
+
+
+def _reporting(notifier: Notifier, broker: Broker, stop: dict[str, int]) -> Callable[[], int]:
+    """The broker loop's stop-request callable (called once per pass of the loop), which also reports to
+    systemd: READY=1 once start-up is done, STATUS= as it changes, WATCHDOG=1, STOPPING=1 on a signal."""
+    if not notifier.enabled:
+        return lambda: stop["count"]
+    last = {"tick": float("-inf"), "count": 0}
+
+    def stop_requests() -> int:
+        count = stop["count"]
+        now = time.monotonic()
+        if now - last["tick"] >= NOTIFY_TICK_S or count != last["count"]:
+            last["tick"], last["count"] = now, count
+            if count:
+                notifier.stopping("draining queued and running requests, then stopping")
+            notifier.loop_tick(now, broker.startup_done, serving_status(broker))
+        return count
+
+    return stop_requests
+
+
+def serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    # before any worker starts: the notify socket and watchdog are the broker's, not its children's
+    notifier = Notifier.from_environment()
+    repo = (args.model_repository or bundled_models()).resolve()
+    if not repo.is_dir():
+        log.error("event=bad_repository path=%s error='not a folder'", repo)
+        notifier.send(f"STATUS=model repository {repo} is not a folder")
+        return 2
+    options = server_options(args, repo)
     stop = {"signal": 0, "count": 0}
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -189,15 +280,28 @@ def serve(args: argparse.Namespace) -> int:
         broker.start()
     except (ZinferError, OSError, zmq.ZMQError) as exc:
         log.error("event=start_failed runtime_dir=%s error=%r", options.runtime_dir, str(exc))
+        notifier.send(f"STATUS=failed to start: {' '.join(str(exc).split())}")
         broker.close()
+        notifier.close()
         return 1
     log.info("event=starting repository=%s runtime_dir=%s", repo, options.runtime_dir)
     try:
-        broker.run(lambda: stop["count"])
+        broker.run(_reporting(notifier, broker, stop))
     finally:
         log.info("event=stopping signal=%d", stop["signal"])
+        notifier.stopping("stopping workers")
         broker.close()
+        notifier.close()
     return 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line; for ``serve --config FILE``, parsed a second time with the file's values as the
+    defaults, so that flags override the file. Raises ``ConfigFileError`` for a file it cannot use."""
+    args = _parser().parse_args(argv)
+    if args.command == "serve" and args.config is not None:
+        args = _parser(flag_defaults(load_config(args.config))).parse_args(argv)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,7 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         from .status_view import main as status_main
 
         return status_main(argv[1:])
-    args = _parser().parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except ConfigFileError as exc:
+        print(f"zinfer serve: error: {exc}", file=sys.stderr)
+        return 2
     if args.command == "serve":
         return serve(args)
     if args.command == "keys":

@@ -23,7 +23,6 @@ from zinfer.client.transport import send_frames
 log = logging.getLogger(__name__)
 
 
-
 class Heartbeat:
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, identity: bytes,
                  interval_s: float, liveness: int) -> None:  # fmt: skip
