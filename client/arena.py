@@ -76,10 +76,12 @@ class Arena:
         initial_bytes: int = 64 << 20,
         max_bytes: int = 4 << 30,
         on_new_segment: Callable[[Segment], None] | None = None,
+        group: int | None = None,
     ) -> None:
         self._initial = _align(max(initial_bytes, ALIGN))
         self._max = max_bytes
         self._on_new = on_new_segment
+        self._group = group
         self._lock = threading.Lock()
         self._segments: list[tuple[Segment, _FreeList]] = []
         self._closed = False
@@ -115,7 +117,7 @@ class Arena:
                 raise ResourceExhausted(
                     f"shared-memory arena limit of {self._max} bytes reached (need {need} more bytes)"
                 )
-        seg = Segment.create(size)
+        seg = Segment.create(size, group=self._group)
         try:
             if self._on_new is not None:
                 self._on_new(seg)

@@ -57,8 +57,11 @@ class Segment:
         self.buf = memoryview(self.map) if self.map is not None else memoryview(b"")
 
     @classmethod
-    def create(cls, size: int, name: str | None = None) -> Segment:
-        """Create a new segment of ``size`` bytes, mode 0600, with its pages reserved up front.
+    def create(cls, size: int, name: str | None = None, group: int | None = None) -> Segment:
+        """Create a segment of ``size`` bytes, mode 0600 (0660 for ``group``), its pages reserved up front.
+
+        A server running as another user shares a group with its clients (its socket's group): giving the
+        segment to that group lets its workers map it.
 
         Reserving with ``posix_fallocate`` turns a full ``/dev/shm`` into a clean ``ShmError`` here
         instead of a SIGBUS at first write.
@@ -72,6 +75,9 @@ class Segment:
         except OSError as exc:
             raise ShmError(f"cannot create shared-memory segment: {exc.strerror}") from None
         try:
+            if group is not None:
+                os.fchown(fd, -1, group)
+                os.fchmod(fd, 0o660)
             os.ftruncate(fd, size)
             os.posix_fallocate(fd, 0, size)
         except OSError as exc:
@@ -121,6 +127,18 @@ class Segment:
                 os.unlink(SHM_DIR / self.name)
             except FileNotFoundError:
                 pass
+
+
+def sharing_group(socket_path: str) -> int | None:
+    """The group to give segments to when the server's socket is shared with a group and owned by another
+    user (``zinfer serve --socket-group``), else None (segments stay 0600)."""
+    try:
+        st = os.stat(socket_path)
+    except OSError:
+        return None
+    if st.st_uid != os.getuid() and st.st_mode & 0o060:
+        return st.st_gid
+    return None
 
 
 def pid_alive(pid: int) -> bool:

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -147,3 +148,22 @@ def test_scenario_14_full_dev_shm_is_a_clean_error(monkeypatch: pytest.MonkeyPat
     finally:
         arena.close()
     assert set(os.listdir(SHM_DIR)) == before  # nothing half-made left behind
+
+
+def test_segment_for_a_group_is_0660() -> None:
+    seg = Segment.create(4096, group=os.getgid())
+    try:
+        st = (SHM_DIR / seg.name).stat()
+        assert st.st_mode & 0o777 == 0o660 and st.st_gid == os.getgid()
+    finally:
+        seg.close()
+
+
+def test_sharing_group_only_for_another_users_group_socket(tmp_path: pytest.TempPathFactory) -> None:
+    from zinfer.client.shm import sharing_group
+
+    sock = Path(str(tmp_path)) / "s"
+    sock.write_bytes(b"")
+    sock.chmod(0o660)
+    assert sharing_group(str(sock)) is None  # our own socket: segments stay private
+    assert sharing_group(str(sock) + "-missing") is None
