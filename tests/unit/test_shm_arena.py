@@ -159,10 +159,10 @@ def test_segment_for_a_group_is_0660() -> None:
         seg.close()
 
 
-def test_sharing_group_only_for_another_users_group_socket(tmp_path: pytest.TempPathFactory) -> None:
+def test_sharing_group_only_for_another_users_group_socket(tmp_path: Path) -> None:
     from zinfer.client.shm import sharing_group
 
-    sock = Path(str(tmp_path)) / "s"
+    sock = tmp_path / "s"
     sock.write_bytes(b"")
     sock.chmod(0o660)
     assert sharing_group(str(sock)) is None  # our own socket: segments stay private
