@@ -18,6 +18,7 @@ import zmq
 from zinfer.client.errors import ZinferError
 from zinfer.client.paths import default_runtime_dir
 
+from .rate_limiter import normalize_resources
 from .sd_notify import Notifier
 from .server import Broker, ServerOptions
 from .server_config import FILE_ONLY_KEYS, KEYS, ConfigFileError, flag_defaults, host_port, load_config
@@ -89,6 +90,38 @@ def _parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentPa
         const="off",
         dest="metrics",
         help="serve no metrics or health endpoints (same as --metrics off)",
+    )
+    s.add_argument(
+        "--cache-bytes",
+        dest="cli_cache_bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="response cache size in bytes for models with response_cache { enable: true } (0: off)",
+    )
+    s.add_argument(
+        "--rate-limit-resource",
+        dest="cli_rate_limits",
+        action="append",
+        default=None,
+        metavar="NAME:COUNT[:DEVICE]",
+        help="a rate-limiter resource's count, per DEVICE (cpu, gpu:N) or for every device (repeatable)",
+    )
+    s.add_argument(
+        "--heartbeat-interval",
+        dest="cli_heartbeat_interval",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds between heartbeats of the broker and its workers (default 1)",
+    )
+    s.add_argument(
+        "--heartbeat-liveness",
+        dest="cli_heartbeat_liveness",
+        type=int,
+        default=None,
+        metavar="N",
+        help="intervals of silence after which a worker is declared dead (default 5)",
     )
     s.add_argument(
         "--socket-group",
@@ -194,6 +227,14 @@ def server_options(args: argparse.Namespace, repo: Path) -> ServerOptions:
             extra[name] = getattr(args, KEYS[name].dest)
         else:
             log.warning("event=config_key_ignored key=%s reason='not supported by this server yet'", name)
+    for flag, name in (("cli_cache_bytes", "cache_bytes"), ("cli_heartbeat_interval", "heartbeat_interval_s"),
+                       ("cli_heartbeat_liveness", "heartbeat_liveness")):  # fmt: skip
+        if getattr(args, flag, None) is not None:
+            extra[name] = getattr(args, flag)
+    if getattr(args, "cli_rate_limits", None):
+        extra["rate_limit_resources"] = tuple(_resource(text) for text in args.cli_rate_limits)
+    if "rate_limit_resources" in extra:
+        extra["rate_limit_resources"] = normalize_resources(extra["rate_limit_resources"])
     load_models = args.load_model if args.load_model is not None else getattr(args, "config_load_models", ())
     return ServerOptions(
         model_repository=repo,
@@ -211,6 +252,14 @@ def server_options(args: argparse.Namespace, repo: Path) -> ServerOptions:
         load_models=tuple(load_models),
         **extra,
     )
+
+
+def _resource(text: str) -> tuple[str, int, str | None]:
+    name, _, rest = text.partition(":")
+    count, _, device = rest.partition(":")
+    if not name or not count.isdigit():
+        raise SystemExit(f"zinfer serve: --rate-limit-resource expects NAME:COUNT[:DEVICE], got {text!r}")
+    return name, int(count), device or None
 
 
 def _names(names: list[str], limit: int = 8) -> str:

@@ -40,8 +40,10 @@ SUPPORTED_FEATURES: frozenset[str] = frozenset(
         "instance_group.kind",
         "instance_group.count",
         "instance_group.gpus",
+        "instance_group.rate_limiter",
         "parameters",
         "metric_tags",
+        "response_cache.enable",
     }
 )
 

@@ -10,6 +10,7 @@ from typing import Any
 from zinfer.client.protocol import Frame, InferRequest, Reply
 
 from .batcher import BatchPolicy, DynamicBatcher
+from .config_records import InstanceGroup
 from .latency_window import LatencyWindow
 from .metrics import ModelMetrics
 from .model_config import ModelConfig
@@ -30,6 +31,7 @@ class Pending:
     batch_size: int
     arrival: float
     cancelled: bool = False  # cancelled while running: its result is discarded
+    cache_key: bytes | None = None  # missed the response cache: its result is stored under this key
 
 
 @dataclass
@@ -58,6 +60,8 @@ class ModelStats:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+    cache_hit: Duration = field(default_factory=Duration)  # lookups that answered: the lookup time
+    cache_miss: Duration = field(default_factory=Duration)  # lookups that did not: lookup + insert time
     batch_sizes: dict[int, int] = field(default_factory=dict)
     batch_reasons: dict[str, int] = field(default_factory=dict)
 
@@ -78,6 +82,8 @@ class ModelStats:
                 "compute_input": self.compute_input.to_dict(),
                 "compute_infer": self.compute_infer.to_dict(),
                 "compute_output": self.compute_output.to_dict(),
+                "cache_hit": self.cache_hit.to_dict(),
+                "cache_miss": self.cache_miss.to_dict(),
             },
             "batch_stats": [
                 {"batch_size": size, "count": count} for size, count in sorted(self.batch_sizes.items())
@@ -93,6 +99,29 @@ class InFlight:
     model: ModelState
     requests: list[Pending]
     sent_ns: int
+
+
+def instance_groups(config: ModelConfig, instances: int) -> list[InstanceGroup | None]:
+    """The instance group of each instance index, in the order ``registry.place_instances`` places them:
+    group by group, ``count`` per group on the CPU, ``count`` per listed GPU for a group that lists GPUs.
+    Groups that list none take ``count`` per usable GPU (or ``count`` on the CPU for KIND_AUTO without
+    GPUs); how many that is follows from ``instances``, the number placed in all. None past the end."""
+    fixed: list[int | None] = []
+    for g in config.instance_group:
+        if g.kind in ("KIND_CPU", "KIND_MODEL"):
+            fixed.append(g.count)
+        elif g.gpus:
+            fixed.append(g.count * len(g.gpus))
+        else:
+            fixed.append(None)
+    open_counts = sum(g.count for g, n in zip(config.instance_group, fixed, strict=True) if n is None)
+    rest = instances - sum(n for n in fixed if n is not None)
+    per = rest // open_counts if open_counts and rest > 0 else 0
+    out: list[InstanceGroup | None] = []
+    for g, n in zip(config.instance_group, fixed, strict=True):
+        out.extend([g] * (n if n is not None else g.count * per))
+    out.extend([None] * (instances - len(out)))
+    return out[:instances]
 
 
 class ModelState:
@@ -117,6 +146,14 @@ class ModelState:
         self.window = LatencyWindow()  # the last minute, for zinfer status
         self.generation = 0
         self.retired = False  # unloaded or replaced: drains its queue, then its workers stop for good
+        self.rate_limited = any(g.rate_limiter is not None for g in config.instance_group)
+        self._groups: list[InstanceGroup | None] | None = None
+
+    def group_of(self, instance: int) -> InstanceGroup | None:
+        """The instance group instance number ``instance`` belongs to."""
+        if self._groups is None:
+            self._groups = instance_groups(self.config, self.expected_instances)
+        return self._groups[instance] if 0 <= instance < len(self._groups) else None
 
     @property
     def ready(self) -> bool:

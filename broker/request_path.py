@@ -1,5 +1,9 @@
 """The path of an inference request through the broker: admission, queueing, timeouts, cancellation,
-batching onto idle instances, and the replies (in arrival order where the model asks for it)."""
+batching onto idle instances, and the replies (in arrival order where the model asks for it).
+
+Two optional stops on the way: the response cache (a request seen before is answered at admission, a
+miss stores its result before the reply goes) and the rate limiter (an instance of a model whose instance
+groups name resources gets a batch only when those resources are free; models take turns at them)."""
 
 from __future__ import annotations
 
@@ -17,11 +21,13 @@ from zinfer.client.errors import (
     Status,
     Unavailable,
 )
-from zinfer.client.protocol import Command, Frame, Reply
+from zinfer.client.protocol import Command, Frame, InferRequest, Reply, ShmRef
 
 from .batcher import Batch, InvalidPriority, QueuedRequest, QueueFull
 from .messages import client_outputs, execute_header
 from .model_state import InFlight, ModelState, Pending
+from .rate_limiter import RateLimiter, needs_of
+from .response_cache import CachedResponse, CachedTensor, InputBytes, RegionReader, ResponseCache, request_key
 from .validation import check_request
 
 if TYPE_CHECKING:
@@ -30,6 +36,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_POLL_MS = 100
+PRUNE_INTERVAL_S = 2.0  # how often mappings of unlinked client regions are dropped
+
+ModelKey = tuple[str, int, int]  # (name, version, generation): the unit that takes turns at resources
+
+
+def _model_key(state: ModelState) -> ModelKey:
+    return (state.name, state.version, state.generation)
 
 
 class RequestPath:
@@ -38,6 +51,12 @@ class RequestPath:
         self.inflight: dict[int, InFlight] = {}
         self._seq = itertools.count(1)
         self._batch_ids = itertools.count(1)
+        opts = broker.options
+        self.cache: ResponseCache | None = ResponseCache(opts.cache_bytes) if opts.cache_bytes > 0 else None
+        self.readers = RegionReader()  # client regions mapped read-only, for the cache
+        self.limiter: RateLimiter[bytes, ModelKey] = RateLimiter(opts.rate_limit_resources)
+        self._next_prune = 0.0
+        self._cache_warned: set[str] = set()
 
     # ------------------------------------------------------------------------------------ admission
 
@@ -60,6 +79,9 @@ class RequestPath:
         p = Pending(
             next(self._seq), identity, req, frames, header["inputs"], outputs, checked.batch_size, now
         )
+        if state.config.response_cache.enable and self._cache_lookup(state, p, outputs):
+            state.metrics.bytes(checked.input_bytes, 0)
+            return
         queued = QueuedRequest(p, checked.batch_size, checked.shape_key, now, req.priority, req.timeout_us)
         try:
             state.batcher.add(queued, now)
@@ -71,6 +93,104 @@ class RequestPath:
         if state.order is not None:
             state.order.submit(p.seq)
         state.metrics.bytes(checked.input_bytes, 0)
+
+    # ------------------------------------------------------------------------------------ response cache
+
+    def _cache_lookup(self, state: ModelState, p: Pending, outputs: list[dict[str, Any]]) -> bool:
+        """Answer ``p`` from the cache if it can (True); on a miss, mark it to be stored when it succeeds."""
+        cache = self.cache
+        if cache is None:
+            if state.name not in self._cache_warned:
+                self._cache_warned.add(state.name)
+                log.warning("event=response_cache_off model=%s reason='the server has no cache'", state.name)
+            return False
+        t0 = time.perf_counter_ns()
+        key = self._request_key(state, p.request, p.frames, [str(o["name"]) for o in outputs])
+        if key is None:  # an input could not be read (a shrunk region): the worker reports it
+            return False
+        hit = cache.get(key)
+        if hit is None:
+            p.cache_key = key
+            state.stats.cache_miss.add(time.perf_counter_ns() - t0)
+            return False
+        wire: list[dict[str, Any]] = []
+        frames: list[Frame] = []
+        for t in hit.outputs:
+            wire.append(
+                {"name": t.name, "datatype": t.datatype, "shape": list(t.shape), "frame": len(frames)}
+            )
+            frames.append(t.data)
+        lookup_ns = time.perf_counter_ns() - t0
+        stats = state.stats
+        stats.cache_hit.add(lookup_ns)
+        now = time.monotonic()
+        duration = int((now - p.arrival) * 1e9) + lookup_ns
+        stats.success.add(duration)
+        stats.last_inference_ms = int(time.time() * 1000)
+        state.metrics.success(duration / 1000, 0.0, 0)  # a hit is a success, but no inference ran
+        state.window.record(now, duration / 1e9)
+        body = {"model": state.name, "version": state.version, "outputs": wire}
+        if state.order is not None:
+            state.order.submit(p.seq)
+        self._reply(state, p, Reply(p.request.request_id, Status.OK, body=body), frames)
+        return True
+
+    def _request_key(
+        self, state: ModelState, req: InferRequest, frames: list[Frame], outputs: list[str]
+    ) -> bytes | None:
+        inputs: list[InputBytes] = []
+        views: list[memoryview] = []
+        try:
+            for t in req.inputs:
+                if t.shm is not None:
+                    view = self.readers.read(t.shm)
+                    if view is None:
+                        return None
+                    views.append(view)
+                    inputs.append((t.name, t.datatype, t.shape, view))
+                elif t.frame is not None:
+                    inputs.append((t.name, t.datatype, t.shape, frames[t.frame]))
+            return request_key(state.name, state.version, state.generation, inputs, outputs)
+        finally:
+            for view in views:
+                view.release()
+
+    def _cache_store(
+        self, state: ModelState, key: bytes, outputs: list[dict[str, Any]], frames: list[Frame]
+    ) -> None:
+        """Copy a successful result's outputs (inline frames, or the client's output slots) into the cache;
+        a result it cannot read whole is not stored."""
+        assert self.cache is not None
+        t0 = time.perf_counter_ns()
+        try:
+            response = self._copy_outputs(outputs, frames)
+        except (KeyError, TypeError, ValueError):
+            response = None
+        if response is not None:
+            self.cache.put(key, response)
+        state.stats.cache_miss.ns += time.perf_counter_ns() - t0
+
+    def _copy_outputs(self, outputs: list[dict[str, Any]], frames: list[Frame]) -> CachedResponse | None:
+        tensors = []
+        for t in outputs:
+            if "frame" in t:
+                idx = int(t["frame"])
+                if not 0 <= idx < len(frames):
+                    return None
+                data = bytes(frames[idx])
+            elif "shm" in t:
+                region, offset, nbytes = t["shm"]
+                copied = self.readers.copy(ShmRef(str(region), int(offset), int(nbytes)))
+                if copied is None:
+                    return None
+                data = copied
+            else:
+                return None
+            shape = tuple(int(d) for d in t["shape"])
+            tensors.append(CachedTensor(str(t["name"]), str(t["datatype"]), shape, data))
+        return CachedResponse(tuple(tensors))
+
+    # ------------------------------------------------------------------------------------ cancel, expire
 
     def cancel(self, identity: bytes, target: str) -> str:
         """Cancel the caller's request ``target``: out of the queue, or its result discarded if it runs."""
@@ -88,6 +208,9 @@ class RequestPath:
 
     def expire(self, now: float) -> None:
         """Answer the requests whose queue timeout has passed, whether or not an instance is free."""
+        if now >= self._next_prune:
+            self._next_prune = now + PRUNE_INTERVAL_S
+            self.readers.prune()
         for state in self.b.registry.states():
             due = state.batcher.next_expiry()
             if due is None or due > now:
@@ -100,10 +223,63 @@ class RequestPath:
     # ------------------------------------------------------------------------------------ batches
 
     def dispatch(self, now: float) -> None:
+        limited: list[ModelState] = []
         for state in self.b.registry.states():
             if state.idle and len(state.batcher):
+                if state.rate_limited:
+                    limited.append(state)
+                    continue
                 for batch in state.batcher.pop_ready(now, len(state.idle)):
                     self._execute(state, state.idle.popleft(), batch, now)
+        if limited:
+            self._dispatch_limited(limited, now)
+
+    def _dispatch_limited(self, states: list[ModelState], now: float) -> None:
+        """One batch at a time to the model whose turn it is, on an idle instance whose resources are free."""
+        limiter = self.limiter
+        for state in states:
+            for worker in state.idle:
+                if not limiter.known(worker):
+                    self._register(state, worker)
+        by_key = {_model_key(s): s for s in states if s.error is None}
+        while by_key:
+            for key in limiter.turn_order(by_key):
+                state = by_key[key]
+                free = next((w for w in state.idle if limiter.can_acquire(w)), None)
+                if free is None:
+                    continue
+                batches = state.batcher.pop_ready(now, 1)
+                if not batches:
+                    del by_key[key]
+                    break
+                state.idle.remove(free)
+                limiter.acquire(free)
+                limiter.served(key, limiter.priority_of(free))
+                self._execute(state, free, batches[0], now)
+                if not (state.idle and len(state.batcher)):
+                    del by_key[key]
+                break
+            else:
+                return  # nobody could take a turn: wait for resources to come back
+
+    def _register(self, state: ModelState, worker: bytes) -> None:
+        """Tell the limiter about an instance: its device and its group's resources and priority."""
+        wp = self.b.supervisor.get(worker)
+        instance, device = (wp.spec.instance, wp.spec.device) if wp is not None else (-1, "cpu")
+        needs, priority = needs_of(state.group_of(instance))
+        error = self.limiter.add(worker, _model_key(state), device, needs, priority)
+        if error is not None and state.error is None:
+            state.error = error
+            log.error("event=model_failed model=%s version=%d error=%r", state.name, state.version, error)
+            for p in state.batcher.remove(lambda _: True):
+                state.metrics.failure("OTHER")
+                self._finish_early(state, p, Unavailable(f"model '{state.name}' cannot run: {error}"))
+
+    def runnable(self, state: ModelState) -> bool:
+        """Whether an idle instance of ``state`` could take a batch now (its resources are free)."""
+        if not state.rate_limited:
+            return bool(state.idle)
+        return any(self.limiter.can_acquire(w) for w in state.idle)
 
     def _execute(self, state: ModelState, worker: bytes, batch: Batch[Pending], now: float) -> None:
         batch_id = next(self._batch_ids)
@@ -123,6 +299,7 @@ class RequestPath:
             self.fail_batch(self.inflight.pop(batch_id), "the instance could not be reached")
 
     def fail_batch(self, batch: InFlight, why: str) -> None:
+        self.limiter.release(batch.worker)
         for p in batch.requests:
             batch.model.stats.fail.add(0)
             batch.model.metrics.failure("BACKEND")
@@ -134,6 +311,7 @@ class RequestPath:
             if batch.worker == worker:
                 del self.inflight[bid]
                 self.fail_batch(batch, why)
+        self.limiter.remove(worker)
 
     def on_result(
         self, identity: bytes, state: ModelState, header: dict[str, Any], frames: list[Frame]
@@ -142,6 +320,7 @@ class RequestPath:
         if batch is None or batch.worker != identity:
             log.warning("event=stale_result worker=%s", identity)
             return
+        self.limiter.release(identity)
         by_seq = {p.seq: p for p in batch.requests}
         timing = header.get("t", [0, 0, 0])
         stats, metrics, window = state.stats, state.metrics, state.window
@@ -168,6 +347,8 @@ class RequestPath:
                 stats.inference_count += p.batch_size
                 metrics.success(duration / 1000, (sent_s - p.arrival) * 1e6, p.batch_size, t_in, t_inf, t_out)
                 window.record(now_ns / 1e9, duration / 1e9)
+                if p.cache_key is not None and self.cache is not None:
+                    self._cache_store(state, p.cache_key, res.get("outputs", []), frames)
                 outputs, out_frames = client_outputs(res.get("outputs", []), frames)
                 reply = Reply(
                     rid, Status.OK, body={"model": state.name, "version": state.version, "outputs": outputs}
@@ -207,15 +388,17 @@ class RequestPath:
                 state.metrics.failure("OTHER")
                 self._finish_early(state, p, error)
         for batch in list(self.inflight.values()):
+            self.limiter.release(batch.worker)
             for p in batch.requests:
                 self.b.send_client(p.client, Reply(p.request.request_id, error.status, error.wire_text()))
         self.inflight.clear()
+        self.readers.close()  # only at shutdown: the broker maps no client region after this
 
     def poll_timeout_ms(self) -> float:
         """Milliseconds until the nearest batch deadline (models with an idle instance) or queue timeout."""
         deadline: float | None = None
         for state in self.b.registry.states():
-            d = state.batcher.next_deadline() if state.idle else state.batcher.next_expiry()
+            d = state.batcher.next_deadline() if self.runnable(state) else state.batcher.next_expiry()
             if d is not None and (deadline is None or d < deadline):
                 deadline = d
         if deadline is None:

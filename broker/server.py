@@ -66,6 +66,9 @@ class ServerOptions:
     log_level: str = "INFO"
     model_control_mode: str = "none"  # "none": load everything at start; "explicit": load/unload on request
     load_models: tuple[str, ...] = ()  # with "explicit": the models to load at start ("*" = all)
+    cache_bytes: int = 0  # size of the response cache in bytes; 0 = no cache
+    # rate limiter pool sizes: (resource, count, device "cpu"/"gpu:N" or None for every device and global)
+    rate_limit_resources: tuple[tuple[str, int, str | None], ...] = ()
 
 
 class Broker:
@@ -394,6 +397,7 @@ class Broker:
             self.drop_region(name)
 
     def drop_region(self, name: str) -> None:
-        """Tell every worker to unmap a region its client unregistered."""
+        """Tell every worker to unmap a region its client unregistered (and forget the cache's mapping)."""
+        self.path.readers.drop(name)
         for identity in list(self.worker_model):
             self.send_worker(identity, Command.W_DROP_REGION, {"name": name})

@@ -252,7 +252,6 @@ def test_instance_groups() -> None:
     assert g1.rate_limiter.resources[0].is_global
     assert g2.count == 1 and g2.secondary_devices[0].device_id == 1 and g2.passive
     assert unsupported_features(c) == [
-        "instance_group.rate_limiter",
         "instance_group.secondary_devices",
         "instance_group.profile",
         "instance_group.passive",
@@ -319,7 +318,6 @@ def test_everything_else() -> None:
         "optimization",
         "model_warmup",
         "model_transaction_policy.decoupled",
-        "response_cache.enable",
         "model_metrics",
     ]
     json.dumps(c.to_dict())

@@ -117,8 +117,17 @@ def test_the_file_fills_server_options(tmp_path: Path) -> None:
     assert opts.load_models == ("add", "identity")
     # keys no flag overrides become ServerOptions fields of the same name (where the server has them)
     for key in ("max_region_bytes", "heartbeat_interval_s", "heartbeat_liveness", "cache_bytes", "gpus",
-                "rate_limit_resources", "cpu_affinity"):  # fmt: skip
+                "cpu_affinity"):  # fmt: skip
         assert getattr(opts, key, EXPECTED[key]) == EXPECTED[key]
+    # the rate limiter takes its pools as (name, count, device); a table's entries are for every device
+    assert opts.rate_limit_resources == (("R1", 4, None), ("gpu memory", 0, None))
+
+
+def test_rate_limit_and_cache_flags(tmp_path: Path) -> None:
+    _, opts = _options(tmp_path, "", "--cache-bytes", "4096", "--rate-limit-resource", "R:2:gpu:1",
+                       "--rate-limit-resource", "S:3", "--heartbeat-interval", "0.5")  # fmt: skip
+    assert opts.cache_bytes == 4096 and opts.heartbeat_interval_s == 0.5
+    assert opts.rate_limit_resources == (("R", 2, "gpu:1"), ("S", 3, None))
 
 
 def test_flags_override_the_file(tmp_path: Path) -> None:
