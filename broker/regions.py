@@ -16,7 +16,8 @@ MAX_REGIONS_PER_CLIENT = 1024
 
 
 class RegionTable:
-    def __init__(self) -> None:
+    def __init__(self, max_region_bytes: int = 0) -> None:
+        self.max_region_bytes = max_region_bytes
         self._by_client: defaultdict[bytes, dict[str, int]] = defaultdict(dict)
 
     def register(self, client: bytes, name: str) -> int:
@@ -30,6 +31,10 @@ class RegionTable:
             raise InvalidArgument(f"cannot register region: {exc}") from None
         if size <= 0:
             raise InvalidArgument("cannot register region: it is empty")
+        if self.max_region_bytes and size > self.max_region_bytes:
+            raise ResourceExhausted(
+                f"cannot register region: {size} bytes is over the {self.max_region_bytes} byte limit"
+            )
         regions[name] = size
         return size
 

@@ -51,8 +51,19 @@ def place_instances(config: ModelConfig, gpus: GpuProbe | None = None) -> list[s
     return devices or ["cpu"]
 
 
+def restrict_gpus(probe: GpuProbe, allowed: tuple[int, ...] | None) -> GpuProbe:
+    """The probe limited to the server's ``gpus`` setting (indices after CUDA_VISIBLE_DEVICES)."""
+    if allowed is None:
+        return probe
+    ids = tuple(g for g in probe.ids if g in allowed)
+    names = tuple(n for g, n in zip(probe.ids, probe.names, strict=False) if g in allowed)
+    reason = probe.reason or (f"the server's gpus setting {list(allowed)} leaves none" if not ids else "")
+    return GpuProbe(ids, names, reason)
+
+
 class ModelRegistry:
-    def __init__(self) -> None:
+    def __init__(self, gpus: tuple[int, ...] | None = None) -> None:
+        self.allowed_gpus = gpus
         self.models: dict[str, dict[int, ModelState]] = {}
         self.load_errors: dict[str, str] = {}  # models that have no serving version, and why
         self.reload_errors: dict[str, str] = {}  # the last failed reload of a model that still serves
@@ -65,7 +76,12 @@ class ModelRegistry:
         """New states for every version of ``entry`` with their devices, or the reason it cannot load."""
         if entry.error is not None or entry.config is None:
             return [], entry.error or "invalid model"
-        devices = place_instances(entry.config)
+        probe = None
+        if self.allowed_gpus is not None and any(
+            g.kind in ("KIND_GPU", "KIND_AUTO") for g in entry.config.instance_group
+        ):
+            probe = restrict_gpus(gpu_probe(), self.allowed_gpus)
+        devices = place_instances(entry.config, probe)
         if isinstance(devices, str):
             return [], devices
         generation = next(self._generations)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from .regions import RegionTable
 from .registry import ModelRegistry
 from .request_path import RequestPath
 from .runtime_dir import RuntimeDir
+from .server_config import cpus_for
 from .supervisor import RestartPolicy, Supervisor, WorkerSpec
 from .tcp_access import TcpFrontend
 from .validation import DEFAULT_MAX_TENSOR_BYTES
@@ -59,6 +60,9 @@ class ServerOptions:
     drain_timeout_s: float = 30.0
     heartbeat_interval_s: float = 1.0  # workers and broker heartbeat each other this often
     heartbeat_liveness: int = 5  # intervals of silence after which a worker is declared dead
+    gpus: tuple[int, ...] | None = None  # GPUs instances may use (indices after CUDA_VISIBLE_DEVICES)
+    cpu_affinity: Mapping[str, tuple[frozenset[int], ...]] = field(default_factory=dict)  # by model or "*"
+    max_region_bytes: int = 0  # largest shared-memory region a client may register (0: no limit)
     socket_group: str | None = None  # a group whose members may use the client socket
     metrics: str | None = "127.0.0.1:8002"  # HOST:PORT of /metrics and the health endpoints; None = off
     curve_secret_key: Path | None = None  # server certificate (zinfer keys); enables CURVE on --tcp
@@ -74,8 +78,8 @@ class ServerOptions:
 class Broker:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
-        self.regions = RegionTable()
-        self.registry = ModelRegistry()
+        self.regions = RegionTable(options.max_region_bytes)
+        self.registry = ModelRegistry(options.gpus)
         self.supervisor = Supervisor(
             options.log_level, options.heartbeat_interval_s, options.heartbeat_liveness
         )
@@ -150,8 +154,10 @@ class Broker:
     def start_instances(self, state: ModelState, devices: list[str]) -> None:
         endpoint = worker_endpoint(self.options.runtime_dir)
         for instance, device in enumerate(devices):
+            cpus = cpus_for(self.options.cpu_affinity, state.name, instance)
+            pinned = ",".join(map(str, sorted(cpus))) if cpus else None
             spec = WorkerSpec(state.name, state.version, instance, device, self.options.model_repository,
-                              endpoint, state.generation)  # fmt: skip
+                              endpoint, state.generation, pinned)  # fmt: skip
             self._spec_state[spec] = state
             self._spawn(spec)
 

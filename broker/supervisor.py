@@ -25,6 +25,7 @@ class WorkerSpec:
     repository: Path
     endpoint: str
     generation: int = 0  # each load of a model is a new generation; a reload runs beside the old one
+    cpus: str | None = None  # CPU affinity of the worker, e.g. "0,1,2,3" (None: not pinned)
 
     def identity(self, incarnation: int) -> bytes:
         return f"{self.model}/{self.version}/{self.instance}/{self.generation}.{incarnation}".encode()
@@ -111,6 +112,8 @@ class Supervisor:
             "--heartbeat-liveness",
             str(self.liveness),
         ]
+        if spec.cpus:
+            cmd += ["--cpus", spec.cpus]
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, close_fds=True)
         wp = WorkerProc(spec, identity, proc, time.monotonic(), incarnation)
         self._procs[identity] = wp

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -26,7 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--heartbeat-interval", type=float, default=1.0)
     p.add_argument("--heartbeat-liveness", type=int, default=5)
+    p.add_argument("--cpus", default=None, help="pin this worker to these CPUs, e.g. 0,1,2,3")
     a = p.parse_args(argv)
+    if a.cpus:  # before any model code, so thread pools size themselves to the mask
+        os.sched_setaffinity(0, {int(c) for c in a.cpus.split(",")})
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(line_buffering=True)  # a model's print() reaches the log as it happens
     logging.basicConfig(

@@ -320,3 +320,23 @@ def test_dead_clients_regions_are_reaped(server_factory: Callable[..., ServerPro
     wait_for(lambda: not any(n.startswith(f"zinfer-c{pid}-") for n in zinfer_segments()), 15,
              "the server to reap the dead client's segment")  # fmt: skip
     assert "event=region_reaped" in server.log()
+
+
+def test_cpu_affinity_and_region_limit_from_a_config_file(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Issue 9, placement: a worker is pinned to the CPUs the config gives its model's instance."""
+    cfg = tmp_path / "zinfer.toml"
+    cfg.write_text('max_region_bytes = 1048576\n[cpu_affinity]\nadd = ["0"]\n"*" = ["1"]\n')
+    server = server_factory(MODELS, "--config", str(cfg))
+    import psutil
+
+    pins = {}
+    for p in server.workers():
+        cmd = " ".join(p.cmdline())
+        pins[cmd.split("--model ")[1].split()[0]] = psutil.Process(p.pid).cpu_affinity()
+    assert pins["add"] == [0]
+    assert pins["identity"] == [1]
+    with Client(server.url, timeout=30, arena_bytes=4 << 20) as client:
+        with pytest.raises(Exception, match="byte limit"):
+            client.infer("identity", {"INPUT0": np.ones((1, 1 << 20), np.float32)})
