@@ -81,7 +81,10 @@ class Broker:
         self.regions = RegionTable(options.max_region_bytes)
         self.registry = ModelRegistry(options.gpus)
         self.supervisor = Supervisor(
-            options.log_level, options.heartbeat_interval_s, options.heartbeat_liveness
+            options.log_level,
+            options.heartbeat_interval_s,
+            options.heartbeat_liveness,
+            client_endpoint(options.runtime_dir),
         )
         self.worker_model: dict[bytes, ModelState] = {}
         self.path = RequestPath(self)

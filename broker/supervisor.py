@@ -73,7 +73,14 @@ class RestartPolicy:
 
 
 class Supervisor:
-    def __init__(self, log_level: str = "INFO", heartbeat_s: float = 1.0, liveness: int = 5) -> None:
+    def __init__(
+        self,
+        log_level: str = "INFO",
+        heartbeat_s: float = 1.0,
+        liveness: int = 5,
+        server_url: str | None = None,
+    ) -> None:
+        self.server_url = server_url
         self.heartbeat_s = heartbeat_s
         self.liveness = liveness
         self._procs: dict[bytes, WorkerProc] = {}
@@ -114,6 +121,8 @@ class Supervisor:
         ]
         if spec.cpus:
             cmd += ["--cpus", spec.cpus]
+        if self.server_url:
+            cmd += ["--server-url", self.server_url]
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, close_fds=True)
         wp = WorkerProc(spec, identity, proc, time.monotonic(), incarnation)
         self._procs[identity] = wp

@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--heartbeat-interval", type=float, default=1.0)
     p.add_argument("--heartbeat-liveness", type=int, default=5)
+    p.add_argument("--server-url", default=None, help="the server's client socket, for BLS")
     p.add_argument("--cpus", default=None, help="pin this worker to these CPUs, e.g. 0,1,2,3")
     a = p.parse_args(argv)
     if a.cpus:  # before any model code, so thread pools size themselves to the mask
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             a.parent,
             a.heartbeat_interval,
             a.heartbeat_liveness,
+            a.server_url,
         )
     )
 

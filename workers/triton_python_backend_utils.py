@@ -4,7 +4,7 @@ A worker registers this module under that name before it imports a model, so
 ``import triton_python_backend_utils as pb_utils`` works unchanged. It has the part of Triton's API that
 a non-decoupled model uses: requests and their input tensors, tensors, responses, errors, the config
 helpers and the logger. Tensors live on the host (``as_numpy``), as in Triton's default. Not here yet:
-BLS (``InferenceRequest.exec``), decoupled response senders and ``auto_complete_config``; using them
+decoupled response senders and ``auto_complete_config``; using them
 raises :class:`TritonModelException` saying so.
 """
 
@@ -181,11 +181,27 @@ class InferenceRequest:
     def get_response_sender(self) -> Any:
         raise TritonModelException("decoupled models (response senders) are not supported yet in zinfer")
 
-    def exec(self, *args: Any, **kwargs: Any) -> Any:
-        raise TritonModelException("BLS (InferenceRequest.exec) is not supported yet in zinfer")
+    def exec(self, *args: Any, **kwargs: Any) -> InferenceResponse:
+        """BLS: run this request on ``model_name`` through the server; errors come back as values."""
+        from . import bls
 
-    async def async_exec(self, *args: Any, **kwargs: Any) -> Any:
-        raise TritonModelException("BLS (InferenceRequest.async_exec) is not supported yet in zinfer")
+        try:
+            outputs = bls.infer(
+                self._model_name,
+                {t.name(): t.as_numpy() for t in self._inputs},
+                self._outputs or None,
+                max(self._model_version, 0),
+                self._timeout / 1e6 if self._timeout else bls.BLS_TIMEOUT_S,
+            )
+        except Exception as exc:
+            return InferenceResponse(error=TritonError(f"{type(exc).__name__}: {exc}"))
+        return InferenceResponse(output_tensors=[Tensor(name, value) for name, value in outputs.items()])
+
+    async def async_exec(self, *args: Any, **kwargs: Any) -> InferenceResponse:
+        """``exec`` without blocking the event loop: several may be awaited at once."""
+        import asyncio
+
+        return await asyncio.to_thread(self.exec)
 
 
 class InferenceResponse:

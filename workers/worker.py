@@ -23,6 +23,7 @@ from zinfer.client.errors import ConfigError, ProtocolError
 from zinfer.client.protocol import Command, Frame
 from zinfer.client.transport import send_frames
 
+from . import bls
 from .batch import BatchRequest, run_batch
 from .device import CPU, Device, open_device
 from .heartbeat import Heartbeat
@@ -47,6 +48,7 @@ class WorkerArgs:
     parent: int
     heartbeat_s: float = 1.0
     liveness: int = 5
+    server_url: str | None = None  # the server's client socket, for BLS calls
 
 
 class Worker:
@@ -73,6 +75,7 @@ class Worker:
         a = self.args
         try:
             config = load_model_config(a.repository / a.model / "config.pbtxt", a.model)
+            bls.configure(a.server_url, a.model, sum(g.count for g in config.instance_group))
             self.device = open_device(a.device)
             self.regions.pinner = self.device
             model = load_model(config, a.repository / a.model / str(a.version), self.device, a.instance)
@@ -153,6 +156,7 @@ class Worker:
         )
 
     def close(self) -> None:
+        bls.close()
         self.heartbeat.stop()
         self.regions.close()
         try:

@@ -1,0 +1,85 @@
+"""Business logic scripting: a model's ``execute`` calling other models through the broker.
+
+The worker is then a client of its own server: a ``zinfer.client.Client`` on the server's socket, made on
+first use, tensors through its own shared-memory arena. Native models call ``infer`` / ``infer_async``;
+Triton-style models use ``pb_utils.InferenceRequest(...).exec()`` / ``async_exec()``, which return errors as
+values the way Triton does.
+
+A model calling itself can wait for itself forever: with one instance (the caller) that is certain, so it
+is refused at once; with more, every call has a timeout (``BLS_TIMEOUT_S``), so a circle of instances all
+waiting on each other ends in a clear error, never a silent deadlock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from zinfer.client import Client
+from zinfer.client.errors import InvalidArgument
+
+BLS_TIMEOUT_S = 60.0
+
+_lock = threading.Lock()
+_client: Client | None = None
+_url: str | None = None
+_model = ""
+_instances = 1
+
+
+def configure(url: str | None, model: str, instances: int) -> None:
+    """Called by the worker before the model loads: where the server is, and who is calling."""
+    global _url, _model, _instances
+    _url, _model, _instances = url, model, instances
+
+
+def _connection() -> Client:
+    global _client
+    with _lock:
+        if _client is None:
+            if _url is None:
+                raise InvalidArgument("BLS needs the server's address; this worker was not given one")
+            _client = Client(_url, timeout=BLS_TIMEOUT_S)
+        return _client
+
+
+def infer(
+    model: str,
+    inputs: Mapping[str, npt.ArrayLike],
+    outputs: Sequence[str] | None = None,
+    model_version: int = 0,
+    timeout_s: float = BLS_TIMEOUT_S,
+) -> dict[str, npt.NDArray[Any]]:
+    """Run ``model`` on ``inputs`` through the server and return its outputs (raises zinfer errors)."""
+    if model == _model and _instances <= 1:
+        raise InvalidArgument(
+            f"model '{model}' calls itself with no other instance free to answer: it would wait forever "
+            "(give it more instances, or call another model)"
+        )
+    result = _connection().infer(model, inputs, outputs=outputs, model_version=model_version,
+                                 client_timeout=timeout_s)  # fmt: skip
+    return {name: np.array(result.as_numpy(name)) for name in result.output_names}
+
+
+async def infer_async(
+    model: str,
+    inputs: Mapping[str, npt.ArrayLike],
+    outputs: Sequence[str] | None = None,
+    model_version: int = 0,
+    timeout_s: float = BLS_TIMEOUT_S,
+) -> dict[str, npt.NDArray[Any]]:
+    """``infer`` without blocking an event loop (several calls may run at once)."""
+    return await asyncio.to_thread(infer, model, inputs, outputs, model_version, timeout_s)
+
+
+def close() -> None:
+    global _client
+    with _lock:
+        if _client is not None:
+            _client.close()
+            _client = None
