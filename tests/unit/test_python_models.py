@@ -413,8 +413,8 @@ def test_pb_utils_helpers(caplog: pytest.LogCaptureFixture) -> None:
     assert (
         pb.get_input_tensor_by_name(request, "Y") is t and pb.get_input_tensor_by_name(request, "X") is None
     )
-    with pytest.raises(pb.TritonModelException, match="BLS"):
-        request.exec()
+    answer = request.exec()  # BLS outside a served worker: the error comes back as a value, as in Triton
+    assert answer.has_error() and "server" in answer.error().message()
     with caplog.at_level("DEBUG", logger="triton_python_backend_utils"):
         pb.Logger.log_info("hello")
         pb.Logger.log_warn("careful")
