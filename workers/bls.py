@@ -56,7 +56,7 @@ def infer(
     timeout_s: float = BLS_TIMEOUT_S,
 ) -> dict[str, npt.NDArray[Any]]:
     """Run ``model`` on ``inputs`` through the server and return its outputs (raises zinfer errors)."""
-    if model == _model and _instances <= 1:
+    if _model and model == _model and _instances <= 1:
         raise InvalidArgument(
             f"model '{model}' calls itself with no other instance free to answer: it would wait forever "
             "(give it more instances, or call another model)"
