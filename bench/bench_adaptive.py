@@ -1,0 +1,732 @@
+"""Adaptive batching benchmark (issue 4): a latency target against static queue delays, open-loop load.
+
+One ``zinfer serve`` on a temporary repository of identical ``linear`` models (X [*, IN] . W [IN, OUT] fp32,
+max_batch_size 32, one CPU instance each), one model per batching configuration: ``lin_d0``, ``lin_d100``,
+``lin_d500``, ``lin_d2000`` (static ``max_queue_delay_microseconds``) and ``lin_adaptive``
+(``zinfer_latency_target_microseconds``).
+
+1. Calibration on ``lin_d0``: one client, closed loop, requests carrying their own n rows, so every
+   execution is one request of n rows and nothing queues. Per size: kernel time (compute input + infer +
+   output per execution, from the statistics), broker time (arrival to reply) and client time; a fixed +
+   per-row line is fitted. Then every sender thread in a closed loop gives the saturation rate of the
+   whole machine (senders, broker and instance share its cores). The three rates are fractions of that
+   saturation rate; the latency target follows TARGET_RULE.
+2. For each rate, ROUNDS rounds; in each round every configuration in turn (never two at once, in an order
+   rotated per round so slow spells of a shared machine do not all fall on one) gets the same seeded
+   Poisson schedule: open loop, every request goes at its scheduled time whatever the completions. The
+   schedule is split over SENDER_PROCS processes; in each, SENDER_THREADS threads with a Client each take
+   the next request of that process's share, sleep until its time and send it. Each request's scheduled,
+   send and completion times are recorded; failures are counted and reported.
+3. Per rate and configuration, over its rounds: achieved throughput, client-side p50/p99 latency (send to
+   completion), the senders' lag behind the schedule, mean executed batch size and batch reasons (from
+   the difference of two statistics calls around each run), and whether p99 meets the target. Beside it,
+   the broker's virtual-time simulator (zinfer.broker.simulate) runs the same policies on the same
+   schedules with the calibrated batch costs: what the policy does without CPU contention.
+
+Target: at every rate the adaptive mode meets its latency target and reaches at least the throughput of the
+best static delay that also meets it (within THROUGHPUT_TOL: open loop, all that keep up carry the offered
+load). PASS/MISS per rate is printed as measured.
+
+Usage: ``.venv/bin/python bench/bench_adaptive.py [--quick]``. Results: bench/results/bench_adaptive.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import queue
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zinfer.broker.batch_policy import BatchPolicy
+from zinfer.broker.simulate import simulate
+from zinfer.client.client import Client
+from zinfer.client.paths import client_endpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serving import machine, pct  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "bench_adaptive.json"
+
+# X [*, IN] . W [IN, OUT] fp32: big enough that the instance, not the broker or the senders, is what the
+# load saturates on a 2-core machine (a batch of 32 takes ~13 ms; a lone row ~2.5 ms, through NumPy's GEMV,
+# while 2 to 8 rows take ~6 ms, through a GEMM that packs W first).
+IN_DIM, OUT_DIM = 4096, 4096
+MAX_BATCH = 32
+STATIC_DELAYS_US = (0, 100, 500, 2000)
+ADAPTIVE = "lin_adaptive"
+RATE_FRACTIONS = {"light": 0.1, "medium": 0.4, "near_saturation": 0.75}  # of the closed-loop saturation rate
+# The latency target: TARGET_X_BATCH1 x the batch-1 cost, raised where needed to TARGET_X_NEEDED x the cost
+# of the smallest batch that carries the near-saturation rate (client-side line fit). A target that no batch
+# size can meet at that rate tests nothing: a request waits for the batch in progress, then runs in its own.
+TARGET_X_BATCH1 = 5.0
+TARGET_X_NEEDED = 4.0
+TARGET_RULE = (
+    f"max({TARGET_X_BATCH1:g} x batch-1 client p50, {TARGET_X_NEEDED:g} x client cost of the smallest batch "
+    "carrying the near-saturation rate), rounded up to 0.1 ms"
+)
+THROUGHPUT_TOL = 0.02  # adaptive within 2% of the best static delay counts as reaching it
+CAL_SIZES = (1, 2, 4, 8, 16, 32)
+FULL = {"rounds": 4, "round_s": 3.0, "round_max": 20_000, "cal_reps": 40, "warm_reps": 4, "sat_s": 3.0}
+QUICK = {"rounds": 1, "round_s": 1.5, "round_max": 5_000, "cal_reps": 12, "warm_reps": 2, "sat_s": 1.0}
+SENDER_PROCS = 2
+SENDER_THREADS = 64  # per process: requests in flight at once, so the schedule never waits on a reply
+TIMEOUT_S = 10.0  # every request's and every queue receive's timeout
+START_LEAD_S = 0.3  # from handing out a run to its first scheduled send
+LOOP_MAX_S = 60.0  # a calibration loop stops here even if its count is not reached
+# One BLAS thread per worker: "one CPU instance" uses one core, and on a small machine a second BLAS thread
+# only fights the broker and the senders (OpenBLAS's spinning threads then make a batch cost 10x more).
+BLAS_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+Record = tuple[int, float, float, float, str]  # index, scheduled, sent, done (monotonic s), error ("" = ok)
+
+
+def lin_model(delay_us: int | None) -> str:
+    return ADAPTIVE if delay_us is None else f"lin_d{delay_us}"
+
+
+CONFIGS: tuple[str, ...] = tuple(lin_model(d) for d in STATIC_DELAYS_US) + (ADAPTIVE,)
+
+
+# ---------------------------------------------------------------------------------------------- repository
+
+
+def _config(name: str, batching: str) -> str:
+    return f"""name: "{name}"
+backend: "zinfer"
+max_batch_size: {MAX_BATCH}
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ {IN_DIM} ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ {OUT_DIM} ] }} ]
+dynamic_batching {{ {batching} }}
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+parameters [ {{ key: "kernel" value: {{ string_value: "linear" }} }} ]
+"""
+
+
+def write_repository(repo: Path, target_us: int) -> None:
+    """Every configuration as its own model, all with the same weights (written once, hard-linked)."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((IN_DIM, OUT_DIM)) / math.sqrt(IN_DIM)).astype(np.float32)
+    b = np.zeros(OUT_DIM, np.float32)
+    first: Path | None = None
+    for d in (*STATIC_DELAYS_US, None):
+        name = lin_model(d)
+        batching = (
+            f"zinfer_latency_target_microseconds: {target_us}"
+            if d is None
+            else f"max_queue_delay_microseconds: {d}"
+        )
+        vdir = repo / name / "1"
+        vdir.mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(_config(name, batching))
+        if first is None:
+            np.save(vdir / "W.npy", w)
+            np.save(vdir / "b.npy", b)
+            first = vdir
+        else:
+            for f in ("W.npy", "b.npy"):
+                os.link(first / f, vdir / f)
+
+
+# ---------------------------------------------------------------------------------------------- server
+
+
+@contextmanager
+def zinfer_server(repo: Path, load: tuple[str, ...], ready_timeout_s: float = 90.0) -> Iterator[str]:
+    """A ``zinfer serve`` on ``repo`` (explicit model control, ``load`` loaded at start) with its runtime dir
+    beside it; yields its URL; always stopped."""
+    rt = repo.parent / "rt"
+    log_path = repo.parent / "serve.log"
+    cmd = [sys.executable, "-m", "zinfer.broker", "serve", "--model-repository", str(repo)]
+    cmd += ["--runtime-dir", str(rt), "--no-metrics", "--model-control-mode", "explicit"]
+    for name in load:
+        cmd += ["--load-model", name]
+    proc = None
+    try:
+        env = dict(os.environ, **BLAS_ENV)
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+            )
+        _wait_ready(proc, log_path, ready_timeout_s)
+        yield client_endpoint(rt)
+    finally:
+        if proc is not None:
+            _stop(proc)
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = log_path.read_text(errors="replace")
+        if "event=ready" in text:
+            if "failed=-" not in text:
+                raise RuntimeError(f"zinfer serve: a model failed to load:\n{text[-2000:]}")
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"zinfer serve exited with {proc.returncode}:\n{text[-2000:]}")
+        time.sleep(0.05)
+    raise TimeoutError(f"zinfer serve not ready within {timeout_s} s:\n{log_path.read_text()[-2000:]}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the server and its workers
+        proc.wait(5)
+
+
+# ---------------------------------------------------------------------------------------------- senders
+
+
+def _x(rows: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, IN_DIM)).astype(np.float32)
+
+
+def _send_share(
+    client: Client, model: str, share: list[tuple[int, float]], pos: list[int], lock: threading.Lock,
+    start: float, stop: float, x: np.ndarray, out: list[Record],
+) -> None:  # fmt: skip
+    """Take the next request of this process's share, wait for its time, send it, record it."""
+    while True:
+        with lock:
+            i = pos[0]
+            pos[0] += 1
+        if i >= len(share):
+            return
+        idx, offset = share[i]
+        sched = start + offset
+        if sched > stop:  # bound: a run never sends past its window (with its lead and slack)
+            out.append((idx, sched, math.nan, math.nan, "not sent: past the run window"))
+            continue
+        wait = sched - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        sent = time.monotonic()
+        err = ""
+        try:
+            client.infer(model, {"X": x}, client_timeout=TIMEOUT_S)
+        except Exception as exc:  # counted and reported as a failure
+            err = repr(exc)[:200]
+        out.append((idx, sched, sent, time.monotonic(), err))
+
+
+def _closed_loop(
+    c: Client, model: str, x: np.ndarray, start: float, stop: float, counts: list[int], errors: list[str]
+) -> None:
+    n = 0
+    time.sleep(max(0.0, start - time.monotonic()))
+    try:
+        while time.monotonic() < stop:
+            c.infer(model, {"X": x}, client_timeout=TIMEOUT_S)
+            n += 1
+    except Exception as exc:  # reported by the main process
+        errors.append(repr(exc)[:200])
+    counts.append(n)
+
+
+def _sender_process(url: str, threads: int, jobs: Any, results: Any) -> None:
+    """A long-lived load process: ``threads`` Clients; runs the jobs it is handed until told to stop."""
+    clients = [Client(url, timeout=TIMEOUT_S) for _ in range(threads)]
+    xs = [_x(1, 100 + i) for i in range(threads)]
+    try:
+        while True:
+            try:
+                job = jobs.get(timeout=600.0)  # bounded: an abandoned pool ends on its own
+            except queue.Empty:
+                return
+            if job is None:
+                return
+            kind, model = job[0], job[1]
+            if kind == "warm":  # one request per client: fetch the model's metadata outside the timing
+                errors = []
+                for c, x in zip(clients, xs, strict=True):
+                    try:
+                        c.infer(model, {"X": x}, client_timeout=TIMEOUT_S)
+                    except Exception as exc:
+                        errors.append(repr(exc)[:200])
+                results.put(("warm", errors))
+                continue
+            if kind == "closed":  # every thread in a closed loop until ``stop``: the saturation rate
+                start, stop = job[2], job[3]
+                counts: list[int] = []
+                errors = []
+                ts = [
+                    threading.Thread(
+                        target=_closed_loop, args=(c, model, x, start, stop, counts, errors), daemon=True
+                    )
+                    for c, x in zip(clients, xs, strict=True)
+                ]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join(max(0.0, stop - time.monotonic()) + TIMEOUT_S + 5.0)
+                results.put(("closed", (sum(counts), errors)))
+                continue
+            share, start, stop = job[2], job[3], job[4]
+            out: list[Record] = []
+            pos, lock = [0], threading.Lock()
+            ts = [
+                threading.Thread(
+                    target=_send_share, args=(c, model, share, pos, lock, start, stop, x, out), daemon=True
+                )
+                for c, x in zip(clients, xs, strict=True)
+            ]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(max(0.0, stop - time.monotonic()) + TIMEOUT_S + 5.0)
+            results.put(("run", list(out)))
+    finally:
+        for c in clients:
+            c.close()
+
+
+class SenderPool:
+    """SENDER_PROCS long-lived processes of SENDER_THREADS Clients each (started once: spawning per run
+    would cost more than a quick run)."""
+
+    def __init__(self, url: str) -> None:
+        ctx = mp.get_context("spawn")
+        self.results = ctx.Queue()
+        self.jobs = [ctx.Queue() for _ in range(SENDER_PROCS)]
+        self.procs = [
+            ctx.Process(target=_sender_process, args=(url, SENDER_THREADS, q, self.results), daemon=True)
+            for q in self.jobs
+        ]
+        for p in self.procs:
+            p.start()
+
+    def close(self) -> None:
+        for q in self.jobs:
+            q.put(None)
+        for p in self.procs:
+            p.join(TIMEOUT_S + 5.0)
+            if p.is_alive():
+                p.kill()
+                p.join(5.0)
+
+    def _gather(self, kind: str, timeout_s: float) -> list[Any]:
+        got = []
+        deadline = time.monotonic() + timeout_s
+        while len(got) < len(self.procs):
+            try:
+                k, payload = self.results.get(timeout=0.5)
+            except queue.Empty:
+                if any(not p.is_alive() for p in self.procs):
+                    raise RuntimeError("a sender process died") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"senders did not answer {kind!r} within {timeout_s:.0f} s") from None
+                continue
+            if k != kind:
+                raise RuntimeError(f"sender answered {k!r}, expected {kind!r}")
+            got.append(payload)
+        return got
+
+    def warm(self, model: str) -> list[str]:
+        for q in self.jobs:
+            q.put(("warm", model))
+        return [e for errs in self._gather("warm", 3 * TIMEOUT_S + 30.0) for e in errs]
+
+    def closed(self, model: str, seconds: float) -> dict[str, Any]:
+        """Every sender thread in a closed loop on ``model`` for ``seconds``: requests/s at saturation."""
+        start = time.monotonic() + START_LEAD_S
+        for q in self.jobs:
+            q.put(("closed", model, start, start + seconds))
+        got = self._gather("closed", START_LEAD_S + seconds + 2 * TIMEOUT_S + 30.0)
+        errors = [e for g in got for e in g[1]]
+        if errors:
+            raise RuntimeError(f"closed loop on {model} failed: {errors[:3]}")
+        return {"concurrency": SENDER_PROCS * SENDER_THREADS, "seconds": seconds,
+                "req_per_s": sum(g[0] for g in got) / seconds}  # fmt: skip
+
+    def run(self, model: str, offsets: list[float], run_s: float) -> list[Record]:
+        """Send ``offsets`` (seconds from the start) to ``model``: request i goes to process i % P."""
+        start = time.monotonic() + START_LEAD_S
+        stop = start + run_s + 1.0
+        shares: list[list[tuple[int, float]]] = [[] for _ in self.procs]
+        for i, off in enumerate(offsets):
+            shares[i % len(shares)].append((i, off))
+        for q, share in zip(self.jobs, shares, strict=True):
+            q.put(("run", model, share, start, stop))
+        got = self._gather("run", START_LEAD_S + run_s + 2 * TIMEOUT_S + 30.0)
+        return sorted((r for part in got for r in part), key=lambda r: r[0])
+
+
+def poisson_offsets(rate: float, span_s: float, cap: int, seed: int) -> list[float]:
+    """Seeded Poisson arrival offsets in [0, span_s), at most ``cap`` of them."""
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    while len(out) < cap:
+        t += rng.expovariate(rate)
+        if t >= span_s:
+            break
+        out.append(t)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+
+def model_stats(client: Client, model: str) -> dict[str, Any]:
+    stats: dict[str, Any] = client.statistics(model)["model_stats"][0]
+    return stats
+
+
+def batch_diff(before: dict[str, Any], after: dict[str, Any]) -> Counter[int]:
+    was = {b["batch_size"]: b["count"] for b in before["batch_stats"]}
+    return Counter({b["batch_size"]: b["count"] - was.get(b["batch_size"], 0) for b in after["batch_stats"]})
+
+
+def reasons_diff(before: dict[str, Any], after: dict[str, Any]) -> Counter[str]:
+    was = before.get("batch_reasons", {})
+    return Counter({r: n - was.get(r, 0) for r, n in after.get("batch_reasons", {}).items()})
+
+
+def stat_diff(before: dict[str, Any], after: dict[str, Any], key: str) -> tuple[float, int]:
+    """Total ns and count of one ``inference_stats`` field between two snapshots."""
+    b, a = before["inference_stats"][key], after["inference_stats"][key]
+    return float(a["ns"] - b["ns"]), int(a["count"] - b["count"])
+
+
+def mean_size(sizes: Counter[int]) -> float:
+    execs = sum(n for n in sizes.values() if n > 0)
+    return sum(s * n for s, n in sizes.items() if n > 0) / execs if execs else math.nan
+
+
+# ---------------------------------------------------------------------------------------------- calibration
+
+
+def calibrate(url: str, reps: int) -> dict[str, Any]:
+    """Cost of a batch of each size on ``lin_d0`` (module docstring, step 1). Medians over ``reps`` requests,
+    each between two statistics calls, so that a slow spell of a shared machine does not move the line."""
+    model = lin_model(0)
+    rows: list[dict[str, Any]] = []
+    deadline = time.monotonic() + LOOP_MAX_S
+    parts = ("compute_input", "compute_infer", "compute_output")
+    with Client(url, timeout=TIMEOUT_S) as c:
+        for n in CAL_SIZES:
+            x = _x(n, n)
+            for _ in range(3):  # warm-up of this size
+                c.infer(model, {"X": x})
+            kernel, broker, client = [], [], []
+            before = model_stats(c, model)
+            while len(client) < reps and time.monotonic() < deadline:
+                t0 = time.perf_counter()
+                c.infer(model, {"X": x})
+                client.append((time.perf_counter() - t0) * 1e3)
+                after = model_stats(c, model)
+                kernel.append(sum(stat_diff(before, after, k)[0] for k in parts) / 1e6)
+                broker.append(stat_diff(before, after, "success")[0] / 1e6)  # arrival to reply; no queue here
+                before = after
+            medians = {
+                "kernel_ms": pct(kernel, 50),
+                "broker_ms": pct(broker, 50),
+                "client_ms": pct(client, 50),
+            }
+            rows.append({"size": n, "n": len(client), **medians})
+    sizes = np.array([r["size"] for r in rows], float)
+    fit = {}
+    for key in ("kernel_ms", "broker_ms", "client_ms"):
+        slope, icpt = np.polyfit(sizes, np.array([r[key] for r in rows]), 1)
+        fit[key] = {"fixed_ms": float(icpt), "per_row_ms": float(slope)}
+    for r in rows:
+        r["rows_per_s"] = r["size"] / (r["broker_ms"] / 1e3)
+    return {"sizes": rows, "fit": fit, "model_capacity_req_per_s": max(r["rows_per_s"] for r in rows)}
+
+
+def choose_target(cal: dict[str, Any], near_rate: float) -> tuple[float, dict[str, Any]]:
+    """The latency target in ms (TARGET_RULE) and what it came from."""
+    b1 = next(r for r in cal["sizes"] if r["size"] == 1)["client_ms"]
+    fit = cal["fit"]["client_ms"]
+    cost = {m: fit["fixed_ms"] + fit["per_row_ms"] * m for m in range(2, MAX_BATCH + 1)}
+    needed = next((m for m, c in cost.items() if m / c * 1e3 >= near_rate), MAX_BATCH)
+    target = max(TARGET_X_BATCH1 * b1, TARGET_X_NEEDED * cost[needed])
+    why = {"batch1_client_ms": b1, "near_saturation_batch": needed, "near_saturation_batch_ms": cost[needed]}
+    return math.ceil(target * 10) / 10, why
+
+
+def warm_model(pool: SenderPool, url: str, model: str, reps: int) -> None:
+    """Metadata into every sender's Client, then every size a few times through the model: worker caches and,
+    equally for every configuration, the first execution times the adaptive mode learns from."""
+    errs = pool.warm(model)
+    if errs:
+        raise RuntimeError(f"warm-up of {model} failed: {errs[:3]}")
+    with Client(url, timeout=TIMEOUT_S) as c:
+        for n in CAL_SIZES:
+            x = _x(n, n)
+            for _ in range(reps):
+                c.infer(model, {"X": x})
+
+
+# ---------------------------------------------------------------------------------------------- runs
+
+
+class Tally:
+    """One configuration's records over the rounds of one rate."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.records: list[Record] = []
+        self.busy_s = 0.0  # sum over rounds of first scheduled send to last completion
+        self.sizes: Counter[int] = Counter()
+        self.reasons: Counter[str] = Counter()
+        self.round_p99_ms: list[float] = []
+
+    def add(self, recs: list[Record], before: dict[str, Any], after: dict[str, Any]) -> None:
+        self.records += recs
+        ok = [r for r in recs if not r[4]]
+        if ok:
+            self.busy_s += max(r[3] for r in ok) - min(r[1] for r in recs)
+            self.round_p99_ms.append(pct([(r[3] - r[2]) * 1e3 for r in ok], 99))
+        self.sizes.update(batch_diff(before, after))
+        self.reasons.update(reasons_diff(before, after))
+
+    def summary(self, span_s: float, target_ms: float) -> dict[str, Any]:
+        ok = [r for r in self.records if not r[4]]
+        failed = [r for r in self.records if r[4]]
+        lat = [(r[3] - r[2]) * 1e3 for r in ok]
+        lag = [(r[2] - r[1]) * 1e3 for r in self.records if not math.isnan(r[2])]
+        p99 = pct(lat, 99) if lat else math.nan
+        return {
+            "model": self.model,
+            "requests": len(self.records),
+            "ok": len(ok),
+            "failed": len(failed),
+            "errors": sorted({r[4] for r in failed})[:5],
+            "offered_req_per_s": len(self.records) / span_s,
+            "throughput_req_per_s": len(ok) / self.busy_s if self.busy_s > 0 else math.nan,
+            "p50_ms": pct(lat, 50) if lat else math.nan,
+            "p99_ms": p99,
+            "round_p99_ms": self.round_p99_ms,
+            "p99_from_schedule_ms": pct([(r[3] - r[1]) * 1e3 for r in ok], 99) if ok else math.nan,
+            "send_lag_p99_ms": pct(lag, 99) if lag else math.nan,
+            "mean_batch": mean_size(self.sizes),
+            "executions": sum(n for n in self.sizes.values() if n > 0),
+            "batch_sizes": {str(s): n for s, n in sorted(self.sizes.items()) if n > 0},
+            "batch_reasons": {r: n for r, n in sorted(self.reasons.items()) if n > 0},
+            "meets_target": bool(not failed and p99 <= target_ms),
+        }
+
+
+def run_rate(
+    pool: SenderPool, sc: Client, k: int, rate: float, p: dict[str, Any], target_ms: float
+) -> tuple[dict[str, Any], list[list[float]]]:
+    """Every configuration on the same schedules, ROUNDS rounds, configuration order rotated per round."""
+    tallies = {m: Tally(m) for m in CONFIGS}
+    schedules = []
+    for rnd in range(p["rounds"]):
+        offsets = poisson_offsets(rate, p["round_s"], p["round_max"], seed=1000 + 10 * k + rnd)
+        schedules.append(offsets)
+        shift = rnd % len(CONFIGS)
+        for m in CONFIGS[shift:] + CONFIGS[:shift]:
+            before = model_stats(sc, m)
+            recs = pool.run(m, offsets, p["round_s"])
+            tallies[m].add(recs, before, model_stats(sc, m))
+    span = p["rounds"] * p["round_s"]
+    return {m: t.summary(span, target_ms) for m, t in tallies.items()}, schedules
+
+
+def simulated(cal: dict[str, Any], schedules: list[list[float]], target_ms: float) -> dict[str, Any]:
+    """The same schedules through the broker's batcher in virtual time, batch costs from the calibration
+    (broker time, linear between the calibrated sizes), latencies plus the calibrated client overhead."""
+    sizes = [r["size"] for r in cal["sizes"]]
+    costs = [r["broker_ms"] / 1e3 for r in cal["sizes"]]
+    b1 = cal["sizes"][0]
+    overhead_ms = max(0.0, b1["client_ms"] - b1["broker_ms"])
+
+    def exec_s(rows: int) -> float:
+        return float(np.interp(rows, sizes, costs))
+
+    out = {}
+    for m in CONFIGS:
+        delay = None if m == ADAPTIVE else int(m.removeprefix("lin_d"))
+        policy = (
+            BatchPolicy(MAX_BATCH, latency_target_us=round(target_ms * 1000))
+            if delay is None
+            else BatchPolicy(MAX_BATCH, max_queue_delay_us=delay)
+        )
+        lat: list[float] = []
+        batches: list[int] = []
+        for offsets in schedules:
+            if offsets:
+                r = simulate(policy, offsets, exec_s)
+                lat += [x * 1e3 + overhead_ms for x in r.latencies]
+                batches += r.batch_sizes
+        p99 = pct(lat, 99) if lat else math.nan
+        out[m] = {
+            "p50_ms": pct(lat, 50) if lat else math.nan,
+            "p99_ms": p99,
+            "mean_batch": sum(batches) / len(batches) if batches else math.nan,
+            "meets_target": bool(p99 <= target_ms),
+        }
+    return out
+
+
+def verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    ad = runs[ADAPTIVE]
+    meeting = [runs[m] for m in CONFIGS if m != ADAPTIVE and runs[m]["meets_target"]]
+    best = max(meeting, key=lambda r: r["throughput_req_per_s"], default=None)
+    best_tp = best["throughput_req_per_s"] if best else None
+    ratio = ad["throughput_req_per_s"] / best_tp if best_tp else None
+    reaches = ratio is None or ratio >= 1 - THROUGHPUT_TOL
+    return {
+        "adaptive_meets_target": ad["meets_target"],
+        "static_meeting_target": [r["model"] for r in meeting],
+        "best_static_meeting_target": best["model"] if best else None,
+        "best_static_throughput": best_tp,
+        "adaptive_over_best_static": ratio,
+        "result": "PASS" if ad["meets_target"] and reaches else "MISS",
+    }
+
+
+def run(p: dict[str, Any]) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="zba-", dir="/tmp"))
+    load_before = os.getloadavg()
+    results: dict[str, Any] = {}
+    try:
+        repo = tmp / "repo"
+        write_repository(repo, target_us=0)  # the adaptive model's config is rewritten after calibration
+        with zinfer_server(repo, load=(lin_model(0),)) as url, Client(url, timeout=TIMEOUT_S) as sc:
+            cal = calibrate(url, p["cal_reps"])
+            pool = SenderPool(url)
+            try:
+                warm_model(pool, url, lin_model(0), p["warm_reps"])
+                before = model_stats(sc, lin_model(0))
+                sat = pool.closed(lin_model(0), p["sat_s"])
+                sat["mean_batch"] = mean_size(batch_diff(before, model_stats(sc, lin_model(0))))
+                rates = {name: frac * sat["req_per_s"] for name, frac in RATE_FRACTIONS.items()}
+                target_ms, why = choose_target(cal, rates["near_saturation"])
+                (repo / ADAPTIVE / "config.pbtxt").write_text(
+                    _config(ADAPTIVE, f"zinfer_latency_target_microseconds: {round(target_ms * 1000)}")
+                )
+                for m in CONFIGS[1:]:
+                    sc.load_model(m, timeout=120.0)
+                    warm_model(pool, url, m, p["warm_reps"])
+                _print_calibration(cal, sat, target_ms, why, rates)
+                for k, (name, rate) in enumerate(rates.items()):
+                    runs, schedules = run_rate(pool, sc, k, rate, p, target_ms)
+                    sim = simulated(cal, schedules, target_ms)
+                    v = verdict(runs)
+                    seeds = [1000 + 10 * k + r for r in range(p["rounds"])]
+                    results[name] = {"rate_req_per_s": rate, "seeds": seeds, "runs": runs, "simulated": sim,
+                                     "verdict": v}  # fmt: skip
+                    _print_rate(name, runs, sim, v)
+            finally:
+                pool.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "machine": {**machine(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "params": p,
+        "model": {
+            "in": IN_DIM,
+            "out": OUT_DIM,
+            "dtype": "fp32",
+            "max_batch_size": MAX_BATCH,
+            "instances": 1,
+            "kind": "KIND_CPU",
+            "blas_env": BLAS_ENV,
+        },  # fmt: skip
+        "sender": {"processes": SENDER_PROCS, "threads_per_process": SENDER_THREADS, "timeout_s": TIMEOUT_S},
+        "calibration": cal,
+        "saturation": sat,
+        "rate_fractions_of_saturation": RATE_FRACTIONS,
+        "target_ms": target_ms,
+        "target_rule": TARGET_RULE,
+        "target_inputs": why,
+        "throughput_tolerance": THROUGHPUT_TOL,
+        "rates": results,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def _print_calibration(
+    cal: dict[str, Any], sat: dict[str, Any], target_ms: float, why: dict[str, Any], rates: dict[str, float]
+) -> None:
+    print(f"calibration: linear X[*,{IN_DIM}] . W[{IN_DIM},{OUT_DIM}] fp32, one CPU instance, one client")
+    print(f"  {'rows':>5}{'kernel ms':>11}{'broker ms':>11}{'client ms':>11}{'rows/s':>10}")
+    for r in cal["sizes"]:
+        print(f"  {r['size']:5d}{r['kernel_ms']:11.3f}{r['broker_ms']:11.3f}{r['client_ms']:11.3f}"
+              f"{r['rows_per_s']:10.0f}")  # fmt: skip
+    for key, f in cal["fit"].items():
+        print(f"  fit {key:10} {f['fixed_ms']:.3f} ms + {f['per_row_ms']:.4f} ms/row")
+    print(f"  model capacity (best rows/s of any size, broker time): {cal['model_capacity_req_per_s']:.0f}/s")
+    print(f"  saturation (closed loop, {sat['concurrency']} clients, {sat['seconds']:g} s): "
+          f"{sat['req_per_s']:.0f} req/s, mean batch {sat['mean_batch']:.1f}")  # fmt: skip
+    print("  rates: " + ", ".join(f"{n} {r:.0f}/s ({RATE_FRACTIONS[n]:.0%})" for n, r in rates.items()))
+    b1, m, cost = why["batch1_client_ms"], why["near_saturation_batch"], why["near_saturation_batch_ms"]
+    print(f"  latency target: {target_ms:.1f} ms = max({TARGET_X_BATCH1:g} x {b1:.2f} ms (1 row), "
+          f"{TARGET_X_NEEDED:g} x {cost:.2f} ms ({m} rows, the smallest batch carrying the near-saturation "
+          "rate))", flush=True)  # fmt: skip
+
+
+def _print_rate(name: str, runs: dict[str, Any], sim: dict[str, Any], v: dict[str, Any]) -> None:
+    r0 = runs[CONFIGS[0]]
+    print(
+        f"\n{name}: {r0['offered_req_per_s']:.0f} req/s offered, {r0['requests']} requests per configuration"
+    )
+    print(f"  {'model':14}{'tput/s':>8}{'p50 ms':>8}{'p99 ms':>8}{'lag99':>7}{'batch':>7}{'fail':>5}  "
+          f"{'target':7}{'sim p99':>8}{'sim batch':>10}  round p99s")  # fmt: skip
+    for m in CONFIGS:
+        r, s = runs[m], sim[m]
+        rounds = " ".join(f"{x:.0f}" for x in r["round_p99_ms"])
+        print(f"  {m:14}{r['throughput_req_per_s']:8.0f}{r['p50_ms']:8.2f}{r['p99_ms']:8.2f}"
+              f"{r['send_lag_p99_ms']:7.2f}{r['mean_batch']:7.2f}{r['failed']:5d}  "
+              f"{'meets' if r['meets_target'] else 'misses':7}{s['p99_ms']:8.2f}{s['mean_batch']:10.2f}"
+              f"  {rounds}")  # fmt: skip
+        if r["errors"]:
+            print(f"      errors: {r['errors']}")
+    best = v["best_static_meeting_target"]
+    cmp = (f"best static meeting it: {best} {v['best_static_throughput']:.0f}/s, adaptive/best "
+           f"{v['adaptive_over_best_static']:.3f}" if best else "no static delay meets it")  # fmt: skip
+    met = "meets" if v["adaptive_meets_target"] else "MISSES"
+    print(f"  adaptive {met} the target; {cmp}  -> {v['result']}", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one short round per rate (smoke test, < 60 s)")
+    args = ap.parse_args()
+    params = dict(QUICK if args.quick else FULL, quick=args.quick)
+    t0 = time.perf_counter()
+    results = run(params)
+    results["wall_s"] = time.perf_counter() - t0
+    results["summary"] = {name: r["verdict"]["result"] for name, r in results["rates"].items()}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    m = results["machine"]
+    print(f"\nmachine: cpus={m['cpu_count']} python={m['python']} numpy={m['numpy']} pyzmq={m['pyzmq']} "
+          f"load average before {m['loadavg_before'][0]:.2f}, after {m['loadavg_after'][0]:.2f}")  # fmt: skip
+    print(
+        f"target {results['target_ms']:.1f} ms; "
+        + ", ".join(f"{k} {v}" for k, v in results["summary"].items())
+    )
+    print(f"wrote {RESULTS.relative_to(ROOT)} in {results['wall_s']:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
