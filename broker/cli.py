@@ -176,6 +176,7 @@ def _parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentPa
         if name != "models":
             c.add_argument("model")
     sub.add_parser("status", help="a terminal view of a running server (see 'zinfer status --help')")
+    sub.add_parser("perf", help="a load generator in the spirit of perf_analyzer (see 'zinfer perf --help')")
     k = sub.add_parser("keys", help="write a CURVE key pair: NAME.key (public) and NAME.key_secret")
     k.add_argument("folder", type=Path)
     k.add_argument("name")
@@ -355,6 +356,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["perf"]:
+        from .perf_cli import main as perf_main
+
+        return perf_main(argv[1:])
     if argv[:1] == ["status"]:
         from .status_view import main as status_main
 

@@ -1,65 +1,28 @@
 """The synchronous client: ``Client(url).infer(model, {name: array})``.
 
 One DEALER socket per client, safe to share between threads: each call registers a waiter for its
-request id; whichever waiting thread holds the receive lock reads replies for everyone.
+request id; whichever waiting thread holds the receive lock reads replies for everyone. Request building
+and result reading live in ``base._ClientBase``, shared with ``AsyncClient``; this module is the I/O.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import threading
-import weakref
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
-from . import dtypes, protocol
-from .arena import Arena, Slot
+from .base import _ClientBase, _ModelInfo, _Prepared
 from .connection import Connection, CurveKeys
-from .errors import (
-    ClientError,
-    ConnectionFailed,
-    ProtocolError,
-    RequestTimeout,
-    Status,
-    UnknownRegion,
-    from_status,
-)
-from .paths import default_url
-from .protocol import Command, Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef
+from .errors import ClientError, RequestTimeout, Status, from_status
+from .protocol import Command, Frame, Reply
 from .result import InferResult
 from .shm import Segment
+from .triton_compat import InputsArg, OutputsArg
+from .triton_compat import model_version as _version
 
 log = logging.getLogger(__name__)
 
-_POLL_SLICE_S = 0.001  # receive slice while other threads are waiting to send
 
-
-@dataclass(frozen=True)
-class _OutputSpec:
-    name: str
-    datatype: str
-    shape: tuple[int, ...]  # as in metadata: -1 for variable dims, batch dim included
-
-
-@dataclass(frozen=True)
-class _ModelInfo:
-    name: str
-    version: int
-    max_batch_size: int
-    outputs: tuple[_OutputSpec, ...]
-
-
-def _byte_view(arr: npt.NDArray[Any]) -> memoryview:
-    """The bytes of a contiguous array (a uint8 view also works for dtypes memoryview lacks, like bf16)."""
-    return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
-
-
-class Client:
+class Client(_ClientBase):
     """Talks to one zinfer server. Use as a context manager, or call ``close()``.
 
     ``url`` defaults to the server's socket in the default runtime directory. Tensors go through the
@@ -79,20 +42,15 @@ class Client:
         inline_threshold: int = 4096,
         curve: CurveKeys | None = None,
     ) -> None:
-        self.url = url or default_url()
-        self.timeout = timeout
-        self.inline_threshold = inline_threshold
-        self._use_shm = self.url.startswith("ipc://") if shm is None else shm
+        super().__init__(
+            url,
+            timeout=timeout,
+            shm=shm,
+            arena_bytes=arena_bytes,
+            max_arena_bytes=max_arena_bytes,
+            inline_threshold=inline_threshold,
+        )
         self._conn = Connection(self.url, on_late_reply=self._late_reply, curve=curve)
-        self._orphans_lock = threading.Lock()
-        self._orphans: dict[str, list[Slot]] = {}  # slots of requests in flight, by request id
-        self._active: dict[str, str] = {}  # caller's request_id -> wire id, for cancel()
-        self._models: dict[tuple[str, int], _ModelInfo] = {}
-        # arrays made by empty(): id of their base memoryview -> (that memoryview, its slot)
-        self._owned: dict[int, tuple[memoryview, Slot]] = {}
-        self._arena_args = (arena_bytes, max_arena_bytes)
-        self._arena: Arena | None = None
-        self._closed = False
 
     # ------------------------------------------------------------------------------------ lifecycle
 
@@ -124,22 +82,23 @@ class Client:
     def is_server_ready(self) -> bool:
         return bool(self._call(Command.SERVER_READY, {}).body)
 
-    def is_model_ready(self, name: str, version: int = 0) -> bool:
-        return bool(self._call(Command.MODEL_READY, {"model": name, "version": version}).body)
+    def is_model_ready(self, name: str, version: int | str = 0) -> bool:
+        return bool(self._call(Command.MODEL_READY, {"model": name, "version": _version(version)}).body)
 
-    def model_metadata(self, name: str, version: int = 0) -> dict[str, Any]:
-        body: dict[str, Any] = self._call(Command.MODEL_METADATA, {"model": name, "version": version}).body
+    def model_metadata(self, name: str, version: int | str = 0) -> dict[str, Any]:
+        header = {"model": name, "version": _version(version)}
+        body: dict[str, Any] = self._call(Command.MODEL_METADATA, header).body
         return body
 
-    def model_config(self, name: str, version: int = 0) -> dict[str, Any]:
-        body: dict[str, Any] = self._call(Command.MODEL_CONFIG, {"model": name, "version": version}).body
+    def model_config(self, name: str, version: int | str = 0) -> dict[str, Any]:
+        header = {"model": name, "version": _version(version)}
+        body: dict[str, Any] = self._call(Command.MODEL_CONFIG, header).body
         return body
 
-    def statistics(self, model: str | None = None, version: int = 0) -> dict[str, Any]:
-        header: dict[str, Any] = {"version": version}
-        if model is not None:
-            header["model"] = model
-        body: dict[str, Any] = self._call(Command.STATISTICS, header).body
+    def statistics(self, model: str | None = None, version: int | str = 0) -> dict[str, Any]:
+        body: dict[str, Any] = self._call(
+            Command.STATISTICS, self._statistics_header(model, _version(version))
+        ).body
         return body
 
     def load_model(self, name: str, timeout: float | None = None) -> None:
@@ -149,12 +108,12 @@ class Client:
         then. Raises ``Unavailable`` with the reason if it fails, in which case the old version keeps serving.
         """
         self._call(Command.LOAD, {"model": name}, timeout=timeout)
-        self._models = {k: v for k, v in self._models.items() if k[0] != name}
+        self._forget_model(name)
 
     def unload_model(self, name: str) -> None:
         """Stop serving ``name``: new requests are refused, queued ones finish."""
         self._call(Command.UNLOAD, {"model": name})
-        self._models = {k: v for k, v in self._models.items() if k[0] != name}
+        self._forget_model(name)
 
     def server_status(self) -> dict[str, Any]:
         """What ``zinfer status`` shows: models, instances (pid, device, state, RSS, CPU), queues, figures."""
@@ -165,149 +124,69 @@ class Client:
         body: list[dict[str, Any]] = self._call(Command.REPOSITORY_INDEX, {}).body
         return body
 
-    # ------------------------------------------------------------------------------------ zero-copy arrays
+    # tritonclient's names for the same calls
+    def get_model_metadata(self, model_name: str, model_version: int | str = "") -> dict[str, Any]:
+        return self.model_metadata(model_name, model_version)
 
-    def empty(self, shape: Sequence[int] | int, dtype: npt.DTypeLike = np.float32) -> npt.NDArray[Any]:
-        """An uninitialised array living in this client's shared memory.
+    def get_model_config(self, model_name: str, model_version: int | str = "") -> dict[str, Any]:
+        return self.model_config(model_name, model_version)
 
-        Passing it (or a contiguous slice of it) to ``infer`` sends its descriptor without copying the
-        bytes. Its memory returns to the arena when the last reference to it is gone.
-        """
-        if not self._use_shm:
-            raise ClientError("zero-copy arrays need a local (ipc://) server with shared memory")
-        dt = np.dtype(dtype)
-        if dt.kind in "OSU":
-            raise ClientError("zero-copy arrays hold fixed-size types only, not BYTES")
-        dims = (shape,) if isinstance(shape, int) else tuple(shape)
-        count = math.prod(dims)
-        slot = self._arena_get().alloc(max(1, count * dt.itemsize))
-        flat = np.frombuffer(slot.view(), dtype=dt, count=count)
-        anchor = flat.base  # the buffer object every view of this array keeps alive
-        assert isinstance(anchor, memoryview)
-        key = id(anchor)
-        self._owned[key] = (anchor, slot)
-        weakref.finalize(anchor, self._release_owned, key, slot)
-        return flat.reshape(dims)
+    def get_inference_statistics(self, model_name: str = "", model_version: int | str = "") -> dict[str, Any]:
+        return self.statistics(model_name, model_version)
 
-    def zeros(self, shape: Sequence[int] | int, dtype: npt.DTypeLike = np.float32) -> npt.NDArray[Any]:
-        """Like ``empty``, filled with zeros."""
-        arr = self.empty(shape, dtype)
-        arr.fill(0)
-        return arr
-
-    def _release_owned(self, key: int, slot: Slot) -> None:
-        self._owned.pop(key, None)
-        self._free_slot(slot)
-
-    def _owned_ref(self, arr: npt.NDArray[Any]) -> ShmRef | None:
-        """Where ``arr`` lies in the arena, if it is a contiguous array made by ``empty``."""
-        if not self._owned or not arr.flags.c_contiguous:
-            return None
-        base: Any = arr
-        while isinstance(base, np.ndarray) and base.base is not None:
-            base = base.base
-        entry = self._owned.get(id(base)) if isinstance(base, memoryview) else None
-        if entry is None or entry[0] is not base:
-            return None
-        anchor, slot = entry
-        start = arr.__array_interface__["data"][0] - np.frombuffer(anchor, dtype=np.uint8).ctypes.data
-        if start < 0 or start + arr.nbytes > slot.nbytes:
-            return None
-        return ShmRef(slot.region, slot.offset + start, arr.nbytes)
+    def get_model_repository_index(self) -> list[dict[str, Any]]:
+        return self.repository_index()
 
     # ------------------------------------------------------------------------------------ inference
 
     def infer(
         self,
         model: str,
-        inputs: Mapping[str, npt.ArrayLike],
+        inputs: InputsArg,
         *,
-        outputs: Sequence[str] | None = None,
+        outputs: OutputsArg = None,
         request_id: str | None = None,
-        model_version: int = 0,
+        model_version: int | str = 0,
         priority: int = 0,
         timeout: int | None = None,
         client_timeout: float | None = None,
     ) -> InferResult:
         """Run ``model`` on ``inputs`` and return its outputs (all of them unless ``outputs`` names some).
 
-        As in Triton's client: ``priority`` is the request's priority level (0 = the model's default, 1 =
-        highest) and ``timeout`` its queue timeout in microseconds, honoured where the model's queue policy
-        allows an override. ``client_timeout`` (seconds, default: the client's ``timeout``) is how long to
-        wait for the answer; when it passes the request is cancelled in the server and ``RequestTimeout``
-        is raised. ``request_id`` names the request for ``cancel`` from another thread.
+        ``inputs`` is ``{name: array}`` or a list of ``InferInput``; ``outputs`` names or
+        ``InferRequestedOutput``s. As in Triton's client: ``priority`` is the request's priority level (0 =
+        the model's default, 1 = highest) and ``timeout`` its queue timeout in microseconds, honoured where
+        the model's queue policy allows an override. ``client_timeout`` (seconds, default: the client's
+        ``timeout``) is how long to wait for the answer; when it passes the request is cancelled in the
+        server and ``RequestTimeout`` is raised. ``request_id`` names the request for ``cancel`` from
+        another thread.
         """
-        info = self._model_info(model, model_version)
-        slots: list[Slot] = []
-        frames: list[Frame] = []
-        try:
-            refs, batch = self._put_inputs(inputs, slots, frames)
-            wanted = info.outputs if outputs is None else tuple(self._output_spec(info, n) for n in outputs)
-            input_bytes = sum(r.shm.nbytes if r.shm else 0 for r in refs)
-            out_reqs, out_slots = self._reserve_outputs(wanted, batch, info, input_bytes, slots)
-        except BaseException:
-            self._free(slots)
-            raise
-        req = InferRequest(
-            request_id=request_id or "",
-            model=model,
-            version=model_version,
-            inputs=tuple(refs),
-            outputs=tuple(out_reqs),
-            priority=priority,
-            timeout_us=timeout or 0,
-        )
-        header = protocol.infer_to_wire(req)
+        info = self._model_info(model, _version(model_version))
+        p = self._prepare(info, inputs, outputs, request_id, priority, timeout)
         try:
             self._conn.check_server()  # nothing sent yet: a missing server frees the slots below
-            reply, rframes = self._send_infer(header, frames, slots, client_timeout, request_id)
-            if reply.status == Status.INVALID_ARGUMENT and reply.error.startswith(UnknownRegion.__name__):
-                # the server restarted and forgot our regions: register them again and retry once
+            reply, rframes = self._exchange(p, client_timeout)
+            if self._unknown_region(reply):
                 self._register_all()
-                reply, rframes = self._send_infer(header, frames, slots, client_timeout, request_id)
-        except (RequestTimeout, ConnectionFailed) as exc:
-            if not self._orphans_has(header["id"]):
-                self._free(slots)
-            raise exc  # else the server may still use the slots: they stay reserved until a late reply
-        except BaseException:
-            self._free(slots)
+                reply, rframes = self._exchange(p, client_timeout)
+        except BaseException as exc:
+            self._abandon(p, exc)
             raise
-        try:
-            if reply.status != Status.OK:
-                raise from_status(reply.status, reply.error)
-            result = self._read_outputs(reply, rframes, out_slots, request_id or "")
-        finally:
-            self._free([s for s in slots if s not in out_slots.values()])
-        return result
+        return self._finish(p, reply, rframes)
 
-    def _send_infer(
-        self,
-        header: dict[str, Any],
-        frames: Sequence[Frame],
-        slots: list[Slot],
-        timeout: float | None,
-        user_id: str | None,
-    ) -> tuple[Reply, list[Frame]]:
-        rid = header["id"] = self._conn.new_id()
-        with self._orphans_lock:
-            if slots:  # until the reply comes the server may read or write them, even after a timeout
-                self._orphans[rid] = slots
-            if user_id:
-                self._active[user_id] = rid
+    def _exchange(self, p: _Prepared, timeout: float | None) -> tuple[Reply, list[Frame]]:
+        rid = self._conn.new_id()
+        self._track(p, rid)  # until the reply comes the server may read or write the slots
         try:
             reply, rframes = self._conn.request(
-                Command.INFER, header, frames, self.timeout if timeout is None else timeout
+                Command.INFER, p.header, p.frames, self.timeout if timeout is None else timeout
             )
         except RequestTimeout:
             self._conn.send_only(Command.CANCEL, {"target": rid})  # the server drops it or its result
             raise
         finally:
-            if user_id:
-                with self._orphans_lock:
-                    self._active.pop(user_id, None)
-        if slots:
-            with self._orphans_lock:
-                self._orphans.pop(rid, None)
+            self._untrack_caller(p)
+        self._settle(p)
         return reply, rframes
 
     def cancel(self, request_id: str) -> bool:
@@ -321,162 +200,21 @@ class Client:
         self._call(Command.CANCEL, {"target": rid})
         return True
 
-    def _orphans_has(self, rid: str) -> bool:
-        with self._orphans_lock:
-            return rid in self._orphans
+    def _model_info(self, model: str, version: int) -> _ModelInfo:
+        info = self._cached_info(model, version)
+        if info is None:
+            info = self._store_info(model, version, self.model_metadata(model, version))
+        return info
+
+    # ------------------------------------------------------------------------------------ shm
+
+    def _on_new_segment(self, seg: Segment) -> None:
+        self._call(Command.REGISTER, {"name": seg.name})
 
     def _register_all(self) -> None:
         if self._arena is not None:
             for seg in self._arena.segments:
-                self._register(seg)
-
-    def _model_info(self, model: str, version: int) -> _ModelInfo:
-        key = (model, version)
-        info = self._models.get(key)
-        if info is None:
-            meta = self.model_metadata(model, version)
-            outs = tuple(
-                _OutputSpec(o["name"], o["datatype"], tuple(o["shape"])) for o in meta.get("outputs", [])
-            )
-            info = _ModelInfo(model, version, int(meta.get("max_batch_size", 0)), outs)
-            self._models[key] = info
-        return info
-
-    @staticmethod
-    def _output_spec(info: _ModelInfo, name: str) -> _OutputSpec:
-        for spec in info.outputs:
-            if spec.name == name:
-                return spec
-        return _OutputSpec(name, "", ())  # let the server name the error
-
-    def _put_inputs(
-        self, inputs: Mapping[str, npt.ArrayLike], slots: list[Slot], frames: list[Frame]
-    ) -> tuple[list[TensorRef], int]:
-        refs: list[TensorRef] = []
-        batch = 1
-        for i, (name, value) in enumerate(inputs.items()):
-            arr = np.asarray(value)
-            wire = dtypes.numpy_to_wire(arr.dtype)
-            if i == 0 and arr.ndim > 0:
-                batch = arr.shape[0]
-            owned = self._owned_ref(arr) if self._use_shm and wire != dtypes.BYTES else None
-            if owned is not None:  # already in shared memory: send where it is, no copy
-                refs.append(TensorRef(name, wire, arr.shape, shm=owned))
-                continue
-            data: bytes | npt.NDArray[Any]
-            if wire == dtypes.BYTES:
-                data = dtypes.serialize_bytes(arr)
-                nbytes = len(data)
-            else:
-                data = np.ascontiguousarray(arr)
-                nbytes = data.nbytes
-            if self._use_shm and nbytes > self.inline_threshold:
-                slot = self._arena_get().alloc(nbytes)
-                slots.append(slot)
-                dst = np.frombuffer(slot.view(), dtype=np.uint8)
-                src = data if isinstance(data, bytes) else data.reshape(-1).view(np.uint8)
-                dst[:] = np.frombuffer(src, dtype=np.uint8) if isinstance(src, bytes) else src
-                refs.append(TensorRef(name, wire, arr.shape, shm=ShmRef(slot.region, slot.offset, nbytes)))
-            else:
-                frames.append(data if isinstance(data, bytes) else _byte_view(data))
-                refs.append(TensorRef(name, wire, arr.shape, frame=len(frames) - 1))
-        return refs, batch
-
-    def _reserve_outputs(
-        self,
-        wanted: Sequence[_OutputSpec],
-        batch: int,
-        info: _ModelInfo,
-        input_bytes: int,
-        slots: list[Slot],
-    ) -> tuple[list[OutputRequest], dict[str, Slot]]:
-        reqs: list[OutputRequest] = []
-        out_slots: dict[str, Slot] = {}
-        for spec in wanted:
-            size = self._output_capacity(spec, batch, info, input_bytes)
-            if not self._use_shm or size is None or size <= self.inline_threshold:
-                reqs.append(OutputRequest(spec.name))
-                continue
-            slot = self._arena_get().alloc(size)
-            slots.append(slot)
-            out_slots[spec.name] = slot
-            reqs.append(OutputRequest(spec.name, ShmRef(slot.region, slot.offset, size)))
-        return reqs, out_slots
-
-    @staticmethod
-    def _output_capacity(spec: _OutputSpec, batch: int, info: _ModelInfo, input_bytes: int) -> int | None:
-        """Bytes to reserve for an output: exact when the config fixes its size, else a guess the size of
-        the inputs (the server falls back to an inline frame when the output does not fit)."""
-        if not spec.datatype or spec.datatype == dtypes.BYTES:
-            return None
-        dims = spec.shape[1:] if info.max_batch_size > 0 else spec.shape
-        if all(d >= 0 for d in dims):
-            rows = batch if info.max_batch_size > 0 else 1
-            return rows * math.prod(dims) * dtypes.itemsize(spec.datatype)
-        return input_bytes if input_bytes >= 4096 else None
-
-    def _read_outputs(
-        self, reply: Reply, frames: list[Frame], out_slots: dict[str, Slot], request_id: str
-    ) -> InferResult:
-        body = reply.body
-        if not isinstance(body, dict):
-            raise ProtocolError("malformed infer reply")
-        arrays: dict[str, npt.NDArray[np.generic]] = {}
-        used: set[str] = set()
-        for d in body.get("outputs", []):
-            ref = protocol.tensor_from_wire(d)
-            arrays[ref.name] = self._output_array(ref, frames, out_slots, used)
-        for name, slot in out_slots.items():
-            if name not in used:
-                self._free([slot])
-        return InferResult(str(body.get("model", "")), int(body.get("version", 0)), request_id, arrays)
-
-    def _output_array(
-        self, ref: TensorRef, frames: list[Frame], out_slots: dict[str, Slot], used: set[str]
-    ) -> npt.NDArray[np.generic]:
-        count = math.prod(ref.shape)
-        if ref.frame is not None:
-            if ref.frame >= len(frames):
-                raise ProtocolError("reply names a missing frame")
-            buf = memoryview(frames[ref.frame])
-            if ref.datatype == dtypes.BYTES:
-                return dtypes.deserialize_bytes(buf, ref.shape)
-            return np.frombuffer(buf, dtype=dtypes.wire_to_numpy(ref.datatype), count=count).reshape(
-                ref.shape
-            )
-        slot = out_slots.get(ref.name)
-        if ref.shm is None or slot is None or ref.shm.region != slot.region or ref.shm.nbytes > slot.nbytes:
-            raise ProtocolError("reply names shared memory this request did not reserve")
-        used.add(ref.name)
-        view = slot.view()[: ref.shm.nbytes]
-        if ref.datatype == dtypes.BYTES:
-            out = dtypes.deserialize_bytes(view, ref.shape)
-            view.release()
-            self._free([slot])
-            return out
-        # A zero-copy view: the slot goes back to the arena when the last array over it is gone.
-        flat = np.frombuffer(view, dtype=dtypes.wire_to_numpy(ref.datatype), count=count)
-        weakref.finalize(flat.base, self._free_slot, slot)
-        return flat.reshape(ref.shape)
-
-    # ------------------------------------------------------------------------------------ shm
-
-    def _arena_get(self) -> Arena:
-        if self._arena is None:
-            initial, maximum = self._arena_args
-            self._arena = Arena(initial, maximum, on_new_segment=self._register)
-        return self._arena
-
-    def _register(self, seg: Segment) -> None:
-        self._call(Command.REGISTER, {"name": seg.name})
-
-    def _free_slot(self, slot: Slot) -> None:
-        if self._arena is not None:
-            self._arena.free(slot)
-
-    def _free(self, slots: Sequence[Slot]) -> None:
-        for slot in slots:
-            self._free_slot(slot)
+                self._on_new_segment(seg)
 
     # ------------------------------------------------------------------------------------ transport
 
@@ -486,9 +224,3 @@ class Client:
         if reply.status != Status.OK:
             raise from_status(reply.status, reply.error)
         return reply
-
-    def _late_reply(self, request_id: str) -> None:
-        """A timed-out request finished after all: now its slots may be reused."""
-        with self._orphans_lock:
-            slots = self._orphans.pop(request_id, [])
-        self._free(slots)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from . import dtypes
 from .errors import ClientError
 
 
@@ -18,12 +20,18 @@ class InferResult:
     """
 
     def __init__(
-        self, model: str, version: int, request_id: str, outputs: Mapping[str, npt.NDArray[np.generic]]
+        self,
+        model: str,
+        version: int,
+        request_id: str,
+        outputs: Mapping[str, npt.NDArray[np.generic]],
+        datatypes: Mapping[str, str] | None = None,
     ) -> None:
         self.model_name = model
         self.model_version = version
         self.request_id = request_id
         self._outputs = dict(outputs)
+        self._datatypes = dict(datatypes or {})
 
     def as_numpy(self, name: str) -> npt.NDArray[np.generic]:
         try:
@@ -34,6 +42,23 @@ class InferResult:
     @property
     def output_names(self) -> list[str]:
         return list(self._outputs)
+
+    def get_output(self, name: str) -> dict[str, Any] | None:
+        """As tritonclient's HTTP result: ``{"name", "datatype", "shape"}`` of one output, or None."""
+        arr = self._outputs.get(name)
+        if arr is None:
+            return None
+        datatype = self._datatypes.get(name) or dtypes.numpy_to_wire(arr.dtype)
+        return {"name": name, "datatype": datatype, "shape": list(arr.shape)}
+
+    def get_response(self) -> dict[str, Any]:
+        """As tritonclient's HTTP result: the response without the tensor data."""
+        return {
+            "model_name": self.model_name,
+            "model_version": str(self.model_version),
+            "id": self.request_id,
+            "outputs": [self.get_output(name) for name in self._outputs],
+        }
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in self._outputs.items())

@@ -1,0 +1,409 @@
+"""What the sync ``Client`` and the ``AsyncClient`` share: everything but the I/O.
+
+Turning inputs into descriptors, inline frames and shared-memory slots; reserving output slots; reading a
+reply into an ``InferResult``; the model-info cache; zero-copy arrays; and the bookkeeping of slots that
+belong to requests in flight. A request's slots belong to its caller until it is sent, then to the
+``_orphans`` entry of its wire id; the reply hands them back, or, when the caller gave up first (timeout,
+cancellation, lost server), the late reply frees them, since until then the server may still use them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from . import dtypes, protocol
+from .arena import Arena, Slot
+from .errors import (
+    ClientError,
+    ConnectionFailed,
+    ProtocolError,
+    RequestTimeout,
+    Status,
+    UnknownRegion,
+    from_status,
+)
+from .paths import default_url
+from .protocol import Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef
+from .result import InferResult
+from .shm import Segment
+from .triton_compat import InputsArg, OutputsArg, input_arrays, output_names
+
+# Failures after which the server may still hold the request: its slots wait for the late reply.
+_IN_DOUBT = (RequestTimeout, ConnectionFailed, asyncio.CancelledError)
+
+
+@dataclass(frozen=True)
+class _OutputSpec:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]  # as in metadata: -1 for variable dims, batch dim included
+
+
+@dataclass(frozen=True)
+class _ModelInfo:
+    name: str
+    version: int
+    max_batch_size: int
+    outputs: tuple[_OutputSpec, ...]
+
+
+@dataclass
+class _Prepared:
+    """One infer request, built and ready to send."""
+
+    header: dict[str, Any]
+    frames: list[Frame]
+    slots: list[Slot]  # every slot of the request (inputs and outputs)
+    out_slots: dict[str, Slot]
+    request_id: str  # the caller's id ("" if none)
+    rid: str = ""  # the wire id while the request is out; "" while the caller holds the slots
+
+
+def _byte_view(arr: npt.NDArray[Any]) -> memoryview:
+    """The bytes of a contiguous array (a uint8 view also works for dtypes memoryview lacks, like bf16)."""
+    return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+
+
+class _ClientBase:
+    """State and request building shared by ``Client`` and ``AsyncClient``; subclasses add the I/O."""
+
+    def __init__(
+        self,
+        url: str | None,
+        *,
+        timeout: float,
+        shm: bool | None,
+        arena_bytes: int,
+        max_arena_bytes: int,
+        inline_threshold: int,
+    ) -> None:
+        self.url = url or default_url()
+        self.timeout = timeout
+        self.inline_threshold = inline_threshold
+        self._use_shm = self.url.startswith("ipc://") if shm is None else shm
+        self._orphans_lock = threading.Lock()
+        self._orphans: dict[str, list[Slot]] = {}  # slots of requests in flight, by wire id
+        self._active: dict[str, str] = {}  # caller's request_id -> wire id, for cancel()
+        self._models: dict[tuple[str, int], _ModelInfo] = {}
+        # arrays made by empty(): id of their base memoryview -> (that memoryview, its slot)
+        self._owned: dict[int, tuple[memoryview, Slot]] = {}
+        self._arena_args = (arena_bytes, max_arena_bytes)
+        self._arena: Arena | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------ hooks
+
+    def _on_new_segment(self, seg: Segment) -> None:
+        """Called (inside the arena's lock) for each new segment: the server must learn of it."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------ zero-copy arrays
+
+    def empty(self, shape: Sequence[int] | int, dtype: npt.DTypeLike = np.float32) -> npt.NDArray[Any]:
+        """An uninitialised array living in this client's shared memory.
+
+        Passing it (or a contiguous slice of it) to ``infer`` sends its descriptor without copying the
+        bytes. Its memory returns to the arena when the last reference to it is gone.
+        """
+        if not self._use_shm:
+            raise ClientError("zero-copy arrays need a local (ipc://) server with shared memory")
+        dt = np.dtype(dtype)
+        if dt.kind in "OSU":
+            raise ClientError("zero-copy arrays hold fixed-size types only, not BYTES")
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        count = math.prod(dims)
+        slot = self._arena_get().alloc(max(1, count * dt.itemsize))
+        flat = np.frombuffer(slot.view(), dtype=dt, count=count)
+        anchor = flat.base  # the buffer object every view of this array keeps alive
+        assert isinstance(anchor, memoryview)
+        key = id(anchor)
+        self._owned[key] = (anchor, slot)
+        weakref.finalize(anchor, self._release_owned, key, slot)
+        return flat.reshape(dims)
+
+    def zeros(self, shape: Sequence[int] | int, dtype: npt.DTypeLike = np.float32) -> npt.NDArray[Any]:
+        """Like ``empty``, filled with zeros."""
+        arr = self.empty(shape, dtype)
+        arr.fill(0)
+        return arr
+
+    def _release_owned(self, key: int, slot: Slot) -> None:
+        self._owned.pop(key, None)
+        self._free_slot(slot)
+
+    def _owned_ref(self, arr: npt.NDArray[Any]) -> ShmRef | None:
+        """Where ``arr`` lies in the arena, if it is a contiguous array made by ``empty``."""
+        if not self._owned or not arr.flags.c_contiguous:
+            return None
+        base: Any = arr
+        while isinstance(base, np.ndarray) and base.base is not None:
+            base = base.base
+        entry = self._owned.get(id(base)) if isinstance(base, memoryview) else None
+        if entry is None or entry[0] is not base:
+            return None
+        anchor, slot = entry
+        start = arr.__array_interface__["data"][0] - np.frombuffer(anchor, dtype=np.uint8).ctypes.data
+        if start < 0 or start + arr.nbytes > slot.nbytes:
+            return None
+        return ShmRef(slot.region, slot.offset + start, arr.nbytes)
+
+    # ------------------------------------------------------------------------------------ model info
+
+    def _cached_info(self, model: str, version: int) -> _ModelInfo | None:
+        return self._models.get((model, version))
+
+    def _store_info(self, model: str, version: int, meta: Mapping[str, Any]) -> _ModelInfo:
+        outs = tuple(
+            _OutputSpec(o["name"], o["datatype"], tuple(o["shape"])) for o in meta.get("outputs", [])
+        )
+        info = _ModelInfo(model, version, int(meta.get("max_batch_size", 0)), outs)
+        self._models[(model, version)] = info
+        return info
+
+    def _forget_model(self, name: str) -> None:
+        self._models = {k: v for k, v in self._models.items() if k[0] != name}
+
+    @staticmethod
+    def _output_spec(info: _ModelInfo, name: str) -> _OutputSpec:
+        for spec in info.outputs:
+            if spec.name == name:
+                return spec
+        return _OutputSpec(name, "", ())  # let the server name the error
+
+    # ------------------------------------------------------------------------------------ building
+
+    def _prepare(
+        self,
+        info: _ModelInfo,
+        inputs: InputsArg,
+        outputs: OutputsArg,
+        request_id: str | None,
+        priority: int,
+        timeout: int | None,
+    ) -> _Prepared:
+        """The header, inline frames and slots of one infer request (inputs copied into the arena)."""
+        named = input_arrays(inputs)
+        names = output_names(outputs)
+        slots: list[Slot] = []
+        frames: list[Frame] = []
+        try:
+            refs, batch = self._put_inputs(named, slots, frames)
+            wanted = info.outputs if names is None else tuple(self._output_spec(info, n) for n in names)
+            input_bytes = sum(r.shm.nbytes if r.shm else 0 for r in refs)
+            out_reqs, out_slots = self._reserve_outputs(wanted, batch, info, input_bytes, slots)
+        except BaseException:
+            self._free(slots)
+            raise
+        req = InferRequest(
+            request_id=request_id or "",
+            model=info.name,
+            version=info.version,
+            inputs=tuple(refs),
+            outputs=tuple(out_reqs),
+            priority=priority,
+            timeout_us=timeout or 0,
+        )
+        return _Prepared(protocol.infer_to_wire(req), frames, slots, out_slots, request_id or "")
+
+    def _put_inputs(
+        self, inputs: Mapping[str, npt.ArrayLike], slots: list[Slot], frames: list[Frame]
+    ) -> tuple[list[TensorRef], int]:
+        refs: list[TensorRef] = []
+        batch = 1
+        for i, (name, value) in enumerate(inputs.items()):
+            arr = np.asarray(value)
+            wire = dtypes.numpy_to_wire(arr.dtype)
+            if i == 0 and arr.ndim > 0:
+                batch = arr.shape[0]
+            owned = self._owned_ref(arr) if self._use_shm and wire != dtypes.BYTES else None
+            if owned is not None:  # already in shared memory: send where it is, no copy
+                refs.append(TensorRef(name, wire, arr.shape, shm=owned))
+                continue
+            data: bytes | npt.NDArray[Any]
+            if wire == dtypes.BYTES:
+                data = dtypes.serialize_bytes(arr)
+                nbytes = len(data)
+            else:
+                data = np.ascontiguousarray(arr)
+                nbytes = data.nbytes
+            if self._use_shm and nbytes > self.inline_threshold:
+                slot = self._arena_get().alloc(nbytes)
+                slots.append(slot)
+                dst = np.frombuffer(slot.view(), dtype=np.uint8)
+                src = data if isinstance(data, bytes) else data.reshape(-1).view(np.uint8)
+                dst[:] = np.frombuffer(src, dtype=np.uint8) if isinstance(src, bytes) else src
+                refs.append(TensorRef(name, wire, arr.shape, shm=ShmRef(slot.region, slot.offset, nbytes)))
+            else:
+                frames.append(data if isinstance(data, bytes) else _byte_view(data))
+                refs.append(TensorRef(name, wire, arr.shape, frame=len(frames) - 1))
+        return refs, batch
+
+    def _reserve_outputs(
+        self,
+        wanted: Sequence[_OutputSpec],
+        batch: int,
+        info: _ModelInfo,
+        input_bytes: int,
+        slots: list[Slot],
+    ) -> tuple[list[OutputRequest], dict[str, Slot]]:
+        reqs: list[OutputRequest] = []
+        out_slots: dict[str, Slot] = {}
+        for spec in wanted:
+            size = self._output_capacity(spec, batch, info, input_bytes)
+            if not self._use_shm or size is None or size <= self.inline_threshold:
+                reqs.append(OutputRequest(spec.name))
+                continue
+            slot = self._arena_get().alloc(size)
+            slots.append(slot)
+            out_slots[spec.name] = slot
+            reqs.append(OutputRequest(spec.name, ShmRef(slot.region, slot.offset, size)))
+        return reqs, out_slots
+
+    @staticmethod
+    def _output_capacity(spec: _OutputSpec, batch: int, info: _ModelInfo, input_bytes: int) -> int | None:
+        """Bytes to reserve for an output: exact when the config fixes its size, else a guess the size of
+        the inputs (the server falls back to an inline frame when the output does not fit)."""
+        if not spec.datatype or spec.datatype == dtypes.BYTES:
+            return None
+        dims = spec.shape[1:] if info.max_batch_size > 0 else spec.shape
+        if all(d >= 0 for d in dims):
+            rows = batch if info.max_batch_size > 0 else 1
+            return rows * math.prod(dims) * dtypes.itemsize(spec.datatype)
+        return input_bytes if input_bytes >= 4096 else None
+
+    # ------------------------------------------------------------------------------------ in flight
+
+    def _track(self, p: _Prepared, rid: str) -> None:
+        """``p`` goes out as ``rid``: its slots now wait for its reply."""
+        p.header["id"] = p.rid = rid
+        with self._orphans_lock:
+            if p.slots:
+                self._orphans[rid] = p.slots
+            if p.request_id:
+                self._active[p.request_id] = rid
+
+    def _untrack_caller(self, p: _Prepared) -> None:
+        if p.request_id:
+            with self._orphans_lock:
+                if self._active.get(p.request_id) == p.rid:
+                    del self._active[p.request_id]
+
+    def _settle(self, p: _Prepared) -> None:
+        """The reply came: the slots are the caller's again."""
+        with self._orphans_lock:
+            self._orphans.pop(p.rid, None)
+        p.rid = ""
+
+    def _abandon(self, p: _Prepared, exc: BaseException) -> None:
+        """The request failed before its reply: free its slots unless the server may still use them."""
+        if p.rid and isinstance(exc, _IN_DOUBT):
+            return  # freed by the late reply (``_late_reply``), if it ever comes
+        if p.rid:
+            with self._orphans_lock:
+                self._orphans.pop(p.rid, None)
+        self._free(p.slots)
+
+    def _late_reply(self, request_id: str) -> None:
+        """A request whose caller gave up finished after all: now its slots may be reused."""
+        with self._orphans_lock:
+            slots = self._orphans.pop(request_id, [])
+        self._free(slots)
+
+    @staticmethod
+    def _unknown_region(reply: Reply) -> bool:
+        """Whether the server forgot our regions (it restarted): register them again and retry once."""
+        return reply.status == Status.INVALID_ARGUMENT and reply.error.startswith(UnknownRegion.__name__)
+
+    # ------------------------------------------------------------------------------------ reading
+
+    def _finish(self, p: _Prepared, reply: Reply, frames: list[Frame]) -> InferResult:
+        """The result of a reply to ``p``; frees the input slots (output slots go with the arrays)."""
+        if reply.status != Status.OK:
+            self._free(p.slots)
+            raise from_status(reply.status, reply.error)
+        try:
+            result = self._read_outputs(reply, frames, p.out_slots, p.request_id)
+        finally:
+            outs = p.out_slots.values()
+            self._free([s for s in p.slots if s not in outs])
+        return result
+
+    def _read_outputs(
+        self, reply: Reply, frames: list[Frame], out_slots: dict[str, Slot], request_id: str
+    ) -> InferResult:
+        body = reply.body
+        used: set[str] = set()
+        try:
+            if not isinstance(body, dict):
+                raise ProtocolError("malformed infer reply")
+            arrays: dict[str, npt.NDArray[np.generic]] = {}
+            types: dict[str, str] = {}
+            for d in body.get("outputs", []):
+                ref = protocol.tensor_from_wire(d)
+                arrays[ref.name] = self._output_array(ref, frames, out_slots, used)
+                types[ref.name] = ref.datatype
+        finally:
+            self._free([slot for name, slot in out_slots.items() if name not in used])
+        return InferResult(str(body.get("model", "")), int(body.get("version", 0)), request_id, arrays, types)
+
+    def _output_array(
+        self, ref: TensorRef, frames: list[Frame], out_slots: dict[str, Slot], used: set[str]
+    ) -> npt.NDArray[np.generic]:
+        count = math.prod(ref.shape)
+        if ref.frame is not None:
+            if ref.frame >= len(frames):
+                raise ProtocolError("reply names a missing frame")
+            buf = memoryview(frames[ref.frame])
+            if ref.datatype == dtypes.BYTES:
+                return dtypes.deserialize_bytes(buf, ref.shape)
+            return np.frombuffer(buf, dtype=dtypes.wire_to_numpy(ref.datatype), count=count).reshape(
+                ref.shape
+            )
+        slot = out_slots.get(ref.name)
+        if ref.shm is None or slot is None or ref.shm.region != slot.region or ref.shm.nbytes > slot.nbytes:
+            raise ProtocolError("reply names shared memory this request did not reserve")
+        if ref.name in used:
+            raise ProtocolError("reply names one output slot twice")
+        used.add(ref.name)
+        view = slot.view()[: ref.shm.nbytes]
+        if ref.datatype == dtypes.BYTES:
+            out = dtypes.deserialize_bytes(view, ref.shape)
+            view.release()
+            self._free([slot])
+            return out
+        # A zero-copy view: the slot goes back to the arena when the last array over it is gone.
+        flat = np.frombuffer(view, dtype=dtypes.wire_to_numpy(ref.datatype), count=count)
+        weakref.finalize(flat.base, self._free_slot, slot)
+        return flat.reshape(ref.shape)
+
+    # ------------------------------------------------------------------------------------ shm
+
+    def _arena_get(self) -> Arena:
+        if self._arena is None:
+            initial, maximum = self._arena_args
+            self._arena = Arena(initial, maximum, on_new_segment=self._on_new_segment)
+        return self._arena
+
+    def _free_slot(self, slot: Slot) -> None:
+        if self._arena is not None:
+            self._arena.free(slot)
+
+    def _free(self, slots: Sequence[Slot]) -> None:
+        for slot in slots:
+            self._free_slot(slot)
+
+    @staticmethod
+    def _statistics_header(model: str | None, version: int) -> dict[str, Any]:
+        header: dict[str, Any] = {"version": version}
+        if model:
+            header["model"] = model
+        return header
