@@ -32,6 +32,7 @@ SUPPORTED_FEATURES: frozenset[str] = frozenset(
         "dynamic_batching.max_queue_delay_microseconds",
         "dynamic_batching.zinfer_latency_target_microseconds",
         "dynamic_batching.preserve_ordering",
+        "model_transaction_policy.decoupled",
         "dynamic_batching.priority_levels",
         "dynamic_batching.default_queue_policy",
         "dynamic_batching.priority_queue_policy",

@@ -316,6 +316,9 @@ class RequestPath:
     def on_result(
         self, identity: bytes, state: ModelState, header: dict[str, Any], frames: list[Frame]
     ) -> None:
+        if header.get("partial"):
+            self._on_partial(identity, state, header, frames)
+            return
         batch = self.inflight.pop(int(header["batch"]), None)
         if batch is None or batch.worker != identity:
             log.warning("event=stale_result worker=%s", identity)
@@ -350,9 +353,10 @@ class RequestPath:
                 if p.cache_key is not None and self.cache is not None:
                     self._cache_store(state, p.cache_key, res.get("outputs", []), frames)
                 outputs, out_frames = client_outputs(res.get("outputs", []), frames)
-                reply = Reply(
-                    rid, Status.OK, body={"model": state.name, "version": state.version, "outputs": outputs}
-                )
+                body = {"model": state.name, "version": state.version, "outputs": outputs}
+                if state.signature.decoupled:
+                    body["final"] = True  # the last, empty response of a stream
+                reply = Reply(rid, Status.OK, body=body)
             else:
                 stats.fail.add(duration)
                 metrics.failure("BACKEND")
@@ -365,6 +369,22 @@ class RequestPath:
         stats.last_inference_ms = int(time.time() * 1000)
         if identity in state.instances:
             state.idle.append(identity)
+
+    def _on_partial(
+        self, identity: bytes, state: ModelState, header: dict[str, Any], frames: list[Frame]
+    ) -> None:
+        """One response of a decoupled model's stream: to the client at once; the request stays running."""
+        batch = self.inflight.get(int(header["batch"]))
+        if batch is None or batch.worker != identity:
+            return
+        by_seq = {p.seq: p for p in batch.requests}
+        for res in header["results"]:
+            p = by_seq.get(int(res["id"]))
+            if p is None or p.cancelled:
+                continue
+            outputs, out_frames = client_outputs(res.get("outputs", []), frames)
+            body = {"model": state.name, "version": state.version, "outputs": outputs, "final": False}
+            self.b.send_client(p.client, Reply(p.request.request_id, Status.OK, body=body), out_frames)
 
     # ------------------------------------------------------------------------------------ replies
 

@@ -48,6 +48,7 @@ MAX_POLL_MS = 100
 REAP_INTERVAL_S = 0.05
 IPC_TAG, TCP_TAG = b"i", b"t"  # prefixes of client identities by the socket they came in on
 REGION_REAP_INTERVAL_S = 2.0
+STARTUP_GRACE_S = 60.0  # longest a new worker may take to send its first heartbeat
 
 
 @dataclass(frozen=True)
@@ -361,8 +362,10 @@ class Broker:
         """Kill workers whose heartbeats stopped (frozen or wedged); reaping then fails their batch."""
         limit = self.options.heartbeat_interval_s * self.options.heartbeat_liveness
         for wp in self.supervisor.procs():
-            last = max(self._last_heartbeat.get(wp.identity, 0.0), wp.started)
-            if now - last > limit and wp.identity in self.worker_model:
+            seen = self._last_heartbeat.get(wp.identity)
+            # before its first heartbeat a worker is still starting Python: a slow box gets time for that
+            last, allowed = (seen, limit) if seen is not None else (wp.started, max(limit, STARTUP_GRACE_S))
+            if now - last > allowed and wp.identity in self.worker_model:
                 silent = now - last
                 log.error("event=worker_unresponsive worker=%s silent_s=%.1f", wp.identity, silent)
                 self._last_heartbeat[wp.identity] = now  # once: reaping follows

@@ -33,6 +33,7 @@ class Signature:
     max_batch_size: int
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
+    decoupled: bool = False  # several responses per request (model_transaction_policy)
 
     @property
     def batching(self) -> bool:
@@ -51,4 +52,5 @@ class Signature:
             config.max_batch_size,
             {t.name: spec(t) for t in config.input},
             {t.name: spec(t) for t in config.output},
+            config.decoupled,
         )

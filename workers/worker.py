@@ -30,6 +30,7 @@ from .heartbeat import Heartbeat
 from .loader import load_model
 from .model import AnyModel
 from .regions import RegionCache
+from .stream import run_stream
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,17 @@ class Worker:
         except (KeyError, TypeError, ValueError) as exc:
             log.error("event=bad_execute error=%r", str(exc))
             return
-        outcome = run_batch(model, sig, requests, frames, self.regions, self.device)
+        if sig.decoupled:
+            batch_id = header["batch"]
+
+            def partial(result: dict[str, Any], out_frames: list[Frame]) -> None:
+                self.send(
+                    Command.W_RESULT, {"batch": batch_id, "results": [result], "partial": True}, out_frames
+                )
+
+            outcome = run_stream(model, sig, requests, frames, self.regions, partial)
+        else:
+            outcome = run_batch(model, sig, requests, frames, self.regions, self.device)
         self.send(
             Command.W_RESULT,
             {

@@ -317,7 +317,6 @@ def test_everything_else() -> None:
         "batch_output",
         "optimization",
         "model_warmup",
-        "model_transaction_policy.decoupled",
         "model_metrics",
     ]
     json.dumps(c.to_dict())
