@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from .async_connection import AsyncConnection
 from .base import _ClientBase, _ModelInfo, _Prepared
-from .connection import CurveKeys
+from .connection import CurveKeys, is_final
 from .errors import ClientError, RequestTimeout, Status, from_status
 from .protocol import Command, Frame, Reply
 from .result import InferResult
@@ -169,6 +170,41 @@ class AsyncClient(_ClientBase):
             self._abandon(p, exc)
             raise
         return self._finish(p, reply, rframes)
+
+    async def stream(
+        self,
+        model: str,
+        inputs: InputsArg,
+        *,
+        outputs: OutputsArg = None,
+        request_id: str | None = None,
+        model_version: int | str = 0,
+        client_timeout: float | None = None,
+    ) -> AsyncIterator[InferResult]:
+        """The responses of a decoupled model to one request as they come (see ``Client.stream``)."""
+        info = await self._model_info(model, _version(model_version))
+        p = self._prepare(info, inputs, outputs, request_id, 0, None)
+        await self._register_new()
+        wait = self.timeout if client_timeout is None else client_timeout
+        rid = p.header["id"] = self._conn.new_id()
+        self._track(p, rid)
+        done = False
+        try:
+            async for reply, rframes in self._conn.stream(Command.INFER, p.header, p.frames, wait):
+                if is_final(reply):
+                    done = True
+                    self._settle(p)
+                    if reply.status != Status.OK:
+                        raise from_status(reply.status, reply.error)
+                result = self._read_outputs(reply, rframes, {}, p.request_id)
+                result.final = done
+                yield result
+        finally:
+            self._untrack_caller(p)
+            if done:
+                self._free(p.slots)
+            elif p.rid:
+                self._conn.send_only(Command.CANCEL, {"target": p.rid})  # abandoned: stop the stream
 
     async def _exchange(self, p: _Prepared, timeout: float | None) -> tuple[Reply, list[Frame]]:
         rid = p.header["id"] = self._conn.new_id()

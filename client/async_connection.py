@@ -14,14 +14,14 @@ import contextlib
 import itertools
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from . import protocol
-from .connection import CurveKeys
+from .connection import CurveKeys, is_final
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from .protocol import Command, Frame, Reply
 
@@ -55,6 +55,7 @@ class AsyncConnection:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: dict[str, asyncio.Future[tuple[Reply, list[Frame]]]] = {}
+        self._streams: dict[str, asyncio.Queue[tuple[Reply, list[Frame]]]] = {}  # decoupled models
         self._late: set[str] = set()
         self._background: set[asyncio.Future[Any]] = set()  # sends still queued in the socket
         self._ids = itertools.count(1)
@@ -119,6 +120,32 @@ class AsyncConnection:
             raise
         finally:
             handle.cancel()
+
+    async def stream(
+        self, command: Command, header: dict[str, Any], frames: Sequence[Frame], timeout: float
+    ) -> AsyncIterator[tuple[Reply, list[Frame]]]:
+        """Send one message and yield its replies until the final one; ``timeout`` bounds each wait."""
+        if self._closed:
+            raise ClientError("the client is closed")
+        self.check_server()
+        self._start()
+        rid: str = header.setdefault("id", self.new_id())
+        queue: asyncio.Queue[tuple[Reply, list[Frame]]] = asyncio.Queue()
+        self._streams[rid] = queue
+        done = False
+        try:
+            await self._send(protocol.encode(command, header, frames))
+            while not done:
+                try:
+                    reply, rframes = await asyncio.wait_for(queue.get(), timeout)
+                except asyncio.TimeoutError:
+                    raise RequestTimeout("no response from the server within the timeout") from None
+                done = is_final(reply)
+                yield reply, rframes
+        finally:
+            self._streams.pop(rid, None)
+            if not done:
+                self._late.add(rid)
 
     def send_only(self, command: Command, header: dict[str, Any]) -> None:
         """Send without waiting for the answer (which is then dropped); never blocks, never raises."""
@@ -191,6 +218,12 @@ class AsyncConnection:
             log.warning("event=bad_reply error=%r", str(exc))
             return
         rid = reply.request_id
+        queue = self._streams.get(rid)
+        if queue is not None:
+            queue.put_nowait((reply, msg.frames))
+            return
+        if rid in self._late and not is_final(reply):
+            return  # an abandoned stream: only its last response releases what it held
         fut = self._waiters.pop(rid, None)
         if fut is not None and not fut.done():
             fut.set_result((reply, msg.frames))

@@ -8,10 +8,11 @@ and result reading live in ``base._ClientBase``, shared with ``AsyncClient``; th
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from .base import _ClientBase, _ModelInfo, _Prepared
-from .connection import Connection, CurveKeys
+from .connection import Connection, CurveKeys, is_final
 from .errors import ClientError, RequestTimeout, Status, from_status
 from .protocol import Command, Frame, Reply
 from .result import InferResult
@@ -173,6 +174,41 @@ class Client(_ClientBase):
             self._abandon(p, exc)
             raise
         return self._finish(p, reply, rframes)
+
+    def stream(
+        self,
+        model: str,
+        inputs: InputsArg,
+        *,
+        outputs: OutputsArg = None,
+        request_id: str | None = None,
+        model_version: int | str = 0,
+        client_timeout: float | None = None,
+    ) -> Iterator[InferResult]:
+        """The responses of a decoupled model to one request, as they come; the last has ``final`` set
+        (and, as in Triton, usually no outputs). ``client_timeout`` bounds the wait for each response."""
+        info = self._model_info(model, _version(model_version))
+        p = self._prepare(info, inputs, outputs, request_id, 0, None)
+        wait = self.timeout if client_timeout is None else client_timeout
+        rid = self._conn.new_id()
+        self._track(p, rid)
+        done = False
+        try:
+            for reply, rframes in self._conn.stream(Command.INFER, p.header, p.frames, wait):
+                if is_final(reply):
+                    done = True
+                    self._settle(p)
+                    if reply.status != Status.OK:
+                        raise from_status(reply.status, reply.error)
+                result = self._read_outputs(reply, rframes, {}, p.request_id)
+                result.final = done
+                yield result
+        finally:
+            self._untrack_caller(p)
+            if done:
+                self._free(p.slots)
+            elif p.rid:
+                self._conn.send_only(Command.CANCEL, {"target": p.rid})  # abandoned: stop the stream
 
     def _exchange(self, p: _Prepared, timeout: float | None) -> tuple[Reply, list[Frame]]:
         rid = self._conn.new_id()

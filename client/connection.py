@@ -12,7 +12,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,12 @@ class _Waiter:
     event: threading.Event = field(default_factory=threading.Event)
     reply: Reply | None = None
     frames: list[Frame] = field(default_factory=list)
+    stream: deque[tuple[Reply, list[Frame]]] | None = None  # several replies (decoupled models)
+
+
+def is_final(reply: Reply) -> bool:
+    """Whether a reply ends its request: errors and every reply but a stream's ``final: false`` ones."""
+    return not (reply.status == 0 and isinstance(reply.body, dict) and reply.body.get("final") is False)
 
 
 class Connection:
@@ -126,6 +133,34 @@ class Connection:
         assert waiter.reply is not None
         return waiter.reply, waiter.frames
 
+    def stream(
+        self, command: Command, header: dict[str, Any], frames: Sequence[Frame], timeout: float
+    ) -> Iterator[tuple[Reply, list[Frame]]]:
+        """Send one message and yield its replies until the final one; ``timeout`` bounds each wait."""
+        if self._closed:
+            raise ClientError("the client is closed")
+        self.check_server()
+        rid = header.setdefault("id", self.new_id())
+        waiter = _Waiter(stream=deque())
+        with self._waiters_lock:
+            self._waiters[rid] = waiter
+        with self._sock_lock:
+            send_frames(self._sock, protocol.encode(command, header, frames))
+        try:
+            while True:
+                while waiter.stream:
+                    reply, rframes = waiter.stream.popleft()
+                    yield reply, rframes
+                    if is_final(reply):
+                        return
+                waiter.event.clear()
+                if not waiter.stream:
+                    self._wait(waiter, time.monotonic() + timeout)
+        finally:
+            with self._waiters_lock:
+                if self._waiters.pop(rid, None) is not None:  # abandoned before the end
+                    self._late.add(rid)
+
     def check_server(self) -> None:
         """A local server's socket file is gone when the server is: say so at once instead of timing out."""
         if self.url.startswith("ipc://") and not os.path.exists(self.url[6:]):
@@ -176,12 +211,18 @@ class Connection:
             log.warning("event=bad_reply error=%r", str(exc))
             return
         with self._waiters_lock:
-            waiter = self._waiters.pop(reply.request_id, None)
-            late = reply.request_id in self._late
-            self._late.discard(reply.request_id)
+            waiter = self._waiters.get(reply.request_id)
+            if waiter is not None and (waiter.stream is None or is_final(reply)):
+                del self._waiters[reply.request_id]
+            late = reply.request_id in self._late and is_final(reply)
+            if late:
+                self._late.discard(reply.request_id)
         if waiter is not None:
-            waiter.reply = reply
-            waiter.frames = msg.frames
+            if waiter.stream is not None:
+                waiter.stream.append((reply, msg.frames))
+            else:
+                waiter.reply = reply
+                waiter.frames = msg.frames
             waiter.event.set()
         elif late and self._on_late is not None:
             self._on_late(reply.request_id)

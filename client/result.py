@@ -31,6 +31,7 @@ class InferResult:
         self.model_version = version
         self.request_id = request_id
         self._outputs = dict(outputs)
+        self.final = True  # False for a decoupled model's responses before its last
         self._datatypes = dict(datatypes or {})
 
     def as_numpy(self, name: str) -> npt.NDArray[np.generic]:
