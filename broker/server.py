@@ -41,6 +41,7 @@ from .server_config import cpus_for
 from .supervisor import RestartPolicy, Supervisor, WorkerSpec
 from .tcp_access import TcpFrontend
 from .validation import DEFAULT_MAX_TENSOR_BYTES
+from .worker_watch import WorkerWatch
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,6 @@ MAX_POLL_MS = 100
 REAP_INTERVAL_S = 0.05
 IPC_TAG, TCP_TAG = b"i", b"t"  # prefixes of client identities by the socket they came in on
 REGION_REAP_INTERVAL_S = 2.0
-STARTUP_GRACE_S = 60.0  # longest a new worker may take to send its first heartbeat
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,7 @@ class Broker:
         self._ready_logged = False
         self._next_reap = 0.0
         self.draining_since: float | None = None
-        self._ever_ready: set[bytes] = set()
-        self._last_heartbeat: dict[bytes, float] = {}
+        self.watch = WorkerWatch(self)
         self._next_region_reap = 0.0
         self._ctx = zmq.Context()
         self.runtime = RuntimeDir(options.runtime_dir)
@@ -163,9 +162,9 @@ class Broker:
             spec = WorkerSpec(state.name, state.version, instance, device, self.options.model_repository,
                               endpoint, state.generation, pinned)  # fmt: skip
             self._spec_state[spec] = state
-            self._spawn(spec)
+            self.spawn(spec)
 
-    def _spawn(self, spec: WorkerSpec) -> None:
+    def spawn(self, spec: WorkerSpec) -> None:
         state = self._spec_state[spec]
         if state.retired:
             return
@@ -216,7 +215,7 @@ class Broker:
             now = time.monotonic()
             if now >= self._next_reap:
                 self._next_reap = now + REAP_INTERVAL_S
-                self._reap(now)
+                self.watch.reap(now)
             if now >= self._next_region_reap:
                 self._next_region_reap = now + REGION_REAP_INTERVAL_S
                 self._reap_regions()
@@ -314,7 +313,7 @@ class Broker:
         if msg.command == Command.W_HEARTBEAT and identity.endswith(protocol.HEARTBEAT_SUFFIX):
             worker = identity[: -len(protocol.HEARTBEAT_SUFFIX)]
             if worker in self.worker_model:
-                self._last_heartbeat[worker] = time.monotonic()
+                self.watch.heartbeat(worker, time.monotonic())
                 self.send_worker(identity, Command.W_HEARTBEAT, {})
             return
         state = self.worker_model.get(identity)
@@ -324,7 +323,7 @@ class Broker:
             return
         try:
             if msg.command == Command.W_READY:
-                self._ever_ready.add(identity)
+                self.watch.ready(identity)
                 state.instances.add(identity)
                 state.idle.append(identity)
                 log.info(
@@ -357,50 +356,6 @@ class Broker:
         except zmq.ZMQError as exc:
             log.warning("event=worker_unreachable worker=%s error=%r", identity, exc.strerror)
             return False
-
-    def _check_heartbeats(self, now: float) -> None:
-        """Kill workers whose heartbeats stopped (frozen or wedged); reaping then fails their batch."""
-        limit = self.options.heartbeat_interval_s * self.options.heartbeat_liveness
-        for wp in self.supervisor.procs():
-            seen = self._last_heartbeat.get(wp.identity)
-            # before its first heartbeat a worker is still starting Python: a slow box gets time for that
-            last, allowed = (seen, limit) if seen is not None else (wp.started, max(limit, STARTUP_GRACE_S))
-            if now - last > allowed and wp.identity in self.worker_model:
-                silent = now - last
-                log.error("event=worker_unresponsive worker=%s silent_s=%.1f", wp.identity, silent)
-                self._last_heartbeat[wp.identity] = now  # once: reaping follows
-                self.supervisor.kill(wp.identity)
-
-    def _reap(self, now: float) -> None:
-        self._check_heartbeats(now)
-        for wp, code in self.supervisor.reap():
-            state = self.worker_model.pop(wp.identity, None)
-            self._last_heartbeat.pop(wp.identity, None)
-            ever_ready = wp.identity in self._ever_ready
-            self._ever_ready.discard(wp.identity)
-            if state is None:
-                continue
-            if not ever_ready and state.error is None and not state.instances:
-                state.error = f"worker exited with code {code} while loading the model (see the log)"
-            state.instances.discard(wp.identity)
-            if wp.identity in state.idle:
-                state.idle.remove(wp.identity)
-            self.path.fail_worker(wp.identity, f"worker exited with code {code}")
-            log.warning(
-                "event=worker_exited model=%s version=%d worker=%s code=%d",
-                state.name,
-                state.version,
-                wp.identity.decode(),
-                code,
-            )
-            if state.error is not None or state.retired:
-                continue  # a load failure, or a state on its way out: do not restart
-            crashes = self.restarts.crashed(wp.spec, now)
-            if crashes is not None:
-                state.error = f"worker crashed {crashes} times in a minute (last exit code {code})"
-                log.error("event=instance_failed model=%s error=%r", state.name, state.error)
-        for spec in self.restarts.due(now):
-            self._spawn(spec)
 
     def _reap_regions(self) -> None:
         """Regions of clients that died without closing: unregister, unmap in the workers, unlink."""
