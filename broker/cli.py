@@ -177,6 +177,7 @@ def _parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentPa
             c.add_argument("model")
     sub.add_parser("status", help="a terminal view of a running server (see 'zinfer status --help')")
     sub.add_parser("perf", help="a load generator in the spirit of perf_analyzer (see 'zinfer perf --help')")
+    sub.add_parser("tune", help="sweep batching and instance settings on a live server (see 'zinfer tune --help')")
     k = sub.add_parser("keys", help="write a CURVE key pair: NAME.key (public) and NAME.key_secret")
     k.add_argument("folder", type=Path)
     k.add_argument("name")
@@ -356,6 +357,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["tune"]:
+        from .tune_cli import main as tune_main
+
+        return tune_main(argv[1:])
     if argv[:1] == ["perf"]:
         from .perf_cli import main as perf_main
 

@@ -1,0 +1,479 @@
+"""``zinfer tune``: sweep a model's batching and instance settings on a live server, keep the best.
+
+::
+
+    zinfer serve --model-repository models --model-control-mode explicit &
+    zinfer tune -m add --model-repository models --latency-budget-ms 2 \\
+        --max-batch-size 8,16 --preferred-batch-size "",4,8 --max-queue-delay-us 0,100,500 \\
+        --instance-count 1,2 --concurrency 16 --measurement-interval 3 --output add.config.pbtxt
+
+For each point of the sweep the model's ``config.pbtxt`` in the repository is rewritten (the original
+text is kept, only ``max_batch_size``, ``dynamic_batching.preferred_batch_size``,
+``dynamic_batching.max_queue_delay_microseconds`` and the instance groups' ``count`` change), the server
+reloads the model (``Client.load_model``: needs ``--model-control-mode explicit``), and the ``zinfer
+perf`` engine measures it. The best point is the one with the highest throughput whose p99 latency is
+within the budget; it is printed and written as a ``config.pbtxt``. The original file is always put back
+(and reloaded), on errors and Ctrl-C too. ``--time-limit`` and ``--max-points`` bound the sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from zinfer.client import Client
+from zinfer.client.errors import ConfigError, Unsupported, ZinferError
+
+from . import perf_cli
+from .model_config import CONFIG_FILENAME, parse_model_config
+from .perf_load import Step, Tally, run_sync
+from .perf_report import StepResult, summarize
+
+__all__ = ["Point", "apply_point", "main"]
+
+# ---------------------------------------------------------------------------------------------- config text
+
+_SCAN = re.compile(
+    r"""
+    (?P<space>\s+)
+  | (?P<comment>\#[^\n]*)
+  | (?P<string>"(?:[^"\\\n]|\\[^\n])*"|'(?:[^'\\\n]|\\[^\n])*')
+  | (?P<open>[{\[<])
+  | (?P<close>[}\]>])
+  | (?P<sep>[,;])
+  | (?P<colon>:)
+  | (?P<word>[^\s#"'{}\[\]<>,;:]+)
+    """,
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True)
+class _Span:
+    name: str
+    start: int  # where the field name starts
+    end: int  # just past the value (and a ',' or ';' after it)
+    value_start: int  # where the value starts ('{' or '[' of a block)
+
+
+def _tokens(text: str) -> list[tuple[str, str, int, int]]:
+    out = []
+    pos = 0
+    while pos < len(text):
+        m = _SCAN.match(text, pos)
+        if m is None:  # pragma: no cover - the pattern matches any character
+            raise ConfigError(f"cannot scan the config near offset {pos}")
+        kind = m.lastgroup or ""
+        if kind not in ("space", "comment"):
+            out.append((kind, m.group(), m.start(), m.end()))
+        pos = m.end()
+    return out
+
+
+def _fields(text: str, lo: int, hi: int) -> list[_Span]:
+    """The fields written directly in ``text[lo:hi]`` (the inside of one message), with their spans."""
+    toks = _tokens(text[lo:hi])
+    spans: list[_Span] = []
+    i = 0
+    while i < len(toks):
+        kind, word, start, _ = toks[i]
+        if kind != "word":
+            i += 1
+            continue
+        i += 1
+        if i < len(toks) and toks[i][0] == "colon":
+            i += 1
+        if i >= len(toks):
+            break
+        value_start = toks[i][2]
+        if toks[i][0] == "open":
+            depth = 0
+            while i < len(toks):
+                if toks[i][0] == "open":
+                    depth += 1
+                elif toks[i][0] == "close":
+                    depth -= 1
+                    if depth == 0:
+                        break
+                i += 1
+        elif toks[i][0] == "string":
+            while i + 1 < len(toks) and toks[i + 1][0] == "string":
+                i += 1
+        end = toks[min(i, len(toks) - 1)][3]
+        i += 1
+        if i < len(toks) and toks[i][0] == "sep":
+            end = toks[i][3]
+            i += 1
+        spans.append(_Span(word, lo + start, lo + end, lo + value_start))
+    return spans
+
+
+def _messages(text: str, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The ``{...}`` blocks directly inside a ``[ ... ]`` list value (or the one block itself), as the
+    offsets of their insides."""
+    toks = _tokens(text[lo:hi])
+    out: list[tuple[int, int]] = []
+    depth, opened = 0, 0
+    list_value = bool(toks) and toks[0][1] == "["
+    base = 1 if list_value else 0
+    for kind, _, start, end in toks:
+        if kind == "open":
+            depth += 1
+            if depth == base + 1:
+                opened = end
+        elif kind == "close":
+            if depth == base + 1:
+                out.append((lo + opened, lo + start))
+            depth -= 1
+    return out
+
+
+def _set(text: str, lo: int, hi: int, name: str, new: str | None, nested: bool = False) -> str:
+    """``text`` with field ``name`` of the message inside ``text[lo:hi]`` replaced by ``new`` (every
+    occurrence, the first keeps its place), removed (``new`` None), or added at the end if absent."""
+    spans = [s for s in _fields(text, lo, hi) if s.name == name]
+    if not spans:
+        if new is None:
+            return text
+        body_end = max(lo, len(text[:hi].rstrip()))
+        tail = text[body_end:hi]
+        if not nested or "\n" in text[lo:hi]:  # one field a line
+            prefix = "\n" if body_end > 0 else ""
+            indent = "  " if nested else ""
+            return text[:body_end] + prefix + indent + new + (tail if "\n" in tail else "\n") + text[hi:]
+        return text[:body_end] + " " + new + " " + text[hi:]
+    for span in reversed(spans[1:]):
+        text = text[: span.start] + text[span.end :]
+    first = spans[0]
+    if new is None:
+        end = first.end
+        if text[end : end + 1] == "\n" and (first.start == 0 or text[first.start - 1] == "\n"):
+            end += 1
+        return text[: first.start] + text[end:]
+    return text[: first.start] + new + text[first.end :]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration of the sweep; None leaves the original setting."""
+
+    max_batch_size: int | None = None
+    preferred_batch_size: tuple[int, ...] | None = None
+    max_queue_delay_us: int | None = None
+    instance_count: int | None = None
+
+    @property
+    def label(self) -> str:
+        parts = []
+        if self.max_batch_size is not None:
+            parts.append(f"mbs={self.max_batch_size}")
+        if self.preferred_batch_size is not None:
+            parts.append(f"pref=[{','.join(map(str, self.preferred_batch_size))}]")
+        if self.max_queue_delay_us is not None:
+            parts.append(f"delay={self.max_queue_delay_us}us")
+        if self.instance_count is not None:
+            parts.append(f"inst={self.instance_count}")
+        return " ".join(parts) or "original"
+
+
+def apply_point(text: str, point: Point) -> str:
+    """The config text with the point's settings; everything else (comments included) stays as written."""
+    if point.max_batch_size is not None:
+        text = _set(text, 0, len(text), "max_batch_size", f"max_batch_size: {point.max_batch_size}")
+    if point.preferred_batch_size is not None or point.max_queue_delay_us is not None:
+        dyn = [s for s in _fields(text, 0, len(text)) if s.name == "dynamic_batching"]
+        if not dyn:
+            text = _set(text, 0, len(text), "dynamic_batching", "dynamic_batching {\n}")
+            dyn = [s for s in _fields(text, 0, len(text)) if s.name == "dynamic_batching"]
+        changes: list[tuple[str, str | None]] = []
+        if point.preferred_batch_size is not None:
+            sizes = ", ".join(map(str, point.preferred_batch_size))
+            changes.append(("preferred_batch_size", f"preferred_batch_size: [ {sizes} ]" if sizes else None))
+        if point.max_queue_delay_us is not None:
+            changes.append(
+                ("max_queue_delay_microseconds", f"max_queue_delay_microseconds: {point.max_queue_delay_us}")
+            )
+        for name, new in changes:
+            dyn = [s for s in _fields(text, 0, len(text)) if s.name == "dynamic_batching"]
+            (lo, hi), *_ = _messages(text, dyn[0].value_start, dyn[0].end)
+            text = _set(text, lo, hi, name, new, nested=True)
+    if point.instance_count is not None:
+        groups = [s for s in _fields(text, 0, len(text)) if s.name == "instance_group"]
+        if not groups:
+            line = f"instance_group [ {{ count: {point.instance_count} }} ]"
+            return _set(text, 0, len(text), "instance_group", line)
+        # every group of every instance_group field gets the count; from the end, so offsets stay valid
+        blocks = [b for g in groups for b in _messages(text, g.value_start, g.end)]
+        for lo, hi in sorted(blocks, reverse=True):
+            text = _set(text, lo, hi, "count", f"count: {point.instance_count}", nested=True)
+    return text
+
+
+# ---------------------------------------------------------------------------------------------- options
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by ',', got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected integers >= 0 separated by ',', got {text!r}")
+    return values
+
+
+def _preferred_list(text: str) -> list[tuple[int, ...]]:
+    """``"",4,8`` or ``none,4,8`` or ``4:8,16``: each ','-separated entry a choice, '' or 'none' for no
+    preferred sizes, ':' joining several sizes into one choice."""
+    out: list[tuple[int, ...]] = []
+    for entry in text.split(","):
+        entry = entry.strip().strip("\"'")
+        if entry.lower() in ("", "none"):
+            out.append(())
+            continue
+        try:
+            sizes = tuple(int(v) for v in entry.split(":"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad preferred batch size {entry!r} in {text!r}") from None
+        if any(v <= 0 for v in sizes):
+            raise argparse.ArgumentTypeError(f"preferred batch sizes must be > 0, got {entry!r}")
+        out.append(sizes)
+    return list(dict.fromkeys(out))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="zinfer tune",
+        description="Sweep a model's batching and instance settings on a server with explicit model "
+        "control; write the best configuration within a p99 latency budget.",
+    )
+    p.add_argument("-m", "--model-name", dest="model", required=True, help="the model to tune")
+    p.add_argument(
+        "--model-repository", type=Path, required=True, metavar="DIR", help="the server's model repository"
+    )
+    p.add_argument("-u", "--url", default=None, help="the server (default: the default runtime directory)")
+    p.add_argument(
+        "--latency-budget-ms", type=float, required=True, metavar="MS", help="the largest p99 allowed"
+    )
+    p.add_argument("--max-batch-size", type=_int_list, default=None, metavar="N,N,...")
+    p.add_argument(
+        "--preferred-batch-size",
+        type=_preferred_list,
+        default=None,
+        metavar='"",4,8',
+        help="choices of dynamic_batching.preferred_batch_size; '' means none, 4:8 means [4, 8]",
+    )
+    p.add_argument("--max-queue-delay-us", type=_int_list, default=None, metavar="US,US,...")
+    p.add_argument("--instance-count", type=_int_list, default=None, metavar="N,N,...")
+    p.add_argument("--concurrency", type=int, default=16, help="requests kept in flight (default 16)")
+    p.add_argument(
+        "--measurement-interval", type=float, default=3.0, metavar="SECONDS", help="per point (default 3)"
+    )
+    p.add_argument("--max-requests", type=int, default=0, metavar="N", help="end a point after N requests")
+    p.add_argument("-b", "--batch-size", type=int, default=1, help="rows per request (batching models)")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="stop starting new points after this long (default 600)",
+    )
+    p.add_argument("--max-points", type=int, default=100, help="measure at most this many points")
+    p.add_argument("--load-timeout", type=float, default=120.0, metavar="SECONDS", help="per reload")
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=Path("config.pbtxt.best"),
+        metavar="FILE",
+        help="where the best config goes (default ./config.pbtxt.best)",
+    )
+    return p
+
+
+def _points(args: argparse.Namespace) -> list[Point]:
+    axes: list[list[Any]] = [
+        args.max_batch_size or [None],
+        args.preferred_batch_size or [None],
+        args.max_queue_delay_us or [None],
+        args.instance_count or [None],
+    ]
+    return [Point(*combo) for combo in itertools.product(*axes)]
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+
+
+@dataclass
+class Outcome:
+    point: Point
+    text: str
+    result: StepResult | None = None
+    error: str = ""
+
+
+def _measure(client: Client, args: argparse.Namespace, inputs: dict[str, Any]) -> StepResult:
+    def call() -> object:
+        return client.infer(args.model, inputs)
+
+    call()  # warm-up on the new instances
+    step = Step(
+        concurrency=args.concurrency, interval_s=args.measurement_interval, max_requests=args.max_requests
+    )
+    tally = Tally()
+    before = client.statistics(args.model)
+    run_sync(call, step, tally)
+    return summarize(step, tally, before, client.statistics(args.model), args.model, args.batch_size)
+
+
+def _header() -> str:
+    cols = f"{'infer/s':>10} {'p50 us':>9} {'p99 us':>9} {'batch':>6} {'errors':>6}"
+    return f"{'#':>3}  {'configuration':<40} {cols}"
+
+
+def _row(i: int, o: Outcome, budget_us: float) -> str:
+    if o.result is None:
+        return f"{i:>3}  {o.point.label:<40} skipped: {o.error}"
+    r = o.result
+    mark = "" if r.p99_us <= budget_us else "  over budget"
+    return (
+        f"{i:>3}  {o.point.label:<40} {r.throughput_infer_s:>10.1f} {r.p50_us:>9.0f} {r.p99_us:>9.0f} "
+        f"{r.mean_batch:>6.2f} {r.errors:>6}{mark}"
+    )
+
+
+def best(outcomes: list[Outcome], budget_us: float) -> Outcome | None:
+    """The highest throughput among error-free points whose p99 is within the budget."""
+    fits = [
+        o
+        for o in outcomes
+        if o.result is not None and o.result.requests and not o.result.errors and o.result.p99_us <= budget_us
+    ]
+    return max(fits, key=lambda o: o.result.throughput_infer_s if o.result else 0.0, default=None)
+
+
+def _sweep(
+    client: Client, args: argparse.Namespace, path: Path, original: str, points: list[Point]
+) -> list[Outcome]:
+    budget_us = args.latency_budget_ms * 1e3
+    started = time.monotonic()
+    client.load_model(args.model, timeout=args.load_timeout)  # the original: also checks model control
+    perf_args = perf_cli._parser().parse_args(["-m", args.model, "-b", str(args.batch_size)])
+    inputs = perf_cli.build_inputs(client.model_metadata(args.model), perf_args)
+    outcomes: list[Outcome] = []
+    print(_header(), flush=True)
+    per_point = args.measurement_interval + 1.0
+    for point in points[: args.max_points]:
+        if time.monotonic() - started + per_point > args.time_limit:
+            print(
+                f"time limit of {args.time_limit:g} s reached: {len(points) - len(outcomes)} points left out"
+            )
+            break
+        o = Outcome(point, apply_point(original, point))
+        outcomes.append(o)
+        try:
+            parse_model_config(o.text, source=f"{path} ({point.label})", model_name=args.model)
+        except ConfigError as exc:
+            o.error = f"invalid: {str(exc).split(': ', 1)[-1]}"
+            print(_row(len(outcomes), o, budget_us), flush=True)
+            continue
+        path.write_text(o.text, encoding="utf-8")
+        try:
+            client.load_model(args.model, timeout=args.load_timeout)
+            o.result = _measure(client, args, inputs)
+        except ZinferError as exc:
+            o.error = f"{type(exc).__name__}: {exc}"
+        print(_row(len(outcomes), o, budget_us), flush=True)
+    return outcomes
+
+
+def _sigterm_as_interrupt() -> Any:
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.concurrency < 1 or args.measurement_interval <= 0 or args.max_requests < 0 or args.batch_size < 1:
+        parser.error("--concurrency and --batch-size must be >= 1, --measurement-interval > 0")
+    if args.latency_budget_ms <= 0 or args.time_limit <= 0 or args.max_points < 1:
+        parser.error("--latency-budget-ms and --time-limit must be > 0, --max-points >= 1")
+    path = args.model_repository / args.model / CONFIG_FILENAME
+    try:
+        original = path.read_text(encoding="utf-8")
+        parse_model_config(original, source=str(path), model_name=args.model)
+    except (OSError, ConfigError) as exc:
+        print(f"zinfer tune: {exc}", file=sys.stderr)
+        return 2
+    points = _points(args)
+    if len(points) > args.max_points:
+        print(f"zinfer tune: {len(points)} points, measuring the first {args.max_points} (--max-points)")
+    previous = _sigterm_as_interrupt()
+    outcomes: list[Outcome] = []
+    try:
+        with Client(args.url, timeout=max(30.0, args.load_timeout)) as client:
+            try:
+                outcomes = _sweep(client, args, path, original, points)
+            except Unsupported as exc:
+                print(
+                    f"zinfer tune: the server does not allow reloading models ({exc}).\n"
+                    "Start it with --model-control-mode explicit.",
+                    file=sys.stderr,
+                )
+                return 2
+            finally:
+                _restore(client, args, path, original)
+    except KeyboardInterrupt:
+        print("zinfer tune: interrupted; the original config is back in place", file=sys.stderr)
+        return 130
+    except (ZinferError, OSError, ValueError) as exc:
+        print(f"zinfer tune: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    return _conclude(args, outcomes)
+
+
+def _restore(client: Client, args: argparse.Namespace, path: Path, original: str) -> None:
+    """Put the original file back, then reload it (best effort: the file matters most)."""
+    if path.read_text(encoding="utf-8") != original:
+        path.write_text(original, encoding="utf-8")
+        try:
+            client.load_model(args.model, timeout=args.load_timeout)
+        except ZinferError as exc:
+            print(f"zinfer tune: original config restored, but reloading it failed: {exc}", file=sys.stderr)
+
+
+def _conclude(args: argparse.Namespace, outcomes: list[Outcome]) -> int:
+    budget_us = args.latency_budget_ms * 1e3
+    chosen = best(outcomes, budget_us)
+    if chosen is None or chosen.result is None:
+        print(f"\nno configuration kept p99 within {args.latency_budget_ms:g} ms; nothing written")
+        return 1
+    r = chosen.result
+    print(
+        f"\nbest within p99 <= {args.latency_budget_ms:g} ms: {chosen.point.label}\n"
+        f"  {r.throughput_infer_s:.1f} infer/s, p50 {r.p50_us:.0f} us, p99 {r.p99_us:.0f} us, "
+        f"mean batch {r.mean_batch:.2f}\n  written to {args.output}"
+    )
+    args.output.write_text(chosen.text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""``zinfer tune`` against a real server with explicit model control, on a temp copy of ``add``."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MODELS, ServerProcess
+from zinfer.broker.model_config import parse_model_config
+from zinfer.broker.tune_cli import Point, apply_point, main
+
+pytestmark = pytest.mark.integration
+
+
+def _repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "models"
+    shutil.copytree(MODELS / "add", repo / "add")
+    return repo
+
+
+def test_apply_point_changes_only_the_swept_fields() -> None:
+    text = (MODELS / "add" / "config.pbtxt").read_text()
+    out = apply_point(text, Point(8, (4, 8), 100, 2))
+    assert out.startswith("# OUTPUT_SUM") and 'string_value: "add"' in out
+    config = parse_model_config(out, source="t", model_name="add")
+    assert config.max_batch_size == 8 and [g.count for g in config.instance_group] == [2]
+    assert config.dynamic_batching is not None
+    assert config.dynamic_batching.preferred_batch_size == (4, 8)
+    assert config.dynamic_batching.max_queue_delay_microseconds == 100
+    assert apply_point(text, Point()) == text
+
+
+def test_tiny_sweep_writes_the_best_config_and_restores_the_original(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = _repo(tmp_path)
+    original = (repo / "add" / "config.pbtxt").read_text()
+    server = server_factory(repo, "--model-control-mode", "explicit", "--load-model", "add")
+    out = tmp_path / "best.pbtxt"
+    code = main(["-m", "add", "--model-repository", str(repo), "--url", server.url,
+                 "--latency-budget-ms", "1000", "--max-batch-size", "4,8", "--max-queue-delay-us", "0",
+                 "--instance-count", "1", "--concurrency", "4", "--measurement-interval", "1",
+                 "--time-limit", "60", "--output", str(out)])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "mbs=4" in printed and "mbs=8" in printed and "best within" in printed
+    best = parse_model_config(out.read_text(), source=str(out), model_name="add")
+    assert best.max_batch_size in (4, 8)
+    assert (repo / "add" / "config.pbtxt").read_text() == original
+
+
+def test_without_explicit_model_control_it_says_so_and_changes_nothing(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = _repo(tmp_path)
+    original = (repo / "add" / "config.pbtxt").read_text()
+    server = server_factory(repo)
+    code = main(["-m", "add", "--model-repository", str(repo), "--url", server.url,
+                 "--latency-budget-ms", "10", "--max-batch-size", "4", "--measurement-interval", "0.2",
+                 "--output", str(tmp_path / "best.pbtxt")])  # fmt: skip
+    assert code == 2
+    assert "--model-control-mode explicit" in capsys.readouterr().err
+    assert (repo / "add" / "config.pbtxt").read_text() == original
+    assert not (tmp_path / "best.pbtxt").exists()
