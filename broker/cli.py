@@ -177,7 +177,7 @@ def _parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentPa
             c.add_argument("model")
     sub.add_parser("status", help="a terminal view of a running server (see 'zinfer status --help')")
     sub.add_parser("perf", help="a load generator in the spirit of perf_analyzer (see 'zinfer perf --help')")
-    sub.add_parser("tune", help="sweep batching and instance settings on a live server (see 'zinfer tune --help')")
+    sub.add_parser("tune", help="sweep batching and instance settings on a live server (zinfer tune --help)")
     k = sub.add_parser("keys", help="write a CURVE key pair: NAME.key (public) and NAME.key_secret")
     k.add_argument("folder", type=Path)
     k.add_argument("name")
