@@ -45,6 +45,11 @@ SUPPORTED_FEATURES: frozenset[str] = frozenset(
         "parameters",
         "metric_tags",
         "response_cache.enable",
+        "sequence_batching",
+        "sequence_batching.direct",
+        "sequence_batching.oldest",
+        "sequence_batching.max_sequence_idle_microseconds",
+        "sequence_batching.control_input",
     }
 )
 
@@ -102,6 +107,41 @@ FEATURES: tuple[tuple[str, Callable[[ModelConfig], bool]], ...] = (
         lambda c: c.dynamic_batching is not None and bool(c.dynamic_batching.priority_queue_policy),
     ),
     ("sequence_batching", lambda c: c.sequence_batching is not None),
+    (
+        "sequence_batching.direct",
+        lambda c: c.sequence_batching is not None and c.sequence_batching.direct is not None,
+    ),
+    (
+        "sequence_batching.oldest",
+        lambda c: c.sequence_batching is not None and c.sequence_batching.oldest is not None,
+    ),
+    (
+        "sequence_batching.oldest.preserve_ordering",
+        lambda c: (
+            c.sequence_batching is not None
+            and c.sequence_batching.oldest is not None
+            and c.sequence_batching.oldest.preserve_ordering
+        ),
+    ),
+    (
+        "sequence_batching.max_sequence_idle_microseconds",
+        lambda c: (
+            c.sequence_batching is not None
+            and c.sequence_batching.max_sequence_idle_microseconds != 1_000_000
+        ),
+    ),
+    (
+        "sequence_batching.control_input",
+        lambda c: c.sequence_batching is not None and bool(c.sequence_batching.control_input),
+    ),
+    (
+        "sequence_batching.state",
+        lambda c: c.sequence_batching is not None and bool(c.sequence_batching.state),
+    ),
+    (
+        "sequence_batching.iterative_sequence",
+        lambda c: c.sequence_batching is not None and c.sequence_batching.iterative_sequence,
+    ),
     ("ensemble_scheduling", lambda c: c.ensemble_scheduling is not None),
     ("instance_group", lambda c: bool(c.instance_group)),
     ("instance_group.name", lambda c: bool(c.instance_group)),

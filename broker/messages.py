@@ -11,10 +11,14 @@ from zinfer.client.protocol import Frame
 from .model_state import Pending
 
 
-def execute_header(batch_id: int, items: Sequence[Pending]) -> tuple[dict[str, Any], list[Frame]]:
+def execute_header(
+    batch_id: int, items: Sequence[Pending], controls: Sequence[dict[str, Any]] = ()
+) -> tuple[dict[str, Any], list[Frame]]:
     """The EXECUTE header for a batch, and its inline frames numbered across the whole batch.
 
     Descriptors go on as the clients sent them (the broker checked them); only inline frame numbers change.
+    A sequence request's entry carries ``"sequence": {"id", "start", "end", "controls"}``: its flags and
+    the model's control inputs (``sequence_batcher.control_specs``), which the worker adds to the batch.
     """
     requests: list[dict[str, Any]] = []
     frames: list[Frame] = []
@@ -27,7 +31,10 @@ def execute_header(batch_id: int, items: Sequence[Pending]) -> tuple[dict[str, A
                     frames.append(p.frames[d["frame"]])
                     d = {**d, "frame": len(frames) - 1}
                 inputs.append(d)
-        requests.append({"id": p.seq, "inputs": inputs, "outputs": p.wire_outputs})
+        entry: dict[str, Any] = {"id": p.seq, "inputs": inputs, "outputs": p.wire_outputs}
+        if p.sequence is not None:
+            entry["sequence"] = {**p.sequence, "controls": list(controls)}
+        requests.append(entry)
     return {"batch": batch_id, "requests": requests}, frames
 
 

@@ -114,7 +114,7 @@ class ModelControl:
         registry, broker = self.broker.registry, self.broker
         busy = {id(b.model) for b in broker.path.inflight.values()}
         for state in list(registry.retiring):
-            if len(state.batcher) or id(state) in busy:
+            if state.queued or id(state) in busy:
                 continue
             if id(state) not in self._stopping:
                 self._stopping.add(id(state))

@@ -15,6 +15,7 @@ from .latency_window import LatencyWindow
 from .metrics import ModelMetrics
 from .model_config import ModelConfig
 from .ordering import ResponseOrder
+from .sequence_batcher import SequenceBatcher, SequencePolicy, control_specs
 from .signature import Signature
 
 
@@ -32,6 +33,7 @@ class Pending:
     arrival: float
     cancelled: bool = False  # cancelled while running: its result is discarded
     cache_key: bytes | None = None  # missed the response cache: its result is stored under this key
+    sequence: dict[str, Any] | None = None  # a sequence request: {"id", "start", "end"} for the worker
 
 
 @dataclass
@@ -138,6 +140,12 @@ class ModelState:
         self.order: ResponseOrder[int, tuple[bytes, Reply, list[Frame]]] | None = (
             ResponseOrder() if db is not None and db.preserve_ordering else None
         )
+        sb = config.sequence_batching
+        # a stateful model: its requests go through the sequence batcher instead of ``batcher``
+        self.sequencer: SequenceBatcher[Pending, bytes] | None = (
+            SequenceBatcher(SequencePolicy.of(sb, config.max_batch_size)) if sb is not None else None
+        )
+        self.controls: list[dict[str, Any]] = control_specs(sb) if sb is not None else []
         self.instances: set[bytes] = set()
         self.idle: deque[bytes] = deque()
         self.error: str | None = None
@@ -154,6 +162,11 @@ class ModelState:
         if self._groups is None:
             self._groups = instance_groups(self.config, self.expected_instances)
         return self._groups[instance] if 0 <= instance < len(self._groups) else None
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for an instance, in the batcher or the sequence batcher."""
+        return len(self.batcher) + (len(self.sequencer) if self.sequencer is not None else 0)
 
     @property
     def ready(self) -> bool:

@@ -56,7 +56,7 @@ class Observer:
         b = self.broker
         serving = list(b.registry.serving())
         for s in serving:
-            s.metrics.pending(len(s.batcher))
+            s.metrics.pending(s.queued)
         entries: list[tuple[str, int | None, bool]] = [(s.name, s.version, s.ready) for s in serving]
         entries += [(name, None, False) for name in b.registry.load_errors]
         ready = (
@@ -103,7 +103,7 @@ class Observer:
                 )
             models.append({
                 "name": s.name, "version": s.version, "state": s.state(), "reason": s.error,
-                "queue_depth": len(s.batcher), "mean_batch_1m": ws.mean_batch,
+                "queue_depth": s.queued, "mean_batch_1m": ws.mean_batch,
                 "p99_ms_1m": None if ws.p99_s is None else ws.p99_s * 1000, "rate_1m": ws.rate,
                 "instances": sorted(instances, key=lambda i: i["instance"]),
             })  # fmt: skip

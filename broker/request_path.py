@@ -28,6 +28,7 @@ from .messages import client_outputs, execute_header
 from .model_state import InFlight, ModelState, Pending
 from .rate_limiter import RateLimiter, needs_of
 from .response_cache import CachedResponse, CachedTensor, InputBytes, RegionReader, ResponseCache, request_key
+from .sequence_batcher import SequenceBatch, SequenceError, SequenceRequest, parse_sequence
 from .validation import check_request
 
 if TYPE_CHECKING:
@@ -79,6 +80,10 @@ class RequestPath:
         p = Pending(
             next(self._seq), identity, req, frames, header["inputs"], outputs, checked.batch_size, now
         )
+        if state.sequencer is not None:
+            self._admit_sequence(state, p, now)
+            state.metrics.bytes(checked.input_bytes, 0)
+            return
         if state.config.response_cache.enable and self._cache_lookup(state, p, outputs):
             state.metrics.bytes(checked.input_bytes, 0)
             return
@@ -93,6 +98,28 @@ class RequestPath:
         if state.order is not None:
             state.order.submit(p.seq)
         state.metrics.bytes(checked.input_bytes, 0)
+
+    def _admit_sequence(self, state: ModelState, p: Pending, now: float) -> None:
+        """Queue a request of a stateful model with its sequence (bound to one instance at START)."""
+        assert state.sequencer is not None
+        try:
+            parsed = parse_sequence(p.request.parameters)
+        except SequenceError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if parsed is None:
+            raise InvalidArgument(
+                f"inference request to model '{state.name}' must specify a non-zero or non-empty sequence_id"
+            )
+        sid, start, end = parsed
+        if state.signature.batching and p.batch_size != 1:
+            raise InvalidArgument(f"a sequence request must hold one row, got a batch of {p.batch_size}")
+        p.sequence = {"id": sid, "start": start, "end": end}
+        try:
+            state.sequencer.add(SequenceRequest(p, sid, start, end, now), now, sorted(state.instances))
+        except SequenceError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if state.order is not None:
+            state.order.submit(p.seq)
 
     # ------------------------------------------------------------------------------------ response cache
 
@@ -195,7 +222,12 @@ class RequestPath:
     def cancel(self, identity: bytes, target: str) -> str:
         """Cancel the caller's request ``target``: out of the queue, or its result discarded if it runs."""
         for state in self.b.registry.states():
-            for p in state.batcher.remove(lambda p: p.client == identity and p.request.request_id == target):
+            removed = state.batcher.remove(lambda p: p.client == identity and p.request.request_id == target)
+            if state.sequencer is not None:
+                removed += state.sequencer.remove(
+                    lambda p: p.client == identity and p.request.request_id == target
+                )
+            for p in removed:
                 self._finish_early(state, p, Cancelled("the request was cancelled"))
                 state.metrics.cancelled()
                 return "queued"
@@ -212,6 +244,11 @@ class RequestPath:
             self._next_prune = now + PRUNE_INTERVAL_S
             self.readers.prune()
         for state in self.b.registry.states():
+            seqs = state.sequencer
+            if seqs is not None:
+                due_seq = seqs.next_expiry()
+                if due_seq is not None and due_seq <= now:
+                    seqs.expire(now)  # idle sequences are released; none of them has a queued request
             due = state.batcher.next_expiry()
             if due is None or due > now:
                 continue
@@ -225,6 +262,13 @@ class RequestPath:
     def dispatch(self, now: float) -> None:
         limited: list[ModelState] = []
         for state in self.b.registry.states():
+            seqs = state.sequencer
+            if seqs is not None:
+                if state.idle and len(seqs):
+                    for worker, sbatch in seqs.pop_ready(now, list(state.idle)):
+                        state.idle.remove(worker)
+                        self._execute(state, worker, sbatch, now)
+                continue
             if state.idle and len(state.batcher):
                 if state.rate_limited:
                     limited.append(state)
@@ -281,7 +325,9 @@ class RequestPath:
             return bool(state.idle)
         return any(self.limiter.can_acquire(w) for w in state.idle)
 
-    def _execute(self, state: ModelState, worker: bytes, batch: Batch[Pending], now: float) -> None:
+    def _execute(
+        self, state: ModelState, worker: bytes, batch: Batch[Pending] | SequenceBatch[Pending], now: float
+    ) -> None:
         batch_id = next(self._batch_ids)
         oldest = now
         for p in batch.items:
@@ -293,13 +339,20 @@ class RequestPath:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("event=batch model=%s size=%d requests=%d reason=%s worker=%s", state.name, batch.size,
                       len(batch.items), batch.reason.value, worker.decode())  # fmt: skip
-        header, frames = execute_header(batch_id, batch.items)
+        header, frames = execute_header(batch_id, batch.items, state.controls)
         self.inflight[batch_id] = InFlight(batch_id, worker, state, list(batch.items), time.monotonic_ns())
         if not self.b.send_worker(worker, Command.W_EXECUTE, header, frames):
             self.fail_batch(self.inflight.pop(batch_id), "the instance could not be reached")
 
+    def _sequences_done(self, state: ModelState, requests: list[Pending]) -> None:
+        """The requests of a batch finished: their sequences may send the next one (or close)."""
+        if state.sequencer is not None:
+            ids = [p.sequence["id"] for p in requests if p.sequence is not None]
+            state.sequencer.done(ids, time.monotonic())
+
     def fail_batch(self, batch: InFlight, why: str) -> None:
         self.limiter.release(batch.worker)
+        self._sequences_done(batch.model, batch.requests)
         for p in batch.requests:
             batch.model.stats.fail.add(0)
             batch.model.metrics.failure("BACKEND")
@@ -312,6 +365,11 @@ class RequestPath:
                 del self.inflight[bid]
                 self.fail_batch(batch, why)
         self.limiter.remove(worker)
+        for state in self.b.registry.states():
+            if state.sequencer is not None:  # its sequences are lost with the instance's state
+                for p in state.sequencer.drop_instance(worker):
+                    state.metrics.failure("BACKEND")
+                    self._finish_early(state, p, Unavailable(f"model '{state.name}' instance failed: {why}"))
 
     def on_result(
         self, identity: bytes, state: ModelState, header: dict[str, Any], frames: list[Frame]
@@ -367,6 +425,7 @@ class RequestPath:
             error = Unavailable("the worker returned no result for this request")
             self._reply(state, p, Reply(p.request.request_id, error.status, error.wire_text()), [])
         stats.last_inference_ms = int(time.time() * 1000)
+        self._sequences_done(state, batch.requests)
         if identity in state.instances:
             state.idle.append(identity)
 
@@ -404,7 +463,10 @@ class RequestPath:
 
     def fail_queued(self, error: ServerError) -> None:
         for state in self.b.registry.states():
-            for p in state.batcher.remove(lambda _: True):
+            queued = state.batcher.remove(lambda _: True)
+            if state.sequencer is not None:
+                queued += state.sequencer.remove(lambda _: True)
+            for p in queued:
                 state.metrics.failure("OTHER")
                 self._finish_early(state, p, error)
         for batch in list(self.inflight.values()):
@@ -418,7 +480,10 @@ class RequestPath:
         """Milliseconds until the nearest batch deadline (models with an idle instance) or queue timeout."""
         deadline: float | None = None
         for state in self.b.registry.states():
-            d = state.batcher.next_deadline() if self.runnable(state) else state.batcher.next_expiry()
+            if state.sequencer is not None:
+                d = state.sequencer.next_deadline(list(state.idle))
+            else:
+                d = state.batcher.next_deadline() if self.runnable(state) else state.batcher.next_expiry()
             if d is not None and (deadline is None or d < deadline):
                 deadline = d
         if deadline is None:
@@ -426,4 +491,7 @@ class RequestPath:
         return max(0.0, min(float(MAX_POLL_MS), (deadline - time.monotonic()) * 1000))
 
     def queued(self) -> int:
-        return sum(len(s.batcher) for s in self.b.registry.states())
+        return sum(
+            len(s.batcher) + (len(s.sequencer) if s.sequencer is not None else 0)
+            for s in self.b.registry.states()
+        )

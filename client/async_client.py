@@ -155,11 +155,16 @@ class AsyncClient(_ClientBase):
         priority: int = 0,
         timeout: int | None = None,
         client_timeout: float | None = None,
+        sequence_id: int | str = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
     ) -> InferResult:
         """Run ``model`` on ``inputs`` (see ``Client.infer``). When ``client_timeout`` passes, or the task
         awaiting this is cancelled, the request is cancelled in the server too."""
         info = await self._model_info(model, _version(model_version))
-        p = self._prepare(info, inputs, outputs, request_id, priority, timeout)
+        p = self._prepare(
+            info, inputs, outputs, request_id, priority, timeout, (sequence_id, sequence_start, sequence_end)
+        )
         try:
             await self._register_new()
             reply, rframes = await self._exchange(p, client_timeout)

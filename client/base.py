@@ -189,8 +189,10 @@ class _ClientBase:
         request_id: str | None,
         priority: int,
         timeout: int | None,
+        sequence: tuple[int | str, bool, bool] = (0, False, False),
     ) -> _Prepared:
-        """The header, inline frames and slots of one infer request (inputs copied into the arena)."""
+        """The header, inline frames and slots of one infer request (inputs copied into the arena);
+        ``sequence`` is ``(sequence_id, sequence_start, sequence_end)``, sent when the id is set."""
         named = input_arrays(inputs)
         names = output_names(outputs)
         slots: list[Slot] = []
@@ -211,6 +213,7 @@ class _ClientBase:
             outputs=tuple(out_reqs),
             priority=priority,
             timeout_us=timeout or 0,
+            parameters=_sequence_parameters(*sequence),
         )
         return _Prepared(protocol.infer_to_wire(req), frames, slots, out_slots, request_id or "")
 
@@ -407,3 +410,10 @@ class _ClientBase:
         if model:
             header["model"] = model
         return header
+
+
+def _sequence_parameters(sequence_id: int | str, start: bool, end: bool) -> dict[str, Any]:
+    """Triton's sequence request parameters; none for a request outside any sequence."""
+    if sequence_id in (0, "") and not start and not end:
+        return {}
+    return {"sequence_id": sequence_id, "sequence_start": bool(start), "sequence_end": bool(end)}

@@ -151,6 +151,9 @@ class Client(_ClientBase):
         priority: int = 0,
         timeout: int | None = None,
         client_timeout: float | None = None,
+        sequence_id: int | str = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
     ) -> InferResult:
         """Run ``model`` on ``inputs`` and return its outputs (all of them unless ``outputs`` names some).
 
@@ -161,9 +164,13 @@ class Client(_ClientBase):
         ``timeout``) is how long to wait for the answer; when it passes the request is cancelled in the
         server and ``RequestTimeout`` is raised. ``request_id`` names the request for ``cancel`` from
         another thread.
+        ``sequence_id`` (non-zero int or non-empty str), ``sequence_start`` and ``sequence_end`` make the
+        request part of a sequence of a stateful model (``sequence_batching``), as Triton's parameters do.
         """
         info = self._model_info(model, _version(model_version))
-        p = self._prepare(info, inputs, outputs, request_id, priority, timeout)
+        p = self._prepare(
+            info, inputs, outputs, request_id, priority, timeout, (sequence_id, sequence_start, sequence_end)
+        )
         try:
             self._conn.check_server()  # nothing sent yet: a missing server frees the slots below
             reply, rframes = self._exchange(p, client_timeout)

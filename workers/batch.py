@@ -21,6 +21,7 @@ from .batch_io import (
     BatchOutcome,
     BatchRequest,
     check_output,
+    control_arrays,
     emit,
     error_result,
     fail_all,
@@ -54,7 +55,10 @@ def gather(
         for name, arr in arrays.items():
             per_name.setdefault(name, []).append(arr)
         rows.append(request_rows(arrays, batching))
-    return {n: device.batch(a) for n, a in per_name.items()}, rows
+    batch = {n: device.batch(a) for n, a in per_name.items()}
+    for name, arr in control_arrays(requests, batching).items():
+        batch[name] = device.batch([arr])
+    return batch, rows
 
 
 def scatter(

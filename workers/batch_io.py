@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from zinfer.broker.sequence_batcher import control_value
 from zinfer.broker.signature import Signature
 from zinfer.client import dtypes
 from zinfer.client.errors import InternalError, ServerError
@@ -26,6 +27,7 @@ class BatchRequest(NamedTuple):
     inputs: tuple[TensorRef, ...]
     outputs: tuple[OutputRequest, ...]
     request_id: str = ""  # the client's id, when the broker passes it on
+    sequence: dict[str, Any] | None = None  # a sequence request: id, start, end and the control inputs
 
     @classmethod
     def from_broker(cls, d: dict[str, Any]) -> BatchRequest:
@@ -46,6 +48,7 @@ class BatchRequest(NamedTuple):
                 OutputRequest(o["name"], ShmRef(*o["slot"]) if "slot" in o else None) for o in d["outputs"]
             ),
             str(d.get("request_id", "")),
+            d.get("sequence"),
         )
 
 
@@ -74,6 +77,24 @@ def input_array(ref: TensorRef, frames: Sequence[Frame], regions: RegionCache) -
 
 def request_arrays(req: BatchRequest, frames: Sequence[Frame], regions: RegionCache) -> dict[str, Array]:
     return {ref.name: input_array(ref, frames, regions) for ref in req.inputs}
+
+
+def control_arrays(requests: Sequence[BatchRequest], batching: bool) -> dict[str, Array]:
+    """The sequence control inputs of a batch (START, END, READY, CORRID as the config names them):
+    one row per request, shape ``[rows, 1]`` (``[1]`` without batching); empty for other models."""
+    seqs = [r.sequence for r in requests]
+    first = seqs[0] if seqs else None
+    if first is None or not first.get("controls"):
+        return {}
+    out: dict[str, Array] = {}
+    for spec in first["controls"]:
+        dtype = np.dtype(object) if spec["data_type"] == "TYPE_STRING" else dtypes.wire_to_numpy(
+            dtypes.config_to_wire(spec["data_type"])
+        )  # fmt: skip
+        values = [control_value(spec, s or {}) for s in seqs]
+        arr = np.array(values, dtype=dtype).reshape(-1, 1)
+        out[spec["name"]] = arr if batching else arr.reshape(-1)[:1]
+    return out
 
 
 def request_rows(arrays: dict[str, Array], batching: bool) -> int:

@@ -137,7 +137,9 @@ def _repo_with_broken_models(root: Path) -> Path:
     (repo / "typo" / "config.pbtxt").write_text('name: "typo"\nmax_batch_size: 4\nbogus_field: 1\n')
     (repo / "seq" / "1").mkdir(parents=True)
     (repo / "seq" / "config.pbtxt").write_text(
-        'name: "seq"\nbackend: "zinfer"\nmax_batch_size: 4\nsequence_batching { }\n'
+        'name: "seq"\nbackend: "zinfer"\nmax_batch_size: 4\n'
+        'ensemble_scheduling { step [ { model_name: "add" model_version: -1\n'
+        '  input_map { key: "INPUT_A" value: "X" } output_map { key: "OUTPUT_SUM" value: "Y" } } ] }\n'
         'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
         'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
     )
@@ -160,7 +162,7 @@ def test_broken_models_fail_alone(server_factory: Callable[..., ServerProcess], 
         assert client.is_server_ready()  # readiness covers the models that can load
         with pytest.raises(Unavailable, match="bogus_field"):
             client.infer("typo", {"X": ONE})
-        with pytest.raises(Unavailable, match="not supported yet: sequence_batching"):
+        with pytest.raises(Unavailable, match="not supported yet: ensemble_scheduling"):
             client.infer("seq", {"X": ONE})
         wait_for(lambda: "kernel" in str(client.repository_index()), 30, "the kernel error")
         with pytest.raises(Unavailable, match="parameter 'kernel'"):

@@ -196,7 +196,7 @@ def test_sequence_batching_direct_with_controls_and_state() -> None:
     assert sb.control_input[2].control[0].bool_false_true == (False, True)
     state = sb.state[0]
     assert state.initial_state[0].zero_data and state.use_same_buffer_for_input_output
-    assert "sequence_batching" in unsupported_features(c)
+    assert "sequence_batching.state" in unsupported_features(c)
 
 
 def test_sequence_batching_defaults_and_oldest() -> None:
@@ -694,7 +694,7 @@ def test_load_model_config_from_file(tmp_path: Path) -> None:
         ("max_batch_size: 2 dynamic_batching { zinfer_latency_target_microseconds: 900 }", []),
         ("max_batch_size: 2 dynamic_batching { zinfer_latency_target_microseconds: 0 }", []),
         ("max_batch_size: 2 dynamic_batching { default_queue_policy { max_queue_size: 4 } }", []),
-        ("max_batch_size: 2 sequence_batching { }", ["sequence_batching"]),
+        ("max_batch_size: 2 sequence_batching { }", []),
         ("model_transaction_policy { decoupled: false } response_cache { enable: false }", []),
         ("optimization { }", []),
         ("optimization { input_pinned_memory { enable: true } }", []),

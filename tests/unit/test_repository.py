@@ -63,7 +63,7 @@ def test_scan_loads_good_models_and_marks_bad_ones(tmp_path: Path) -> None:
     )
 
     seq = models["seq"]
-    assert seq.error == "not supported yet: optimization, sequence_batching"
+    assert seq.error == "not supported yet: optimization"
     assert seq.config is not None
 
     assert models["noversion"].error is not None and "no version folder" in models["noversion"].error
