@@ -60,7 +60,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
-    rounds, seconds = (1, 2.0) if args.quick else (3, 6.0)
+    rounds, seconds = (1, 2.0) if args.quick else (6, 4.0)
     runs = []
     for _ in range(rounds):
         for on in (True, False):

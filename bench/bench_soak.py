@@ -117,7 +117,7 @@ def dying_clients(url: str, stop: threading.Event, spawned: list[int]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=120.0)
-    ap.add_argument("--kill-every", type=float, default=4.0)
+    ap.add_argument("--kill-every", type=float, default=10.0)  # faster looks like a crash loop (5 a minute)
     ap.add_argument("--loaders", type=int, default=6)
     args = ap.parse_args()
     shm_start = shm_entries()
