@@ -21,13 +21,13 @@ from zinfer.client.errors import (
     Status,
     Unavailable,
 )
-from zinfer.client.protocol import Command, Frame, InferRequest, Reply, ShmRef
+from zinfer.client.protocol import Command, Frame, Reply
 
 from .batcher import Batch, InvalidPriority, QueuedRequest, QueueFull
+from .cache_path import CachePath
 from .messages import client_outputs, execute_header
 from .model_state import InFlight, ModelState, Pending
 from .rate_limiter import RateLimiter, needs_of
-from .response_cache import CachedResponse, CachedTensor, InputBytes, RegionReader, ResponseCache, request_key
 from .sequence_batcher import SequenceBatch, SequenceError, SequenceRequest, parse_sequence
 from .validation import check_request
 
@@ -53,11 +53,11 @@ class RequestPath:
         self._seq = itertools.count(1)
         self._batch_ids = itertools.count(1)
         opts = broker.options
-        self.cache: ResponseCache | None = ResponseCache(opts.cache_bytes) if opts.cache_bytes > 0 else None
-        self.readers = RegionReader()  # client regions mapped read-only, for the cache
+        self.caching = CachePath(opts.cache_bytes)
+        self.cache = self.caching.cache
+        self.readers = self.caching.readers  # client regions mapped read-only, for the cache
         self.limiter: RateLimiter[bytes, ModelKey] = RateLimiter(opts.rate_limit_resources)
         self._next_prune = 0.0
-        self._cache_warned: set[str] = set()
 
     # ------------------------------------------------------------------------------------ admission
 
@@ -125,31 +125,11 @@ class RequestPath:
 
     def _cache_lookup(self, state: ModelState, p: Pending, outputs: list[dict[str, Any]]) -> bool:
         """Answer ``p`` from the cache if it can (True); on a miss, mark it to be stored when it succeeds."""
-        cache = self.cache
-        if cache is None:
-            if state.name not in self._cache_warned:
-                self._cache_warned.add(state.name)
-                log.warning("event=response_cache_off model=%s reason='the server has no cache'", state.name)
-            return False
-        t0 = time.perf_counter_ns()
-        key = self._request_key(state, p.request, p.frames, [str(o["name"]) for o in outputs])
-        if key is None:  # an input could not be read (a shrunk region): the worker reports it
-            return False
-        hit = cache.get(key)
+        hit = self.caching.lookup(state, p, outputs)
         if hit is None:
-            p.cache_key = key
-            state.stats.cache_miss.add(time.perf_counter_ns() - t0)
             return False
-        wire: list[dict[str, Any]] = []
-        frames: list[Frame] = []
-        for t in hit.outputs:
-            wire.append(
-                {"name": t.name, "datatype": t.datatype, "shape": list(t.shape), "frame": len(frames)}
-            )
-            frames.append(t.data)
-        lookup_ns = time.perf_counter_ns() - t0
+        wire, frames, lookup_ns = hit
         stats = state.stats
-        stats.cache_hit.add(lookup_ns)
         now = time.monotonic()
         duration = int((now - p.arrival) * 1e9) + lookup_ns
         stats.success.add(duration)
@@ -161,61 +141,6 @@ class RequestPath:
             state.order.submit(p.seq)
         self._reply(state, p, Reply(p.request.request_id, Status.OK, body=body), frames)
         return True
-
-    def _request_key(
-        self, state: ModelState, req: InferRequest, frames: list[Frame], outputs: list[str]
-    ) -> bytes | None:
-        inputs: list[InputBytes] = []
-        views: list[memoryview] = []
-        try:
-            for t in req.inputs:
-                if t.shm is not None:
-                    view = self.readers.read(t.shm)
-                    if view is None:
-                        return None
-                    views.append(view)
-                    inputs.append((t.name, t.datatype, t.shape, view))
-                elif t.frame is not None:
-                    inputs.append((t.name, t.datatype, t.shape, frames[t.frame]))
-            return request_key(state.name, state.version, state.generation, inputs, outputs)
-        finally:
-            for view in views:
-                view.release()
-
-    def _cache_store(
-        self, state: ModelState, key: bytes, outputs: list[dict[str, Any]], frames: list[Frame]
-    ) -> None:
-        """Copy a successful result's outputs (inline frames, or the client's output slots) into the cache;
-        a result it cannot read whole is not stored."""
-        assert self.cache is not None
-        t0 = time.perf_counter_ns()
-        try:
-            response = self._copy_outputs(outputs, frames)
-        except (KeyError, TypeError, ValueError):
-            response = None
-        if response is not None:
-            self.cache.put(key, response)
-        state.stats.cache_miss.ns += time.perf_counter_ns() - t0
-
-    def _copy_outputs(self, outputs: list[dict[str, Any]], frames: list[Frame]) -> CachedResponse | None:
-        tensors = []
-        for t in outputs:
-            if "frame" in t:
-                idx = int(t["frame"])
-                if not 0 <= idx < len(frames):
-                    return None
-                data = bytes(frames[idx])
-            elif "shm" in t:
-                region, offset, nbytes = t["shm"]
-                copied = self.readers.copy(ShmRef(str(region), int(offset), int(nbytes)))
-                if copied is None:
-                    return None
-                data = copied
-            else:
-                return None
-            shape = tuple(int(d) for d in t["shape"])
-            tensors.append(CachedTensor(str(t["name"]), str(t["datatype"]), shape, data))
-        return CachedResponse(tuple(tensors))
 
     # ------------------------------------------------------------------------------------ cancel, expire
 
@@ -409,7 +334,7 @@ class RequestPath:
                 metrics.success(duration / 1000, (sent_s - p.arrival) * 1e6, p.batch_size, t_in, t_inf, t_out)
                 window.record(now_ns / 1e9, duration / 1e9)
                 if p.cache_key is not None and self.cache is not None:
-                    self._cache_store(state, p.cache_key, res.get("outputs", []), frames)
+                    self.caching.store(state, p.cache_key, res.get("outputs", []), frames)
                 outputs, out_frames = client_outputs(res.get("outputs", []), frames)
                 body = {"model": state.name, "version": state.version, "outputs": outputs}
                 if state.signature.decoupled:

@@ -1,0 +1,108 @@
+"""The response cache on the request path: a key from the request's bytes, hits answered at admission,
+successful results copied in before their reply goes out."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from zinfer.client.protocol import Frame, InferRequest, ShmRef
+
+from .model_state import ModelState, Pending
+from .response_cache import CachedResponse, CachedTensor, InputBytes, RegionReader, ResponseCache, request_key
+
+log = logging.getLogger(__name__)
+
+
+class CachePath:
+    def __init__(self, cache_bytes: int) -> None:
+        self.cache: ResponseCache | None = ResponseCache(cache_bytes) if cache_bytes > 0 else None
+        self.readers = RegionReader()  # client regions mapped read-only, for the keys and the copies
+        self._warned: set[str] = set()
+
+    def lookup(
+        self, state: ModelState, p: Pending, outputs: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[Frame], int] | None:
+        """The cached outputs of ``p`` (wire form, frames, lookup ns), or None; a miss marks ``p`` to be
+        stored when it succeeds."""
+        cache = self.cache
+        if cache is None:
+            if state.name not in self._warned:
+                self._warned.add(state.name)
+                log.warning("event=response_cache_off model=%s reason='the server has no cache'", state.name)
+            return None
+        t0 = time.perf_counter_ns()
+        key = self._request_key(state, p.request, p.frames, [str(o["name"]) for o in outputs])
+        if key is None:  # an input could not be read (a shrunk region): the worker reports it
+            return None
+        hit = cache.get(key)
+        if hit is None:
+            p.cache_key = key
+            state.stats.cache_miss.add(time.perf_counter_ns() - t0)
+            return None
+        wire: list[dict[str, Any]] = []
+        frames: list[Frame] = []
+        for t in hit.outputs:
+            wire.append(
+                {"name": t.name, "datatype": t.datatype, "shape": list(t.shape), "frame": len(frames)}
+            )
+            frames.append(t.data)
+        lookup_ns = time.perf_counter_ns() - t0
+        state.stats.cache_hit.add(lookup_ns)
+        return wire, frames, lookup_ns
+
+    def _request_key(
+        self, state: ModelState, req: InferRequest, frames: list[Frame], outputs: list[str]
+    ) -> bytes | None:
+        inputs: list[InputBytes] = []
+        views: list[memoryview] = []
+        try:
+            for t in req.inputs:
+                if t.shm is not None:
+                    view = self.readers.read(t.shm)
+                    if view is None:
+                        return None
+                    views.append(view)
+                    inputs.append((t.name, t.datatype, t.shape, view))
+                elif t.frame is not None:
+                    inputs.append((t.name, t.datatype, t.shape, frames[t.frame]))
+            return request_key(state.name, state.version, state.generation, inputs, outputs)
+        finally:
+            for view in views:
+                view.release()
+
+    def store(
+        self, state: ModelState, key: bytes, outputs: list[dict[str, Any]], frames: list[Frame]
+    ) -> None:
+        """Copy a successful result's outputs (inline frames, or the client's output slots) into the cache;
+        a result it cannot read whole is not stored."""
+        assert self.cache is not None
+        t0 = time.perf_counter_ns()
+        try:
+            response = self._copy_outputs(outputs, frames)
+        except (KeyError, TypeError, ValueError):
+            response = None
+        if response is not None:
+            self.cache.put(key, response)
+        state.stats.cache_miss.ns += time.perf_counter_ns() - t0
+
+    def _copy_outputs(self, outputs: list[dict[str, Any]], frames: list[Frame]) -> CachedResponse | None:
+        tensors = []
+        for t in outputs:
+            if "frame" in t:
+                idx = int(t["frame"])
+                if not 0 <= idx < len(frames):
+                    return None
+                data = bytes(frames[idx])
+            elif "shm" in t:
+                region, offset, nbytes = t["shm"]
+                copied = self.readers.copy(ShmRef(str(region), int(offset), int(nbytes)))
+                if copied is None:
+                    return None
+                data = copied
+            else:
+                return None
+            shape = tuple(int(d) for d in t["shape"])
+            tensors.append(CachedTensor(str(t["name"]), str(t["datatype"]), shape, data))
+        return CachedResponse(tuple(tensors))
