@@ -34,7 +34,7 @@ from .errors import (
 from .paths import default_url
 from .protocol import Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef
 from .result import InferResult
-from .shm import Segment
+from .shm import Segment, sharing_group
 from .triton_compat import InputsArg, OutputsArg, input_arrays, output_names
 
 # Failures after which the server may still hold the request: its slots wait for the late reply.
@@ -393,7 +393,9 @@ class _ClientBase:
     def _arena_get(self) -> Arena:
         if self._arena is None:
             initial, maximum = self._arena_args
-            self._arena = Arena(initial, maximum, on_new_segment=self._on_new_segment)
+            # a server running as another user shares its socket's group with us: give it our segments
+            group = sharing_group(self.url[len("ipc://") :]) if self.url.startswith("ipc://") else None
+            self._arena = Arena(initial, maximum, on_new_segment=self._on_new_segment, group=group)
         return self._arena
 
     def _free_slot(self, slot: Slot) -> None:
