@@ -16,7 +16,7 @@ from typing import Any
 
 from .async_connection import AsyncConnection
 from .base import _ClientBase, _ModelInfo, _Prepared
-from .connection import CurveKeys, is_final
+from .connection import CurveKeys
 from .errors import ClientError, RequestTimeout, Status, from_status
 from .protocol import Command, Frame, Reply
 from .result import InferResult
@@ -193,23 +193,11 @@ class AsyncClient(_ClientBase):
         wait = self.timeout if client_timeout is None else client_timeout
         rid = p.header["id"] = self._conn.new_id()
         self._track(p, rid)
-        done = False
         try:
             async for reply, rframes in self._conn.stream(Command.INFER, p.header, p.frames, wait):
-                if is_final(reply):
-                    done = True
-                    self._settle(p)
-                    if reply.status != Status.OK:
-                        raise from_status(reply.status, reply.error)
-                result = self._read_outputs(reply, rframes, {}, p.request_id)
-                result.final = done
-                yield result
+                yield self._stream_result(p, reply, rframes)
         finally:
-            self._untrack_caller(p)
-            if done:
-                self._free(p.slots)
-            elif p.rid:
-                self._conn.send_only(Command.CANCEL, {"target": p.rid})  # abandoned: stop the stream
+            self._stream_closed(p, self._conn.send_only)
 
     async def _exchange(self, p: _Prepared, timeout: float | None) -> tuple[Reply, list[Frame]]:
         rid = p.header["id"] = self._conn.new_id()

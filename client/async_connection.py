@@ -21,9 +21,9 @@ import zmq
 import zmq.asyncio
 
 from . import protocol
-from .connection import CurveKeys, is_final
+from .connection import CurveKeys
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
-from .protocol import Command, Frame, Reply
+from .protocol import Command, Frame, Reply, is_final
 
 log = logging.getLogger(__name__)
 

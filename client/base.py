@@ -13,7 +13,7 @@ import asyncio
 import math
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ from .errors import (
     from_status,
 )
 from .paths import default_url
-from .protocol import Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef
+from .protocol import Command, Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef, is_final
 from .result import InferResult
 from .shm import Segment, sharing_group
 from .triton_compat import InputsArg, OutputsArg, input_arrays, output_names
@@ -325,6 +325,28 @@ class _ClientBase:
     def _unknown_region(reply: Reply) -> bool:
         """Whether the server forgot our regions (it restarted): register them again and retry once."""
         return reply.status == Status.INVALID_ARGUMENT and reply.error.startswith(UnknownRegion.__name__)
+
+    # ------------------------------------------------------------------------------------ streams
+
+    def _stream_result(self, p: _Prepared, reply: Reply, frames: list[Frame]) -> InferResult:
+        """One response of a stream to ``p``; the final one settles the request (and raises its error)."""
+        final = is_final(reply)
+        if final:
+            self._settle(p)
+            if reply.status != Status.OK:
+                raise from_status(reply.status, reply.error)
+        result = self._read_outputs(reply, frames, {}, p.request_id)
+        result.final = final
+        return result
+
+    def _stream_closed(self, p: _Prepared, send_only: Callable[[Command, dict[str, Any]], None]) -> None:
+        """After a stream: free the slots if it ended, else cancel it in the server (its final reply, if it
+        comes, frees them)."""
+        self._untrack_caller(p)
+        if p.rid:
+            send_only(Command.CANCEL, {"target": p.rid})
+        else:
+            self._free(p.slots)
 
     # ------------------------------------------------------------------------------------ reading
 

@@ -21,7 +21,7 @@ import zmq
 
 from . import protocol
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
-from .protocol import Command, Frame, Reply
+from .protocol import Command, Frame, Reply, is_final
 from .transport import send_frames
 
 log = logging.getLogger(__name__)
@@ -59,11 +59,6 @@ class _Waiter:
     reply: Reply | None = None
     frames: list[Frame] = field(default_factory=list)
     stream: deque[tuple[Reply, list[Frame]]] | None = None  # several replies (decoupled models)
-
-
-def is_final(reply: Reply) -> bool:
-    """Whether a reply ends its request: errors and every reply but a stream's ``final: false`` ones."""
-    return not (reply.status == 0 and isinstance(reply.body, dict) and reply.body.get("final") is False)
 
 
 class Connection:

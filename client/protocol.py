@@ -220,6 +220,11 @@ class Reply(NamedTuple):
     body: Any = None
 
 
+def is_final(reply: Reply) -> bool:
+    """Whether a reply ends its request: errors and every reply but a stream's ``final: false`` ones."""
+    return not (reply.status == 0 and isinstance(reply.body, dict) and reply.body.get("final") is False)
+
+
 def shm_to_wire(ref: ShmRef) -> list[Any]:
     return [ref.region, ref.offset, ref.nbytes]
 
