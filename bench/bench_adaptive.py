@@ -40,15 +40,11 @@ import os
 import queue
 import random
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +53,10 @@ import numpy as np
 from zinfer.broker.batch_policy import BatchPolicy
 from zinfer.broker.simulate import simulate
 from zinfer.client.client import Client
-from zinfer.client.paths import client_endpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serving import machine, pct  # noqa: E402
+from bench_serving import zinfer_server as serving_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "bench_adaptive.json"
@@ -148,52 +144,15 @@ def write_repository(repo: Path, target_us: int) -> None:
 # ---------------------------------------------------------------------------------------------- server
 
 
-@contextmanager
-def zinfer_server(repo: Path, load: tuple[str, ...], ready_timeout_s: float = 90.0) -> Iterator[str]:
-    """A ``zinfer serve`` on ``repo`` (explicit model control, ``load`` loaded at start) with its runtime dir
-    beside it; yields its URL; always stopped."""
-    rt = repo.parent / "rt"
-    log_path = repo.parent / "serve.log"
-    cmd = [sys.executable, "-m", "zinfer.broker", "serve", "--model-repository", str(repo)]
-    cmd += ["--runtime-dir", str(rt), "--no-metrics", "--model-control-mode", "explicit"]
-    for name in load:
-        cmd += ["--load-model", name]
-    proc = None
-    try:
-        env = dict(os.environ, **BLAS_ENV)
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
-            )
-        _wait_ready(proc, log_path, ready_timeout_s)
-        yield client_endpoint(rt)
-    finally:
-        if proc is not None:
-            _stop(proc)
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        text = log_path.read_text(errors="replace")
-        if "event=ready" in text:
-            if "failed=-" not in text:
-                raise RuntimeError(f"zinfer serve: a model failed to load:\n{text[-2000:]}")
-            return
-        if proc.poll() is not None:
-            raise RuntimeError(f"zinfer serve exited with {proc.returncode}:\n{text[-2000:]}")
-        time.sleep(0.05)
-    raise TimeoutError(f"zinfer serve not ready within {timeout_s} s:\n{log_path.read_text()[-2000:]}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the server and its workers
-        proc.wait(5)
+def zinfer_server(repo: Path, load: tuple[str, ...], ready_timeout_s: float = 90.0) -> Any:
+    """``zinfer serve`` on ``repo`` with explicit model control, ``load`` loaded at start, one BLAS thread."""
+    extra = (
+        "--no-metrics",
+        "--model-control-mode",
+        "explicit",
+        *(a for n in load for a in ("--load-model", n)),
+    )
+    return serving_server(ready_timeout_s, extra, repo, dict(os.environ, **BLAS_ENV), all_loaded=True)
 
 
 # ---------------------------------------------------------------------------------------------- senders

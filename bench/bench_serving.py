@@ -54,18 +54,27 @@ LOOP_MAX_S = 120.0  # a measurement loop stops here even if its count is not rea
 
 
 @contextmanager
-def zinfer_server(ready_timeout_s: float = 60.0, extra: tuple[str, ...] = ()) -> Iterator[str]:
-    """A ``zinfer serve`` on the bundled models in a temp runtime dir; yields its URL; always stopped.
-    ``extra`` adds serve options (default: metrics on any free port)."""
+def zinfer_server(
+    ready_timeout_s: float = 60.0,
+    extra: tuple[str, ...] = (),
+    repository: Path = ROOT / "configs/models",
+    env: dict[str, str] | None = None,
+    all_loaded: bool = False,
+) -> Iterator[str]:
+    """A ``zinfer serve`` on ``repository`` (default: the bundled models) in a temp runtime dir; yields its
+    URL; always stopped. ``extra`` adds serve options (default: metrics on any free port); ``all_loaded``
+    fails when a model did not load."""
     tmp = Path(tempfile.mkdtemp(prefix="zbs-", dir="/tmp"))
     log_path = tmp / "serve.log"
-    cmd = [sys.executable, "-m", "zinfer.broker", "serve", "--model-repository", str(ROOT / "configs/models")]
+    cmd = [sys.executable, "-m", "zinfer.broker", "serve", "--model-repository", str(repository)]
     cmd += ["--runtime-dir", str(tmp / "rt"), *(extra or ("--metrics", "127.0.0.1:0"))]
     proc = None
     try:
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        _wait_ready(proc, log_path, ready_timeout_s)
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+            )
+        _wait_ready(proc, log_path, ready_timeout_s, all_loaded)
         yield client_endpoint(tmp / "rt")
     finally:
         if proc is not None:
@@ -73,11 +82,15 @@ def zinfer_server(ready_timeout_s: float = 60.0, extra: tuple[str, ...] = ()) ->
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float) -> None:
+def _wait_ready(
+    proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float, all_loaded: bool = False
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         text = log_path.read_text(errors="replace")
         if "event=ready" in text:
+            if all_loaded and "failed=-" not in text:
+                raise RuntimeError(f"zinfer serve: a model failed to load:\n{text[-2000:]}")
             return
         if proc.poll() is not None:
             raise RuntimeError(f"zinfer serve exited with {proc.returncode}:\n{text[-2000:]}")
