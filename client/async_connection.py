@@ -48,9 +48,7 @@ class AsyncConnection:
         self._sock.setsockopt(zmq.SNDHWM, 0)  # thousands in flight: queue them, never refuse
         self._sock.setsockopt(zmq.RCVHWM, 0)  # and read every reply off the server's queue at once
         if curve is not None:
-            self._sock.curve_serverkey = curve.server_public
-            self._sock.curve_publickey = curve.public
-            self._sock.curve_secretkey = curve.secret
+            curve.apply(self._sock)
         self._sock.connect(url)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []

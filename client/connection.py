@@ -39,6 +39,12 @@ class CurveKeys:
     public: bytes
     secret: bytes
 
+    def apply(self, sock: zmq.Socket[Any]) -> None:
+        """Make ``sock`` a CURVE client of the server (before it connects)."""
+        sock.curve_serverkey = self.server_public
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
+
     @classmethod
     def from_files(
         cls, server_cert: str | os.PathLike[str], client_secret_cert: str | os.PathLike[str]
@@ -74,9 +80,7 @@ class Connection:
         self._sock = ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         if curve is not None:
-            self._sock.curve_serverkey = curve.server_public
-            self._sock.curve_publickey = curve.public
-            self._sock.curve_secretkey = curve.secret
+            curve.apply(self._sock)
         self._sock.connect(url)
         self._sock_lock = threading.Lock()
         self._recv_lock = threading.Lock()
