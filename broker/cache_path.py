@@ -1,5 +1,9 @@
 """The response cache on the request path: a key from the request's bytes, hits answered at admission,
-successful results copied in before their reply goes out."""
+successful results copied in before their reply goes out.
+
+Each lookup is timed into the model's statistics (``cache_hit`` / ``cache_miss``) and its metrics
+(``nv_cache_*_per_model``): a hit counts its lookup time, a miss its lookup time plus, once its result is
+stored, the time the copy into the cache took."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import Any
 
 from zinfer.client.protocol import Frame, InferRequest, ShmRef
 
+from .metrics import CacheFigures
 from .model_state import ModelState, Pending
 from .response_cache import CachedResponse, CachedTensor, InputBytes, RegionReader, ResponseCache, request_key
 
@@ -39,7 +44,9 @@ class CachePath:
         hit = cache.get(key)
         if hit is None:
             p.cache_key = key
-            state.stats.cache_miss.add(time.perf_counter_ns() - t0)
+            miss_ns = time.perf_counter_ns() - t0
+            state.stats.cache_miss.add(miss_ns)
+            state.metrics.cache_miss(miss_ns / 1000)
             return None
         wire: list[dict[str, Any]] = []
         frames: list[Frame] = []
@@ -50,6 +57,7 @@ class CachePath:
             frames.append(t.data)
         lookup_ns = time.perf_counter_ns() - t0
         state.stats.cache_hit.add(lookup_ns)
+        state.metrics.cache_hit(lookup_ns / 1000)
         return wire, frames, lookup_ns
 
     def _request_key(
@@ -85,7 +93,18 @@ class CachePath:
             response = None
         if response is not None:
             self.cache.put(key, response)
-        state.stats.cache_miss.ns += time.perf_counter_ns() - t0
+        insert_ns = time.perf_counter_ns() - t0
+        state.stats.cache_miss.ns += insert_ns
+        state.metrics.cache_insert(insert_ns / 1000)
+
+    def figures(self) -> CacheFigures | None:
+        """The cache's size, use and evictions for the metrics (None without a cache)."""
+        c = self.cache
+        return None if c is None else CacheFigures(c.used_bytes, c.capacity, len(c), c.evictions)
+
+    def enabled_for(self, state: ModelState) -> bool:
+        """Whether requests to ``state`` go through the cache (its config asks and the server has one)."""
+        return self.cache is not None and state.config.response_cache.enable
 
     def _copy_outputs(self, outputs: list[dict[str, Any]], frames: list[Frame]) -> CachedResponse | None:
         tensors = []

@@ -8,6 +8,10 @@ thread turns those numbers into metric families when it is scraped (custom colle
 Triton's counters keep Triton's names (``nv_inference_request_success``, no ``_total``) so that its
 dashboards and alerts work unchanged; the request and queue histograms take the names of Triton's core
 PR #474 (``nv_inference_{request,queue}_duration_histogram_us``). Durations are in microseconds.
+
+The response cache's series (``nv_cache_*_per_model``) exist only for model versions that use the cache
+(``response_cache { enable: true }`` on a server with a cache), as in Triton; the cache's own size and
+evictions are zinfer gauges (``zinfer_cache_*``), present only when the server has a cache.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, HistogramMetricFam
 
 __all__ = [
     "BATCH_REASONS",
+    "CacheFigures",
     "CONTENT_TYPE",
     "FAILURE_REASONS",
     "LATENCY_BUCKETS_US",
@@ -59,6 +64,16 @@ def batch_buckets(max_batch_size: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheFigures:
+    """The response cache as the broker last saw it (a snapshot it publishes whole)."""
+
+    used_bytes: int
+    capacity_bytes: int
+    entries: int
+    evictions: int
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerRecord:
     """One worker process as the broker last saw it. ``state`` ``READY`` counts as up."""
 
@@ -83,6 +98,7 @@ class ModelMetrics:
         "_request_us", "_queue_us", "_input_us", "_infer_us", "_output_us", "_request_hist",
         "_queue_hist", "_delay_hist", "_delay_us", "_batch_hist", "_batch_rows", "_failures",
         "_reasons", "_pending", "_input_bytes", "_output_bytes", "_rejected", "_timed_out", "_cancelled",
+        "cache_enabled", "_cache_hits", "_cache_misses", "_cache_hit_us", "_cache_miss_us",
     )  # fmt: skip
 
     def __init__(self, name: str, version: int, max_batch_size: int, owner: ServerMetrics) -> None:
@@ -102,6 +118,9 @@ class ModelMetrics:
         self._batch_hist = [0] * (len(self.batch_bounds) + 1)
         self._failures = dict.fromkeys(FAILURE_REASONS, 0)
         self._reasons = dict.fromkeys(BATCH_REASONS, 0)
+        self.cache_enabled = False  # export the nv_cache_* series (the model uses the response cache)
+        self._cache_hits = self._cache_misses = 0
+        self._cache_hit_us = self._cache_miss_us = 0.0
 
     def success(
         self,
@@ -169,6 +188,20 @@ class ModelMetrics:
         self._input_bytes += inp
         self._output_bytes += out
 
+    def cache_hit(self, lookup_us: float) -> None:
+        """A request answered from the response cache; ``lookup_us`` is the lookup time."""
+        self._cache_hits += 1
+        self._cache_hit_us += lookup_us
+
+    def cache_miss(self, lookup_us: float) -> None:
+        """A cache lookup that found nothing; its insert time is added by ``cache_insert`` if it is stored."""
+        self._cache_misses += 1
+        self._cache_miss_us += lookup_us
+
+    def cache_insert(self, insert_us: float) -> None:
+        """A missed request's result copied into the cache (Triton counts it in the miss duration)."""
+        self._cache_miss_us += insert_us
+
     def remove(self) -> None:
         """Stop exporting this model version (on unload). Calls after this are harmless."""
         self._owner._drop(self)
@@ -194,13 +227,21 @@ _REASON_COUNTERS = (  # label "reason"
     ("nv_inference_request_failure", "_failures", "Number of failed inference requests, all batch sizes"),
     ("zinfer_batch_reason_total", "_reasons", "Batches sent, by the reason the batch was cut"),
 )
+_CACHE_COUNTERS = (  # only for model versions with the response cache on
+    ("nv_cache_num_hits_per_model", "_cache_hits", "Number of cache hits per model"),
+    ("nv_cache_num_misses_per_model", "_cache_misses", "Number of cache misses per model"),
+    ("nv_cache_hit_duration_per_model", "_cache_hit_us", "Total cache hit (lookup) duration in us"),
+    ("nv_cache_miss_duration_per_model", "_cache_miss_us", "Total cache miss (lookup+insert) duration in us"),
+)
 _HISTOGRAMS = (  # (name, bucket counts, sum, help); the batch-size buckets are per model
     ("nv_inference_request_duration_histogram_us", "_request_hist", "_request_us", "Request duration in us"),
     ("nv_inference_queue_duration_histogram_us", "_queue_hist", "_queue_us", "Request queue time in us"),
     ("zinfer_queue_delay_us", "_delay_hist", "_delay_us", "Wait of a batch's oldest request in us"),
     ("zinfer_batch_size", "_batch_hist", "_batch_rows", "Rows per batch sent to an instance"),
 )
-_BARE_COUNTERS = [n for n, _, _ in (*_COUNTERS, *_REASON_COUNTERS) if not n.endswith("_total")]
+_BARE_COUNTERS = [
+    n for n, _, _ in (*_COUNTERS, *_REASON_COUNTERS, *_CACHE_COUNTERS) if not n.endswith("_total")
+]
 
 
 def _counter(name: str, doc: str) -> Metric:
@@ -243,6 +284,7 @@ class ServerMetrics:
         self._index: dict[tuple[str, int], ModelMetrics] = {}
         self._models: tuple[ModelMetrics, ...] = ()
         self._shm_bytes = 0
+        self._cache: CacheFigures | None = None
         self._nvml = _Nvml.load() if gpu else None
         self._gpu_collector = _Collector(self._nvml.collect if self._nvml else tuple)
         self.registry.register(_Collector(self._collect_models))
@@ -268,6 +310,10 @@ class ServerMetrics:
     def shm_bytes(self, n: int) -> None:
         """Bytes of the shared-memory regions registered by clients now."""
         self._shm_bytes = n
+
+    def cache(self, figures: CacheFigures | None) -> None:
+        """The response cache's size and evictions now (None: the server has no cache)."""
+        self._cache = figures
 
     @property
     def gpu_enabled(self) -> bool:
@@ -303,6 +349,12 @@ class ServerMetrics:
                 for reason, n in dict(getattr(m, attr)).items():
                     fam.add_sample(name, {**labels[m], "reason": reason}, float(n))
             yield fam
+        cached = [m for m in models if m.cache_enabled]
+        for name, attr, doc in _CACHE_COUNTERS if cached else ():
+            fam = _counter(name, doc)
+            for m in cached:
+                fam.add_sample(name, labels[m], float(getattr(m, attr)))
+            yield fam
         for name, attr, total, doc in _HISTOGRAMS:
             h = HistogramMetricFamily(name, doc, labels=_MV)
             for m in models:
@@ -314,6 +366,7 @@ class ServerMetrics:
             pending.add_metric(list(labels[m].values()), m._pending)
         yield pending
         yield GaugeMetricFamily("zinfer_shm_mapped_bytes", "Bytes of client shm regions", self._shm_bytes)
+        yield from _cache_families(self._cache)
 
     def _collect_workers(self) -> Iterator[Metric]:
         try:
@@ -341,6 +394,19 @@ class ServerMetrics:
             rss.add_metric(values, float(mem.rss))
             cpu.add_sample(cpu.name + "_total", label_map, times.user + times.system)
         yield from (rss, cpu, restarts, up)
+
+
+def _cache_families(cache: CacheFigures | None) -> Iterator[Metric]:
+    if cache is None:
+        return
+    yield GaugeMetricFamily("zinfer_cache_used_bytes", "Bytes the response cache holds", cache.used_bytes)
+    yield GaugeMetricFamily(
+        "zinfer_cache_capacity_bytes", "Size of the response cache in bytes", cache.capacity_bytes
+    )
+    yield GaugeMetricFamily("zinfer_cache_entries", "Responses the response cache holds", cache.entries)
+    evictions = _counter("zinfer_cache_evictions_total", "Responses evicted from the cache to make room")
+    evictions.add_sample("zinfer_cache_evictions_total", {}, float(cache.evictions))
+    yield evictions
 
 
 class _Memory(ctypes.Structure):

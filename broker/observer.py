@@ -45,6 +45,7 @@ class Observer:
     def attach(self, state: ModelState) -> None:
         """Give a new model state its metric series (shared with earlier loads of the same version)."""
         state.metrics = self.metrics.model(state.name, state.version, state.config.max_batch_size)
+        state.metrics.cache_enabled = self.broker.path.caching.enabled_for(state)
         state.window = LatencyWindow()
 
     def maybe_publish(self, now: float) -> None:
@@ -64,6 +65,7 @@ class Observer:
         )
         self.health = HealthSnapshot.build(True, ready, entries)
         self.metrics.shm_bytes(b.regions.total_bytes())
+        self.metrics.cache(b.path.caching.figures())
         records = []
         for wp in b.supervisor.procs():
             state = b.worker_model.get(wp.identity)

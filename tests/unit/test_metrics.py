@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from zinfer.broker.metrics import (
     LATENCY_BUCKETS_US,
+    CacheFigures,
     ServerMetrics,
     WorkerRecord,
     _Nvml,
@@ -298,3 +299,32 @@ def test_the_dashboard_only_queries_exported_metrics(monkeypatch: pytest.MonkeyP
     exported |= {n + s for n, t in types.items() if t == "histogram" for s in ("_bucket", "_sum", "_count")}
     exported |= {"nv_gpu_utilization", "nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes"}  # with NVML
     assert queried and queried <= exported, queried - exported
+
+
+def test_cache_series_only_for_models_that_use_the_cache(metrics: ServerMetrics) -> None:
+    cached, plain = metrics.model("add", 1), metrics.model("identity", 1)
+    _, v = scrape(metrics)
+    assert not any(name.startswith(("nv_cache_", "zinfer_cache_")) for name, _ in v)  # nobody uses it
+    cached.cache_enabled = True
+    cached.cache_miss(30.0)
+    cached.cache_insert(12.5)
+    cached.cache_hit(4.0)
+    cached.cache_hit(6.0)
+    plain.cache_hit(1.0)  # not exported: the model does not use the cache
+    metrics.cache(CacheFigures(used_bytes=640, capacity_bytes=4096, entries=2, evictions=3))
+    types, v = scrape(metrics)
+    assert value(v, "nv_cache_num_hits_per_model_total", **ADD) == 2
+    assert value(v, "nv_cache_num_misses_per_model_total", **ADD) == 1
+    assert value(v, "nv_cache_hit_duration_per_model_total", **ADD) == 10.0
+    assert value(v, "nv_cache_miss_duration_per_model_total", **ADD) == 42.5
+    assert not [k for k in v if dict(k[1]).get("model") == "identity" and k[0].startswith("nv_cache_")]
+    assert types["nv_cache_num_hits_per_model"] == "counter"
+    assert (value(v, "zinfer_cache_used_bytes"), value(v, "zinfer_cache_capacity_bytes")) == (640, 4096)
+    assert value(v, "zinfer_cache_entries") == 2
+    assert value(v, "zinfer_cache_evictions_total") == 3
+    text = metrics.render().decode()
+    assert "# TYPE nv_cache_num_hits_per_model counter\n" in text  # Triton's name, no _total
+    assert 'nv_cache_num_hits_per_model{model="add",version="1"} 2.0\n' in text
+    metrics.cache(None)
+    _, v = scrape(metrics)
+    assert not any(name.startswith("zinfer_cache_") for name, _ in v)
