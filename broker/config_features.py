@@ -50,6 +50,7 @@ SUPPORTED_FEATURES: frozenset[str] = frozenset(
         "sequence_batching.oldest",
         "sequence_batching.max_sequence_idle_microseconds",
         "sequence_batching.control_input",
+        "ensemble_scheduling",
     }
 )
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zinfer.client.protocol import Frame, InferRequest, Reply
 
@@ -17,6 +18,9 @@ from .model_config import ModelConfig
 from .ordering import ResponseOrder
 from .sequence_batcher import SequenceBatcher, SequencePolicy, control_specs
 from .signature import Signature
+
+if TYPE_CHECKING:
+    from .ensemble_plan import EnsemblePlan
 
 
 @dataclass
@@ -34,6 +38,8 @@ class Pending:
     cancelled: bool = False  # cancelled while running: its result is discarded
     cache_key: bytes | None = None  # missed the response cache: its result is stored under this key
     sequence: dict[str, Any] | None = None  # a sequence request: {"id", "start", "end"} for the worker
+    # an ensemble step's request: its reply goes to this callback instead of to ``client``
+    on_done: Callable[[Reply, list[Frame]], None] | None = None
 
 
 @dataclass
@@ -134,10 +140,11 @@ class ModelState:
         self.version = version
         self.version_dir = version_dir
         self.expected_instances = instances
-        self.batcher: DynamicBatcher[Pending] = DynamicBatcher(BatchPolicy.from_config(config, instances))
+        policy = BatchPolicy.from_config(config, max(instances, 1))  # an ensemble has none
+        self.batcher: DynamicBatcher[Pending] = DynamicBatcher(policy)
         db = config.dynamic_batching
-        # with preserve_ordering, responses leave in arrival order: (client, reply, frames) by request seq
-        self.order: ResponseOrder[int, tuple[bytes, Reply, list[Frame]]] | None = (
+        # with preserve_ordering, responses leave in arrival order: (request, reply, frames) by request seq
+        self.order: ResponseOrder[int, tuple[Pending, Reply, list[Frame]]] | None = (
             ResponseOrder() if db is not None and db.preserve_ordering else None
         )
         sb = config.sequence_batching
@@ -156,6 +163,7 @@ class ModelState:
         self.retired = False  # unloaded or replaced: drains its queue, then its workers stop for good
         self.rate_limited = any(g.rate_limiter is not None for g in config.instance_group)
         self._groups: list[InstanceGroup | None] | None = None
+        self.ensemble: EnsemblePlan | None = None  # an ensemble: no instances, the broker runs its steps
 
     def group_of(self, instance: int) -> InstanceGroup | None:
         """The instance group instance number ``instance`` belongs to."""
@@ -170,7 +178,7 @@ class ModelState:
 
     @property
     def ready(self) -> bool:
-        return self.error is None and bool(self.instances)
+        return self.error is None and (bool(self.instances) or self.ensemble is not None)
 
     @property
     def loading(self) -> bool:
@@ -179,4 +187,4 @@ class ModelState:
     def state(self) -> str:
         if self.error is not None:
             return "UNAVAILABLE"
-        return "READY" if self.instances else "LOADING"
+        return "READY" if self.instances or self.ensemble is not None else "LOADING"

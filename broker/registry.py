@@ -11,12 +11,13 @@ import itertools
 import logging
 from collections.abc import Iterator
 
-from zinfer.client.errors import NotFound, Unavailable
+from zinfer.client.errors import ConfigError, NotFound, Unavailable
 
 from .devices import GpuProbe, gpu_probe
+from .ensemble_plan import build_plan
 from .model_config import ModelConfig
 from .model_state import ModelState
-from .repository import ModelEntry
+from .repository import ModelEntry, load_model_entry
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ class ModelRegistry:
         """New states for every version of ``entry`` with their devices, or the reason it cannot load."""
         if entry.error is not None or entry.config is None:
             return [], entry.error or "invalid model"
+        if entry.config.platform == "ensemble" or entry.config.ensemble_scheduling is not None:
+            return self._prepare_ensemble(entry, entry.config)
         probe = None
         if self.allowed_gpus is not None and any(
             g.kind in ("KIND_GPU", "KIND_AUTO") for g in entry.config.instance_group
@@ -90,6 +93,33 @@ class ModelRegistry:
             state = ModelState(entry.config, version, entry.path / str(version), len(devices))
             state.generation = generation
             prepared.append((state, devices))
+        return prepared, None
+
+    def _prepare_ensemble(
+        self, entry: ModelEntry, config: ModelConfig
+    ) -> tuple[list[tuple[ModelState, list[str]]], str | None]:
+        """An ensemble's states (no instances), once its plan checks out against its steps' configs."""
+        root = entry.path.parent
+
+        def lookup(name: str) -> ModelConfig | str:
+            step = load_model_entry(root / name) if (root / name).is_dir() else None
+            if step is None:
+                return "no such model in the repository"
+            if step.config is None:
+                return step.error or "invalid model"
+            return step.config
+
+        try:
+            plan = build_plan(config, lookup)
+        except ConfigError as exc:
+            return [], str(exc)
+        generation = next(self._generations)
+        prepared: list[tuple[ModelState, list[str]]] = []
+        for version in entry.versions:
+            state = ModelState(config, version, entry.path / str(version), 0)
+            state.generation = generation
+            state.ensemble = plan
+            prepared.append((state, []))
         return prepared, None
 
     def install(self, name: str, states: list[ModelState]) -> None:

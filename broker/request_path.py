@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from zinfer.client import protocol
@@ -25,6 +26,7 @@ from zinfer.client.protocol import Command, Frame, Reply
 
 from .batcher import Batch, InvalidPriority, QueuedRequest, QueueFull
 from .cache_path import CachePath
+from .ensemble_path import EnsemblePath
 from .messages import client_outputs, execute_header
 from .model_state import InFlight, ModelState, Pending
 from .rate_limiter import RateLimiter, needs_of
@@ -57,6 +59,7 @@ class RequestPath:
         self.cache = self.caching.cache
         self.readers = self.caching.readers  # client regions mapped read-only, for the cache
         self.limiter: RateLimiter[bytes, ModelKey] = RateLimiter(opts.rate_limit_resources)
+        self.ensembles = EnsemblePath(self)
         self._next_prune = 0.0
 
     # ------------------------------------------------------------------------------------ admission
@@ -80,14 +83,24 @@ class RequestPath:
         p = Pending(
             next(self._seq), identity, req, frames, header["inputs"], outputs, checked.batch_size, now
         )
+        self.enqueue(state, p, checked.shape_key, now)
+        state.metrics.bytes(checked.input_bytes, 0)
+
+    def enqueue(self, state: ModelState, p: Pending, shape_key: Hashable, now: float) -> None:
+        """Queue a checked request: an ensemble's steps start, a sequence joins its instance's queue, a
+        cached result answers at once, anything else joins the dynamic batcher. Raises a ServerError when
+        it cannot go in (``p`` is then not queued and not answered)."""
         if state.sequencer is not None:
             self._admit_sequence(state, p, now)
-            state.metrics.bytes(checked.input_bytes, 0)
             return
-        if state.config.response_cache.enable and self._cache_lookup(state, p, outputs):
-            state.metrics.bytes(checked.input_bytes, 0)
+        if state.config.response_cache.enable and self._cache_lookup(state, p, p.wire_outputs):
             return
-        queued = QueuedRequest(p, checked.batch_size, checked.shape_key, now, req.priority, req.timeout_us)
+        if state.ensemble is not None:
+            if state.order is not None:
+                state.order.submit(p.seq)
+            self.ensembles.start(state, p, now)
+            return
+        queued = QueuedRequest(p, p.batch_size, shape_key, now, p.request.priority, p.request.timeout_us)
         try:
             state.batcher.add(queued, now)
         except QueueFull as exc:
@@ -97,7 +110,6 @@ class RequestPath:
             raise InvalidArgument(str(exc)) from None
         if state.order is not None:
             state.order.submit(p.seq)
-        state.metrics.bytes(checked.input_bytes, 0)
 
     def _admit_sequence(self, state: ModelState, p: Pending, now: float) -> None:
         """Queue a request of a stateful model with its sequence (bound to one instance at START)."""
@@ -120,6 +132,10 @@ class RequestPath:
             raise InvalidArgument(str(exc)) from None
         if state.order is not None:
             state.order.submit(p.seq)
+
+    def new_seq(self) -> int:
+        """A number for a request the broker makes itself (an ensemble step)."""
+        return next(self._seq)
 
     # ------------------------------------------------------------------------------------ response cache
 
@@ -372,19 +388,30 @@ class RequestPath:
 
     # ------------------------------------------------------------------------------------ replies
 
+    def deliver(self, p: Pending, reply: Reply, frames: list[Frame]) -> None:
+        """A final reply to its request's client, or to the ensemble run that sent the request."""
+        if p.on_done is not None:
+            p.on_done(reply, frames)
+        else:
+            self.b.send_client(p.client, reply, frames)
+
     def _reply(self, state: ModelState, p: Pending, reply: Reply, frames: list[Frame]) -> None:
         if state.order is None:
-            self.b.send_client(p.client, reply, frames)
+            self.deliver(p, reply, frames)
             return
-        for _, (client, ready, ready_frames) in state.order.complete(p.seq, (p.client, reply, frames)):
-            self.b.send_client(client, ready, ready_frames)
+        for _, (q, ready, ready_frames) in state.order.complete(p.seq, (p, reply, frames)):
+            self.deliver(q, ready, ready_frames)
+
+    def reply(self, state: ModelState, p: Pending, reply: Reply, frames: list[Frame]) -> None:
+        """Answer ``p`` (in arrival order where ``state`` preserves it)."""
+        self._reply(state, p, reply, frames)
 
     def _finish_early(self, state: ModelState, p: Pending, error: ServerError) -> None:
         """Answer a request that never ran; it does not hold back the ordered responses behind it."""
-        self.b.send_client(p.client, Reply(p.request.request_id, error.status, error.wire_text()))
+        self.deliver(p, Reply(p.request.request_id, error.status, error.wire_text()), [])
         if state.order is not None:
-            for _, (client, ready, ready_frames) in state.order.drop(p.seq):
-                self.b.send_client(client, ready, ready_frames)
+            for _, (q, ready, ready_frames) in state.order.drop(p.seq):
+                self.deliver(q, ready, ready_frames)
 
     def fail_queued(self, error: ServerError) -> None:
         for state in self.b.registry.states():
@@ -394,11 +421,13 @@ class RequestPath:
             for p in queued:
                 state.metrics.failure("OTHER")
                 self._finish_early(state, p, error)
-        for batch in list(self.inflight.values()):
+        inflight = list(self.inflight.values())
+        self.inflight.clear()
+        for batch in inflight:
             self.limiter.release(batch.worker)
             for p in batch.requests:
-                self.b.send_client(p.client, Reply(p.request.request_id, error.status, error.wire_text()))
-        self.inflight.clear()
+                self.deliver(p, Reply(p.request.request_id, error.status, error.wire_text()), [])
+        self.ensembles.close()
         self.readers.close()  # only at shutdown: the broker maps no client region after this
 
     def poll_timeout_ms(self) -> float:

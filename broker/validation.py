@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from zinfer.client import dtypes
 from zinfer.client.errors import InvalidArgument
-from zinfer.client.protocol import Frame, InferRequest, OutputRequest, TensorRef
+from zinfer.client.protocol import Frame, InferRequest, OutputRequest, ShmRef, TensorRef
 
-from .regions import RegionTable
 from .signature import Signature
 
 DEFAULT_MAX_TENSOR_BYTES = 1 << 32
+
+
+class RegionCheck(Protocol):
+    """Raises unless ``ref`` lies inside a region ``client`` may use (``regions.RegionTable``)."""
+
+    def check(self, client: bytes, ref: ShmRef) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ def check_request(
     req: InferRequest,
     frames: Sequence[Frame],
     sig: Signature,
-    regions: RegionTable,
+    regions: RegionCheck,
     client: bytes,
     max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
 ) -> CheckedRequest:
@@ -130,7 +136,7 @@ def check_request(
 
 
 def _check_outputs(
-    req: InferRequest, sig: Signature, regions: RegionTable, client: bytes
+    req: InferRequest, sig: Signature, regions: RegionCheck, client: bytes
 ) -> tuple[OutputRequest, ...]:
     names = sig.outputs
     if req.outputs is None:

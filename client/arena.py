@@ -77,11 +77,13 @@ class Arena:
         max_bytes: int = 4 << 30,
         on_new_segment: Callable[[Segment], None] | None = None,
         group: int | None = None,
+        new_name: Callable[[], str] | None = None,
     ) -> None:
         self._initial = _align(max(initial_bytes, ALIGN))
         self._max = max_bytes
         self._on_new = on_new_segment
         self._group = group
+        self._new_name = new_name  # segment names (the client form by default)
         self._lock = threading.Lock()
         self._segments: list[tuple[Segment, _FreeList]] = []
         self._closed = False
@@ -117,7 +119,7 @@ class Arena:
                 raise ResourceExhausted(
                     f"shared-memory arena limit of {self._max} bytes reached (need {need} more bytes)"
                 )
-        seg = Segment.create(size, group=self._group)
+        seg = Segment.create(size, self._new_name() if self._new_name else None, group=self._group)
         try:
             if self._on_new is not None:
                 self._on_new(seg)

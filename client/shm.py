@@ -38,9 +38,14 @@ def new_client_name() -> str:
     return f"{CLIENT_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
 
 
+def new_server_name() -> str:
+    """A segment name for the server's own memory (ensemble intermediates): ``zinfer-s<pid>-<random>``."""
+    return f"{RESERVED_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+
+
 def creator_pid(name: str) -> int | None:
-    """The pid embedded in a client segment name, or None for other names."""
-    m = re.fullmatch(rf"{CLIENT_PREFIX}(\d+)-[0-9a-f]{{16}}", name)
+    """The pid embedded in a client or server segment name, or None for other names."""
+    m = re.fullmatch(rf"(?:{CLIENT_PREFIX}|{RESERVED_PREFIX})(\d+)-[0-9a-f]{{16}}", name)
     return int(m.group(1)) if m else None
 
 
@@ -152,10 +157,11 @@ def pid_alive(pid: int) -> bool:
 
 
 def reap_orphans(names: list[str] | None = None) -> list[str]:
-    """Unlink client segments whose creating process is gone; returns their names.
+    """Unlink client (and server) segments whose creating process is gone; returns their names.
 
-    Only names of the client form ``zinfer-c<pid>-<random>`` are considered. The pid could in theory have
-    been reused by another process, in which case the segment is kept (never the other way round).
+    Only names of the form ``zinfer-c<pid>-<random>`` (``zinfer-s...`` for the server's) are considered.
+    The pid could in theory have been reused by another process, in which case the segment is kept
+    (never the other way round).
     """
     if names is None:
         try:

@@ -1,0 +1,362 @@
+"""Ensembles on the request path: the broker runs each request's steps as their inputs come to exist.
+
+A step's request is an ordinary request to the step's model, made by the broker: it joins that model's
+own batcher beside the model's direct traffic (and its cache, sequences and rate limits apply), and its
+reply comes back to the ensemble run instead of to a client (``Pending.on_done``).
+
+Where the tensors live:
+
+* the ensemble's inputs stay where the client put them (its region, or the request's inline frames);
+* every tensor a later step reads (an intermediate) is written by its worker into a slot of the server's
+  own shared memory (segments ``zinfer-s<pid>-...``, made and unlinked by the broker), and the next step's
+  worker reads it from there: intermediates never pass through a socket. A slot is exact when the step's
+  config fixes the output's size, a guess otherwise; a worker whose output outgrew its slot sends it
+  inline, and the broker puts it into a slot of the right size before the next step reads it;
+* an ensemble output no step reads goes where the client asked for that output (its slot, or inline), so
+  the last step writes it straight into the client's memory.
+
+An error in any step fails the whole request with the step named (``in ensemble 'e' step 2 (model
+'m'): ...``) and the status of the step's error; the steps still queued are withdrawn. The server's slots
+of a request are freed once no step of it is queued or running.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from math import prod
+from typing import TYPE_CHECKING, Any
+
+from zinfer.client import dtypes, protocol
+from zinfer.client.arena import Arena, Slot
+from zinfer.client.errors import (
+    InternalError,
+    ResourceExhausted,
+    ServerError,
+    Status,
+    Unavailable,
+    Unsupported,
+)
+from zinfer.client.protocol import Frame, Reply, ShmRef
+from zinfer.client.shm import new_server_name
+
+from .ensemble_plan import EnsemblePlan, PlanStep
+from .messages import client_outputs
+from .model_state import ModelState, Pending
+from .regions import RegionTable
+from .validation import check_request
+
+if TYPE_CHECKING:
+    from .request_path import RequestPath
+
+log = logging.getLogger(__name__)
+
+INITIAL_SHM_BYTES = 16 << 20  # the server's first segment for intermediates; it grows as needed
+MAX_SHM_BYTES = 4 << 30  # at most this much server shared memory for intermediates in all
+MIN_GUESS_BYTES = 64 << 10  # a slot for an output of unknown size: at least this, or 4x the step's inputs
+
+
+@dataclass
+class Value:
+    """One tensor of a run: in a region (``shm``) or as an inline frame (``data``)."""
+
+    datatype: str
+    shape: list[int]
+    shm: list[Any] | None = None  # [region, offset, nbytes]
+    data: Frame | None = None
+
+
+@dataclass
+class Run:
+    """One ensemble request in progress."""
+
+    state: ModelState
+    p: Pending
+    plan: EnsemblePlan
+    tensors: dict[str, Value] = field(default_factory=dict)
+    started: set[int] = field(default_factory=set)
+    done: set[int] = field(default_factory=set)
+    outstanding: dict[int, tuple[ModelState, Pending]] = field(default_factory=dict)
+    slots: list[Slot] = field(default_factory=list)
+    client_slots: dict[str, list[Any]] = field(default_factory=dict)  # ensemble output → client's slot
+    finished: bool = False
+
+
+class ServerRegions:
+    """The region check for a step's request: the client's own regions, and the server's slots."""
+
+    def __init__(self, clients: RegionTable, arena: Arena) -> None:
+        self.clients = clients
+        self.arena = arena
+
+    def check(self, client: bytes, ref: ShmRef) -> None:
+        for seg in self.arena.segments:
+            if seg.name == ref.region:
+                if ref.offset < 0 or ref.nbytes < 0 or ref.offset + ref.nbytes > seg.size:
+                    raise InternalError("an ensemble tensor lies outside the server's region")
+                return
+        self.clients.check(client, ref)
+
+
+class EnsemblePath:
+    def __init__(self, path: RequestPath) -> None:
+        self.path = path
+        self.arena = Arena(INITIAL_SHM_BYTES, MAX_SHM_BYTES, new_name=new_server_name)
+        self.regions = ServerRegions(path.b.regions, self.arena)
+        self.runs = 0  # requests in progress, for tests and status
+
+    # ------------------------------------------------------------------------------------ start
+
+    def start(self, state: ModelState, p: Pending, now: float) -> None:
+        """Begin an ensemble request: its inputs are known, the steps that need only them start."""
+        plan = state.ensemble
+        assert plan is not None
+        run = Run(state, p, plan)
+        for d in p.wire_inputs:
+            data = p.frames[int(d["frame"])] if "frame" in d else None
+            run.tensors[str(d["name"])] = Value(str(d["datatype"]), list(d["shape"]), d.get("shm"), data)
+        for o in p.wire_outputs:
+            if "slot" in o:
+                run.client_slots[str(o["name"])] = list(o["slot"])
+        self.runs += 1
+        self._advance(run, now)
+
+    def _advance(self, run: Run, now: float) -> None:
+        """Start every step whose inputs now exist; finish the run when every step is done."""
+        while not run.finished:
+            ready = run.plan.runnable(run.tensors.keys(), run.started)
+            if not ready:
+                break
+            for i in ready:
+                run.started.add(i)
+                self._start_step(run, i, now)
+                if run.finished:
+                    return
+        if not run.finished and len(run.done) == len(run.plan.steps):
+            self._complete(run)
+
+    def _start_step(self, run: Run, i: int, now: float) -> None:
+        step = run.plan.steps[i]
+        p = run.p
+        try:
+            target = self.path.b.registry.resolve(step.model, step.version)
+            if not target.ready:
+                reason = target.error or "no instance is ready yet"
+                raise Unavailable(f"model '{target.name}' version {target.version} is not ready: {reason}")
+            if target.signature.decoupled:
+                raise Unsupported(f"model '{target.name}' is decoupled: an ensemble step must answer once")
+            frames: list[Frame] = []
+            inputs = [self._input_wire(run, name, tensor, frames) for name, tensor in step.inputs]
+            outputs = [self._output_wire(run, target, step, o, t, inputs, frames) for o, t in step.outputs]
+            r = p.request
+            header = {"id": r.request_id, "model": target.name, "version": target.version,
+                      "inputs": inputs, "outputs": outputs, "priority": r.priority,
+                      "timeout_us": r.timeout_us, "parameters": dict(r.parameters)}  # fmt: skip
+            req = protocol.infer_from_wire(header)
+            b = self.path.b
+            checked = check_request(req, frames, target.signature, self.regions, p.client,
+                                    b.options.max_tensor_bytes)  # fmt: skip
+            sp = Pending(self.path.new_seq(), p.client, req, frames, inputs, outputs, checked.batch_size, now)
+            sp.on_done = lambda reply, out_frames: self._step_done(run, i, reply, out_frames)
+            run.outstanding[i] = (target, sp)
+            try:
+                self.path.enqueue(target, sp, checked.shape_key, now)
+            except BaseException:
+                run.outstanding.pop(i, None)
+                raise
+        except ServerError as exc:
+            self._fail(run, step, exc.status, exc.wire_text())
+        except Exception as exc:  # a plan or config the checks missed: fail the request, not the broker
+            log.exception("event=ensemble_step_failed ensemble=%s step=%d", run.state.name, step.index)
+            self._fail(run, step, Status.INTERNAL, f"InternalError: {type(exc).__name__}: {exc}")
+
+    def _input_wire(self, run: Run, model_input: str, tensor: str, frames: list[Frame]) -> dict[str, Any]:
+        v = run.tensors[tensor]
+        d: dict[str, Any] = {"name": model_input, "datatype": v.datatype, "shape": list(v.shape)}
+        if v.shm is not None:
+            d["shm"] = list(v.shm)
+        else:
+            assert v.data is not None
+            frames.append(v.data)
+            d["frame"] = len(frames) - 1
+        return d
+
+    def _output_wire(
+        self,
+        run: Run,
+        target: ModelState,
+        step: PlanStep,
+        model_output: str,
+        tensor: str,
+        inputs: list[dict[str, Any]],
+        frames: list[Frame],
+    ) -> dict[str, Any]:
+        """Where a step writes one output: a server slot for an intermediate, else where the client said."""
+        if not run.plan.is_intermediate(tensor):
+            given = run.client_slots.get(tensor)
+            return {"name": model_output} if given is None else {"name": model_output, "slot": given}
+        spec = target.signature.outputs.get(model_output)
+        nbytes = 0
+        if spec is not None and spec.wire != dtypes.BYTES and all(d >= 0 for d in spec.dims):
+            rows = int(inputs[0]["shape"][0]) if target.signature.batching and inputs else 1
+            nbytes = rows * prod(spec.dims) * spec.itemsize
+        else:
+            nbytes = max(MIN_GUESS_BYTES, 4 * sum(self._nbytes(d, frames) for d in inputs))
+        slot = self._alloc(run, nbytes)
+        return {"name": model_output, "slot": [slot.region, slot.offset, slot.nbytes]}
+
+    @staticmethod
+    def _nbytes(d: dict[str, Any], frames: list[Frame]) -> int:
+        if "shm" in d:
+            return int(d["shm"][2])
+        return len(memoryview(frames[int(d["frame"])]).cast("B"))
+
+    def _alloc(self, run: Run, nbytes: int) -> Slot:
+        try:
+            slot = self.arena.alloc(nbytes)
+        except (ResourceExhausted, OSError) as exc:
+            raise ResourceExhausted(f"no server shared memory for an ensemble tensor: {exc}") from None
+        run.slots.append(slot)
+        return slot
+
+    # ------------------------------------------------------------------------------------ step replies
+
+    def _step_done(self, run: Run, i: int, reply: Reply, frames: list[Frame]) -> None:
+        run.outstanding.pop(i, None)
+        step = run.plan.steps[i]
+        if run.finished:
+            self._release(run)
+            return
+        if reply.status != Status.OK:
+            self._fail(run, step, reply.status, reply.error)
+            return
+        try:
+            body = reply.body if isinstance(reply.body, dict) else {}
+            produced = dict(step.outputs)
+            for o in body.get("outputs", []):
+                tensor = produced.get(str(o["name"]))
+                if tensor is None:
+                    continue
+                run.tensors[tensor] = self._keep(run, tensor, o, frames)
+            missing = [t for _, t in step.outputs if t not in run.tensors]
+            if missing:
+                raise InternalError(f"the step returned no tensor {', '.join(map(repr, missing))}")
+        except ServerError as exc:
+            self._fail(run, step, exc.status, exc.wire_text())
+            return
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            self._fail(run, step, Status.INTERNAL, f"InternalError: malformed step result ({exc})")
+            return
+        run.done.add(i)
+        self._advance(run, time.monotonic())
+
+    def _keep(self, run: Run, tensor: str, o: dict[str, Any], frames: list[Frame]) -> Value:
+        """A step's output as a value of the run; an intermediate that came inline goes into a slot."""
+        v = Value(str(o["datatype"]), [int(x) for x in o["shape"]])
+        if "shm" in o:
+            v.shm = list(o["shm"])
+            return v
+        data = frames[int(o["frame"])]
+        if not run.plan.is_intermediate(tensor):
+            v.data = data
+            return v
+        raw = memoryview(data).cast("B")
+        slot = self._alloc(run, len(raw))
+        slot.view()[: len(raw)] = raw
+        v.shm = [slot.region, slot.offset, len(raw)]
+        return v
+
+    # ------------------------------------------------------------------------------------ the end
+
+    def _complete(self, run: Run) -> None:
+        """Every step is done: the ensemble's outputs to the client, the figures to the ensemble's stats."""
+        state, p = run.state, run.p
+        outs: list[dict[str, Any]] = []
+        frames: list[Frame] = []
+        for o in p.wire_outputs:
+            name = str(o["name"])
+            v = run.tensors[name]
+            d: dict[str, Any] = {"name": name, "datatype": v.datatype, "shape": v.shape}
+            if v.shm is not None and v.shm == run.client_slots.get(name):
+                d["shm"] = v.shm
+            else:
+                frames.append(v.data if v.data is not None else self._read(v.shm))
+                d["frame"] = len(frames) - 1
+            outs.append(d)
+        now_ns = time.monotonic_ns()
+        duration = now_ns - int(p.arrival * 1e9)
+        state.stats.success.add(duration)
+        state.stats.inference_count += p.batch_size
+        state.stats.execution_count += 1
+        state.stats.last_inference_ms = int(time.time() * 1000)
+        state.metrics.success(duration / 1000, 0.0, p.batch_size)
+        state.window.record(now_ns / 1e9, duration / 1e9)
+        if p.cache_key is not None and self.path.cache is not None:
+            self.path.caching.store(state, p.cache_key, outs, frames)
+        wire, out_frames = client_outputs(outs, frames)
+        run.finished = True
+        self.runs -= 1
+        body = {"model": state.name, "version": state.version, "outputs": wire}
+        self.path.reply(state, p, Reply(p.request.request_id, Status.OK, body=body), out_frames)
+        self._release(run)
+
+    def _read(self, shm: list[Any] | None) -> bytes:
+        """The bytes of a tensor in a region: a server slot, or (an input passed through) a client's."""
+        assert shm is not None
+        region, offset, nbytes = str(shm[0]), int(shm[1]), int(shm[2])
+        for seg in self.arena.segments:
+            if seg.name == region:
+                return bytes(seg.buf[offset : offset + nbytes])
+        copied = self.path.readers.copy(ShmRef(region, offset, nbytes))
+        if copied is None:
+            raise InternalError("an ensemble input region could not be read")
+        return copied
+
+    def _fail(self, run: Run, step: PlanStep, status: Status, error: str) -> None:
+        """A step failed: the request fails with the step named; its steps still queued are withdrawn."""
+        if run.finished:
+            return
+        run.finished = True
+        self.runs -= 1
+        state, p = run.state, run.p
+        for i, (target, sp) in list(run.outstanding.items()):
+            removed = target.batcher.remove(lambda q, sp=sp: q is sp)  # type: ignore[misc]
+            if target.sequencer is not None:
+                removed += target.sequencer.remove(lambda q, sp=sp: q is sp)  # type: ignore[misc]
+            if removed:
+                run.outstanding.pop(i, None)
+                if target.order is not None:
+                    for _, (q, ready, ready_frames) in target.order.drop(sp.seq):
+                        self.path.deliver(q, ready, ready_frames)
+        duration = time.monotonic_ns() - int(p.arrival * 1e9)
+        state.stats.fail.add(duration)
+        if status == Status.CANCELLED:
+            state.metrics.cancelled()
+        else:
+            state.metrics.failure("BACKEND")
+        text = _name_step(run.plan.name, step, error)
+        log.info("event=ensemble_failed ensemble=%s step=%d model=%s", run.plan.name, step.index, step.model)
+        self.path.reply(state, p, Reply(p.request.request_id, status, text), [])
+        self._release(run)
+
+    def _release(self, run: Run) -> None:
+        """Free the run's server slots once none of its steps can still touch them."""
+        if run.outstanding:
+            return
+        for slot in run.slots:
+            self.arena.free(slot)
+        run.slots.clear()
+
+    def close(self) -> None:
+        """Unlink the server's segments (at shutdown, after every request was answered)."""
+        self.arena.close()
+
+
+def _name_step(ensemble: str, step: PlanStep, error: str) -> str:
+    """``Class: in ensemble 'e' step N (model 'm'): message``, keeping the error's class for the client."""
+    cls, sep, message = error.partition(": ")
+    where = f"in ensemble '{ensemble}' {step.label}"
+    if sep and cls.isidentifier():
+        return f"{cls}: {where}: {message}"
+    return f"InternalError: {where}: {error}"
