@@ -46,6 +46,7 @@ class RequestInputs(NamedTuple):
     request_id: str
     inputs: dict[str, Array]
     outputs: tuple[str, ...]  # the output names the client asked for
+    sequence: Mapping[str, Any] | None = None  # a sequence request: its id, start and end (and controls)
 
 
 RequestResult = Mapping[str, Array] | ServerError

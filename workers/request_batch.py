@@ -1,8 +1,10 @@
 """One EXECUTE for a model that answers request by request (a Triton-style model.py).
 
-Each request gets its own host arrays over its own bytes (nothing is concatenated); the model returns one
-result per request. A request whose inputs cannot be read, whose result is an error, or whose outputs do
-not match the config fails alone; an exception from the model fails every request it was given.
+Each request gets its own host arrays over its own bytes (nothing is concatenated), plus, for a request of a
+sequence, its own control inputs (START, END, READY, CORRID as the config names them, one row each); the
+model returns one result per request. A request whose inputs cannot be read, whose result is an error, or
+whose outputs do not match the config fails alone; an exception from the model fails every request it was
+given.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from .batch_io import (
     BatchOutcome,
     BatchRequest,
     check_output,
+    control_arrays,
     emit,
     error_result,
     model_failure,
@@ -86,7 +89,9 @@ def run_requests(
             out.results.append(error_result(req.id, exc))
             continue
         runnable.append((req, request_rows(arrays, sig.batching)))
-        inputs.append(RequestInputs(req.request_id, arrays, tuple(o.name for o in req.outputs)))
+        arrays.update(control_arrays([req], sig.batching))  # a sequence request's START, END, READY, CORRID
+        names = tuple(o.name for o in req.outputs)
+        inputs.append(RequestInputs(req.request_id, arrays, names, req.sequence))
     t1 = time.perf_counter_ns()
     if not runnable:
         return out

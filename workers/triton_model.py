@@ -2,15 +2,16 @@
 
 The worker hands ``execute`` one ``pb_utils.InferenceRequest`` per client request (each with its own
 slice of the batch; nothing is concatenated) and expects one ``pb_utils.InferenceResponse`` per request,
-in order. A response that carries an error fails that request alone, with the error's message and a
-status from its code; an exception raised by ``execute`` fails the whole batch, and so does a wrong
-number of responses.
+in order. A request of a sequence carries its control inputs (START, END, READY, CORRID as the config names
+them) among its input tensors, and its ``correlation_id()`` and ``flags()`` as in Triton. A response that
+carries an error fails that request alone, with the error's message and a status from its code; an
+exception raised by ``execute`` fails the whole batch, and so does a wrong number of responses.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,16 @@ def response_error(error: Any) -> ServerError:
     return InternalError(str(message() if callable(message) else error))
 
 
+def _sequence_fields(sequence: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``correlation_id`` and ``flags`` of a sequence request, as Triton sets them (none otherwise)."""
+    if sequence is None:
+        return {}
+    flags = pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if sequence.get("start") else 0
+    if sequence.get("end"):
+        flags |= pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+    return {"correlation_id": sequence.get("id", 0), "flags": flags}
+
+
 class TritonModel(RequestModel):
     def __init__(self, instance: Any, path: Path, config: ModelConfig) -> None:
         self.instance = instance
@@ -74,6 +85,7 @@ class TritonModel(RequestModel):
                 request_id=r.request_id,
                 requested_output_names=r.outputs,
                 model_name=self.name,
+                **_sequence_fields(r.sequence),
             )
             for r in requests
         ]

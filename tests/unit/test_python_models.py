@@ -14,6 +14,7 @@ import pytest
 
 from tests.gpu import fake_cupy
 from zinfer.broker.model_config import ModelConfig, load_model_config, parse_model_config
+from zinfer.broker.sequence_batcher import control_specs
 from zinfer.broker.signature import Signature
 from zinfer.client import dtypes
 from zinfer.client.errors import ConfigError
@@ -387,6 +388,69 @@ def test_add_sub_triton_example(tmp_path: Path, capsys: pytest.CaptureFixture[st
     np.testing.assert_array_equal(_output(out, 1, "OUTPUT1"), np.arange(8).reshape(2, 4) - 1)
     assert "add_sub_triton: request" in capsys.readouterr().out
     model.finalize()
+
+
+TRITON_SEQUENCE = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    SEEN = []
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for r in requests:
+                controls = {}
+                for n in ("START", "END", "READY", "CORRID"):
+                    t = pb_utils.get_input_tensor_by_name(r, n)
+                    controls[n] = None if t is None else t.as_numpy().tolist()
+                SEEN.append((controls, r.correlation_id(), r.flags()))
+                x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x)]))
+            return responses
+"""
+
+SEQUENCE_CONFIG = """
+name: "m"
+backend: "python"
+max_batch_size: 4
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END fp32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY bool_false_true: [ false, true ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+"""
+
+
+def test_triton_sequence_requests_carry_their_controls_correlation_id_and_flags(tmp_path: Path) -> None:
+    model, config = _load(tmp_path, TRITON_SEQUENCE, SEQUENCE_CONFIG)
+    assert config.sequence_batching is not None
+    controls = control_specs(config.sequence_batching)
+    frames: list[Any] = []
+    reqs = []
+    for rid, (sid, start, end) in enumerate([(5, True, False), (6, False, False), (7, False, True)], 1):
+        frames.append(np.full((1, 1), rid, np.float32).tobytes())
+        sequence = {"id": sid, "start": start, "end": end, "controls": controls}
+        x = TensorRef("X", "FP32", (1, 1), frame=len(frames) - 1)
+        reqs.append(BatchRequest(rid, (x,), (OutputRequest("Y"),), f"r{rid}", sequence))
+    out = _run(model, config, reqs, frames)
+    for rid in (1, 2, 3):
+        np.testing.assert_array_equal(_output(out, rid, "Y"), [[rid]])
+    seen = sys.modules["zinfer_model_m_1"].SEEN
+    assert seen == [  # each request its own [1, 1] controls, as Triton gives them
+        ({"START": [[1]], "END": [[0.0]], "READY": [[True]], "CORRID": [[5]]}, 5, 1),
+        ({"START": [[0]], "END": [[0.0]], "READY": [[True]], "CORRID": [[6]]}, 6, 0),
+        ({"START": [[0]], "END": [[1.0]], "READY": [[True]], "CORRID": [[7]]}, 7, 2),
+    ]
+    seen.clear()
+    plain = BatchRequest(9, (TensorRef("X", "FP32", (1, 1), frame=0),), (OutputRequest("Y"),))
+    _output(_run(model, config, [plain], frames), 9, "Y")
+    assert seen == [(dict.fromkeys(("START", "END", "READY", "CORRID")), 0, 0)]  # not in a sequence
 
 
 # --------------------------------------------------------------------------------- pb_utils helpers
