@@ -230,7 +230,7 @@ def test_ensemble_scheduling() -> None:
     es = c.ensemble_scheduling
     assert es is not None and len(es.step) == 2
     assert dict(es.step[0].input_map) == {"RAW": "IN"} and es.step[1].model_version == -1
-    assert unsupported_features(c) == ["ensemble_scheduling"]
+    assert unsupported_features(c) == []  # ensembles are supported
 
 
 def test_instance_groups() -> None:
