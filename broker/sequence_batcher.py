@@ -10,8 +10,10 @@ carries ``sequence_start`` / ``sequence_end``. :class:`SequenceBatcher` keeps th
   sequence once that request has run. A sequence with nothing queued or running for longer than
   ``max_sequence_idle_microseconds`` is released (:meth:`SequenceBatcher.expire`).
 * :meth:`SequenceBatcher.pop_ready` gives each idle instance a batch of at most ``max_batch_size``
-  requests, at most one per sequence. ``direct``: every sequence keeps a slot on its instance for its
-  lifetime and rows follow slot order (sequences past ``max_batch_size`` slots wait for a free slot).
+  requests, at most one per sequence (:meth:`SequenceBatcher.pop_one`: one batch, to the first of the
+  given instances that has one; a turn at the rate limiter). ``direct``: every sequence keeps a slot on
+  its instance for its lifetime and rows follow slot order (sequences past ``max_batch_size`` slots wait
+  for a free slot).
   ``oldest``: the oldest waiting heads of the instance's sequences, up to ``max_candidate_sequences``.
   An instance waits up to the strategy's ``max_queue_delay_microseconds`` (from its oldest waiting head)
   for every one of its sequences to have a request ready; 0 sends what is ready.
@@ -255,18 +257,32 @@ class SequenceBatcher(Generic[T, I]):
         """A batch for each idle instance that has one ready at ``now``."""
         out: list[tuple[I, SequenceBatch[T]]] = []
         for instance in idle_instances:
-            plan = self._decide(instance, now)
-            if plan is None:
-                continue
-            seqs, reason = plan
-            reqs = []
-            for s in seqs:
-                reqs.append(s.queue.popleft())
-                s.running = True
-                s.last = now
-            self._count -= len(reqs)
-            out.append((instance, SequenceBatch(tuple(reqs), reason)))
+            batch = self._pop(instance, now)
+            if batch is not None:
+                out.append((instance, batch))
         return out
+
+    def pop_one(self, now: float, instances: Sequence[I]) -> tuple[I, SequenceBatch[T]] | None:
+        """The batch of the first of ``instances`` that has one ready at ``now``, or None. For the rate
+        limiter: ``instances`` are the idle ones whose resources are free, and one batch is one turn."""
+        for instance in instances:
+            batch = self._pop(instance, now)
+            if batch is not None:
+                return instance, batch
+        return None
+
+    def _pop(self, instance: I, now: float) -> SequenceBatch[T] | None:
+        plan = self._decide(instance, now)
+        if plan is None:
+            return None
+        seqs, reason = plan
+        reqs = []
+        for s in seqs:
+            reqs.append(s.queue.popleft())
+            s.running = True
+            s.last = now
+        self._count -= len(reqs)
+        return SequenceBatch(tuple(reqs), reason)
 
     def next_deadline(self, idle_instances: Sequence[I] = ()) -> float | None:
         """When an idle instance's batch stops waiting for more, or the next idle release; None = never."""

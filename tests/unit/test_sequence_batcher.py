@@ -14,6 +14,7 @@ from zinfer.broker.config_records import (
     SequenceControl,
     SequenceOldest,
 )
+from zinfer.broker.rate_limiter import Need, RateLimiter
 from zinfer.broker.sequence_batcher import (
     SequenceBatcher,
     SequenceError,
@@ -149,6 +150,47 @@ def test_no_batching_sends_one_request_per_batch() -> None:
     sb.add(req("b", 2, 0.0, start=True), 0.0, ["w"])
     out = sb.pop_ready(0.0, ["w"])
     assert names(out) == {"w": ["a"]} and out[0][1].reason is BatchReason.NO_BATCHING
+
+
+def test_pop_one_gives_one_batch_to_the_first_instance_that_has_one() -> None:
+    sb: Sb = SequenceBatcher(SequencePolicy(4))
+    sb.add(req("a0", 1, 0.0, start=True), 0.0, ["w1", "w2"])  # on w1
+    sb.add(req("b0", 2, 0.0, start=True), 0.0, ["w1", "w2"])  # on w2
+    assert sb.pop_one(0.0, []) is None
+    picked = sb.pop_one(0.0, ["w2", "w1"])
+    assert picked is not None and picked[0] == "w2" and picked[1].items == ("b0",)
+    assert sb.pop_one(0.0, ["w2"]) is None  # b0 runs; w2 has nothing else
+    picked = sb.pop_one(0.0, ["w2", "w1"])
+    assert picked is not None and picked[0] == "w1" and picked[1].items == ("a0",)
+    assert len(sb) == 0
+
+
+def test_sequences_under_a_rate_limiter_take_the_resource_one_batch_at_a_time() -> None:
+    """The broker's limited dispatch, in miniature: offer only idle instances whose resources are free."""
+    limiter: RateLimiter[str, str] = RateLimiter((("ONE", 1, None),))
+    for w in ("w1", "w2"):
+        assert limiter.add(w, "seq", "cpu", [Need("ONE", 1, is_global=True)]) is None
+    sb: Sb = SequenceBatcher(SequencePolicy(4))
+    idle = ["w1", "w2"]
+    for sid in (1, 2, 3, 4):  # w1: 1 and 3, w2: 2 and 4
+        sb.add(req(f"s{sid}", sid, 0.0, start=True), 0.0, idle)
+
+    def turn(now: float) -> tuple[str, tuple[str, ...]] | None:
+        picked = sb.pop_one(now, [w for w in idle if limiter.can_acquire(w)])
+        if picked is None:
+            return None
+        worker, batch = picked
+        assert limiter.acquire(worker)
+        idle.remove(worker)
+        return worker, batch.items
+
+    assert turn(0.0) == ("w1", ("s1", "s3"))
+    assert turn(0.0) is None  # w2 is idle with a batch ready, but ONE is held
+    limiter.release("w1")
+    idle.append("w1")
+    sb.done([1, 3], 0.1)
+    assert turn(0.1) == ("w2", ("s2", "s4"))
+    assert limiter.held("ONE", None) == 1
 
 
 def test_remove_and_drop_instance() -> None:
