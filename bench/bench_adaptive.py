@@ -8,15 +8,18 @@ max_batch_size 32, one CPU instance each), one model per batching configuration:
 1. Calibration on ``lin_d0``: one client, closed loop, requests carrying their own n rows, so every
    execution is one request of n rows and nothing queues. Per size: kernel time (compute input + infer +
    output per execution, from the statistics), broker time (arrival to reply) and client time; a fixed +
-   per-row line is fitted. Then every sender thread in a closed loop gives the saturation rate of the
-   whole machine (senders, broker and instance share its cores). The three rates are fractions of that
-   saturation rate; the latency target follows TARGET_RULE.
+   per-row line is fitted. Then CLOSED_CONCURRENCY requests kept outstanding (a closed loop) give the
+   saturation rate of the whole machine (sender, broker and instance share its cores). The three rates
+   are fractions of that saturation rate; the latency target follows TARGET_RULE.
 2. For each rate, ROUNDS rounds; in each round every configuration in turn (never two at once, in an order
    rotated per round so slow spells of a shared machine do not all fall on one) gets the same seeded
-   Poisson schedule: open loop, every request goes at its scheduled time whatever the completions. The
-   schedule is split over SENDER_PROCS processes; in each, SENDER_THREADS threads with a Client each take
-   the next request of that process's share, sleep until its time and send it. Each request's scheduled,
-   send and completion times are recorded; failures are counted and reported.
+   Poisson schedule: open loop, every request goes at its scheduled time whatever the completions. One
+   load process sends it: one asyncio event loop with one AsyncClient starts each request as a task at its
+   time (asyncio's timers wake within about a millisecond) and keeps any number in flight, bounded by
+   SENDER_MAX_IN_FLIGHT and the run's window. A thread per request in flight (128 of them, as before)
+   spent the cores the broker and the instance need on a small machine. Each request's scheduled, send
+   and completion times are recorded; failures are counted and reported. The aggregation and the
+   statistics calls run in the main process, between runs.
 3. Per rate and configuration, over its rounds: achieved throughput, client-side p50/p99 latency (send to
    completion), the senders' lag behind the schedule, mean executed batch size and batch reasons (from
    the difference of two statistics calls around each run), and whether p99 meets the target. Beside it,
@@ -33,6 +36,7 @@ Usage: ``.venv/bin/python bench/bench_adaptive.py [--quick]``. Results: bench/re
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import multiprocessing as mp
@@ -42,7 +46,6 @@ import random
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -52,6 +55,7 @@ import numpy as np
 
 from zinfer.broker.batch_policy import BatchPolicy
 from zinfer.broker.simulate import simulate
+from zinfer.client.async_client import AsyncClient
 from zinfer.client.client import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -82,13 +86,13 @@ THROUGHPUT_TOL = 0.02  # adaptive within 2% of the best static delay counts as r
 CAL_SIZES = (1, 2, 4, 8, 16, 32)
 FULL = {"rounds": 4, "round_s": 3.0, "round_max": 20_000, "cal_reps": 40, "warm_reps": 4, "sat_s": 3.0}
 QUICK = {"rounds": 1, "round_s": 1.5, "round_max": 5_000, "cal_reps": 12, "warm_reps": 2, "sat_s": 1.0}
-SENDER_PROCS = 2
-SENDER_THREADS = 64  # per process: requests in flight at once, so the schedule never waits on a reply
+CLOSED_CONCURRENCY = 128  # requests outstanding in the closed loop that measures saturation
+SENDER_MAX_IN_FLIGHT = 4096  # the open loop sends no more while this many wait for replies (recorded)
 TIMEOUT_S = 10.0  # every request's and every queue receive's timeout
 START_LEAD_S = 0.3  # from handing out a run to its first scheduled send
 LOOP_MAX_S = 60.0  # a calibration loop stops here even if its count is not reached
 # One BLAS thread per worker: "one CPU instance" uses one core, and on a small machine a second BLAS thread
-# only fights the broker and the senders (OpenBLAS's spinning threads then make a batch cost 10x more).
+# only fights the broker and the sender (OpenBLAS's spinning threads then make a batch cost 10x more).
 BLAS_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 Record = tuple[int, float, float, float, str]  # index, scheduled, sent, done (monotonic s), error ("" = ok)
@@ -155,181 +159,166 @@ def zinfer_server(repo: Path, load: tuple[str, ...], ready_timeout_s: float = 90
     return serving_server(ready_timeout_s, extra, repo, dict(os.environ, **BLAS_ENV), all_loaded=True)
 
 
-# ---------------------------------------------------------------------------------------------- senders
+# ---------------------------------------------------------------------------------------------- sender
 
 
 def _x(rows: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((rows, IN_DIM)).astype(np.float32)
 
 
-def _send_share(
-    client: Client, model: str, share: list[tuple[int, float]], pos: list[int], lock: threading.Lock,
-    start: float, stop: float, x: np.ndarray, out: list[Record],
-) -> None:  # fmt: skip
-    """Take the next request of this process's share, wait for its time, send it, record it."""
-    while True:
-        with lock:
-            i = pos[0]
-            pos[0] += 1
-        if i >= len(share):
-            return
-        idx, offset = share[i]
+async def _infer(client: AsyncClient, model: str, x: np.ndarray) -> str:
+    """One request; its error as text ("" = ok): counted and reported, the load goes on."""
+    try:
+        await client.infer(model, {"X": x}, client_timeout=TIMEOUT_S)
+    except Exception as exc:
+        return repr(exc)[:200]
+    return ""
+
+
+async def _open_loop(
+    client: AsyncClient, model: str, x: np.ndarray, offsets: list[float], start: float, stop: float
+) -> list[Record]:
+    """Send request i at ``start + offsets[i]`` whatever the replies do; record each one.
+
+    Bounded: nothing is sent past ``stop`` or with SENDER_MAX_IN_FLIGHT requests already out (both are
+    recorded as not sent), and the wait for the last replies ends after TIMEOUT_S.
+    """
+    out: list[Record] = []
+    pending: set[asyncio.Task[None]] = set()
+    started: dict[int, tuple[float, float]] = {}  # index -> (scheduled, sent) until recorded
+
+    async def one(idx: int, sched: float) -> None:
+        started[idx] = (sched, time.monotonic())
+        err = await _infer(client, model, x)
+        out.append((idx, sched, started.pop(idx)[1], time.monotonic(), err))
+
+    for idx, offset in enumerate(offsets):
         sched = start + offset
-        if sched > stop:  # bound: a run never sends past its window (with its lead and slack)
+        if sched > stop:
             out.append((idx, sched, math.nan, math.nan, "not sent: past the run window"))
             continue
         wait = sched - time.monotonic()
         if wait > 0:
-            time.sleep(wait)
-        sent = time.monotonic()
-        err = ""
-        try:
-            client.infer(model, {"X": x}, client_timeout=TIMEOUT_S)
-        except Exception as exc:  # counted and reported as a failure
-            err = repr(exc)[:200]
-        out.append((idx, sched, sent, time.monotonic(), err))
+            await asyncio.sleep(wait)
+        if len(pending) >= SENDER_MAX_IN_FLIGHT:
+            out.append((idx, sched, math.nan, math.nan, "not sent: too many requests in flight"))
+            continue
+        task = asyncio.create_task(one(idx, sched))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+    if pending:
+        _, late = await asyncio.wait(pending, timeout=TIMEOUT_S + 5.0)
+        for task in late:  # a reply that never came: cancelled (in the server too) and recorded as such
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+    out += [(i, sched, sent, math.nan, "no reply within the run") for i, (sched, sent) in started.items()]
+    return sorted(out, key=lambda r: r[0])
 
 
-def _closed_loop(
-    c: Client, model: str, x: np.ndarray, start: float, stop: float, counts: list[int], errors: list[str]
-) -> None:
-    n = 0
-    time.sleep(max(0.0, start - time.monotonic()))
-    try:
-        while time.monotonic() < stop:
-            c.infer(model, {"X": x}, client_timeout=TIMEOUT_S)
-            n += 1
-    except Exception as exc:  # reported by the main process
-        errors.append(repr(exc)[:200])
-    counts.append(n)
+async def _closed_loop(
+    client: AsyncClient, model: str, x: np.ndarray, start: float, stop: float
+) -> tuple[int, list[str]]:
+    """CLOSED_CONCURRENCY requests outstanding until ``stop``: the replies that came by then, and errors."""
+    await asyncio.sleep(max(0.0, start - time.monotonic()))
+    done: list[int] = []
+    errors: list[str] = []
+
+    async def lane() -> None:
+        n = 0
+        while time.monotonic() < stop and not errors:
+            err = await _infer(client, model, x)
+            if err:
+                errors.append(err)
+            elif time.monotonic() <= stop:
+                n += 1
+        done.append(n)
+
+    lanes = asyncio.gather(*(lane() for _ in range(CLOSED_CONCURRENCY)))
+    await asyncio.wait_for(lanes, max(0.0, stop - time.monotonic()) + TIMEOUT_S + 5.0)
+    return sum(done), errors
 
 
-def _sender_process(url: str, threads: int, jobs: Any, results: Any) -> None:
-    """A long-lived load process: ``threads`` Clients; runs the jobs it is handed until told to stop."""
-    clients = [Client(url, timeout=TIMEOUT_S) for _ in range(threads)]
-    xs = [_x(1, 100 + i) for i in range(threads)]
-    try:
+async def _serve_jobs(url: str, jobs: Any, results: Any) -> None:
+    x = _x(1, 100)
+    async with AsyncClient(url, timeout=TIMEOUT_S) as client:
         while True:
-            try:
-                job = jobs.get(timeout=600.0)  # bounded: an abandoned pool ends on its own
+            try:  # bounded: an abandoned sender ends on its own
+                job = await asyncio.to_thread(jobs.get, True, 600.0)
             except queue.Empty:
                 return
             if job is None:
                 return
             kind, model = job[0], job[1]
-            if kind == "warm":  # one request per client: fetch the model's metadata outside the timing
-                errors = []
-                for c, x in zip(clients, xs, strict=True):
-                    try:
-                        c.infer(model, {"X": x}, client_timeout=TIMEOUT_S)
-                    except Exception as exc:
-                        errors.append(repr(exc)[:200])
-                results.put(("warm", errors))
-                continue
-            if kind == "closed":  # every thread in a closed loop until ``stop``: the saturation rate
-                start, stop = job[2], job[3]
-                counts: list[int] = []
-                errors = []
-                ts = [
-                    threading.Thread(
-                        target=_closed_loop, args=(c, model, x, start, stop, counts, errors), daemon=True
-                    )
-                    for c, x in zip(clients, xs, strict=True)
-                ]
-                for t in ts:
-                    t.start()
-                for t in ts:
-                    t.join(max(0.0, stop - time.monotonic()) + TIMEOUT_S + 5.0)
-                results.put(("closed", (sum(counts), errors)))
-                continue
-            share, start, stop = job[2], job[3], job[4]
-            out: list[Record] = []
-            pos, lock = [0], threading.Lock()
-            ts = [
-                threading.Thread(
-                    target=_send_share, args=(c, model, share, pos, lock, start, stop, x, out), daemon=True
-                )
-                for c, x in zip(clients, xs, strict=True)
-            ]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join(max(0.0, stop - time.monotonic()) + TIMEOUT_S + 5.0)
-            results.put(("run", list(out)))
-    finally:
-        for c in clients:
-            c.close()
+            if kind == "warm":  # metadata, and an arena grown to a closed loop's requests in flight
+                errs = await asyncio.gather(*(_infer(client, model, x) for _ in range(CLOSED_CONCURRENCY)))
+                results.put(("warm", [e for e in errs if e]))
+            elif kind == "closed":
+                results.put(("closed", await _closed_loop(client, model, x, job[2], job[3])))
+            else:
+                results.put(("run", await _open_loop(client, model, x, job[2], job[3], job[4])))
 
 
-class SenderPool:
-    """SENDER_PROCS long-lived processes of SENDER_THREADS Clients each (started once: spawning per run
-    would cost more than a quick run)."""
+def _sender_process(url: str, jobs: Any, results: Any) -> None:
+    """The load process: one event loop and one AsyncClient run the jobs it is handed until told to stop."""
+    asyncio.run(_serve_jobs(url, jobs, results))
+
+
+class Sender:
+    """The load generator: one long-lived process (spawning one per run would cost more than a quick run)
+    with one asyncio loop and one AsyncClient, apart from this process, which only hands out schedules and
+    reads the statistics between runs; so the broker and the instance get the cores while a run lasts."""
 
     def __init__(self, url: str) -> None:
         ctx = mp.get_context("spawn")
+        self.jobs = ctx.Queue()
         self.results = ctx.Queue()
-        self.jobs = [ctx.Queue() for _ in range(SENDER_PROCS)]
-        self.procs = [
-            ctx.Process(target=_sender_process, args=(url, SENDER_THREADS, q, self.results), daemon=True)
-            for q in self.jobs
-        ]
-        for p in self.procs:
-            p.start()
+        self.proc = ctx.Process(target=_sender_process, args=(url, self.jobs, self.results), daemon=True)
+        self.proc.start()
 
     def close(self) -> None:
-        for q in self.jobs:
-            q.put(None)
-        for p in self.procs:
-            p.join(TIMEOUT_S + 5.0)
-            if p.is_alive():
-                p.kill()
-                p.join(5.0)
+        self.jobs.put(None)
+        self.proc.join(TIMEOUT_S + 5.0)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5.0)
 
-    def _gather(self, kind: str, timeout_s: float) -> list[Any]:
-        got = []
+    def _gather(self, kind: str, timeout_s: float) -> Any:
         deadline = time.monotonic() + timeout_s
-        while len(got) < len(self.procs):
+        while True:
             try:
                 k, payload = self.results.get(timeout=0.5)
             except queue.Empty:
-                if any(not p.is_alive() for p in self.procs):
-                    raise RuntimeError("a sender process died") from None
+                if not self.proc.is_alive():
+                    raise RuntimeError("the sender process died") from None
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"senders did not answer {kind!r} within {timeout_s:.0f} s") from None
+                    raise TimeoutError(
+                        f"the sender did not answer {kind!r} within {timeout_s:.0f} s"
+                    ) from None
                 continue
             if k != kind:
                 raise RuntimeError(f"sender answered {k!r}, expected {kind!r}")
-            got.append(payload)
-        return got
+            return payload
 
     def warm(self, model: str) -> list[str]:
-        for q in self.jobs:
-            q.put(("warm", model))
-        return [e for errs in self._gather("warm", 3 * TIMEOUT_S + 30.0) for e in errs]
+        self.jobs.put(("warm", model))
+        errors: list[str] = self._gather("warm", TIMEOUT_S + 30.0)
+        return errors
 
     def closed(self, model: str, seconds: float) -> dict[str, Any]:
-        """Every sender thread in a closed loop on ``model`` for ``seconds``: requests/s at saturation."""
+        """CLOSED_CONCURRENCY requests outstanding on ``model`` for ``seconds``: requests/s at saturation."""
         start = time.monotonic() + START_LEAD_S
-        for q in self.jobs:
-            q.put(("closed", model, start, start + seconds))
-        got = self._gather("closed", START_LEAD_S + seconds + 2 * TIMEOUT_S + 30.0)
-        errors = [e for g in got for e in g[1]]
+        self.jobs.put(("closed", model, start, start + seconds))
+        count, errors = self._gather("closed", START_LEAD_S + seconds + 2 * TIMEOUT_S + 30.0)
         if errors:
             raise RuntimeError(f"closed loop on {model} failed: {errors[:3]}")
-        return {"concurrency": SENDER_PROCS * SENDER_THREADS, "seconds": seconds,
-                "req_per_s": sum(g[0] for g in got) / seconds}  # fmt: skip
+        return {"concurrency": CLOSED_CONCURRENCY, "seconds": seconds, "req_per_s": count / seconds}
 
     def run(self, model: str, offsets: list[float], run_s: float) -> list[Record]:
-        """Send ``offsets`` (seconds from the start) to ``model``: request i goes to process i % P."""
+        """Send ``offsets`` (seconds from the start) to ``model``, open loop; one record per request."""
         start = time.monotonic() + START_LEAD_S
-        stop = start + run_s + 1.0
-        shares: list[list[tuple[int, float]]] = [[] for _ in self.procs]
-        for i, off in enumerate(offsets):
-            shares[i % len(shares)].append((i, off))
-        for q, share in zip(self.jobs, shares, strict=True):
-            q.put(("run", model, share, start, stop))
-        got = self._gather("run", START_LEAD_S + run_s + 2 * TIMEOUT_S + 30.0)
-        return sorted((r for part in got for r in part), key=lambda r: r[0])
+        self.jobs.put(("run", model, offsets, start, start + run_s + 1.0))
+        records: list[Record] = self._gather("run", START_LEAD_S + run_s + 2 * TIMEOUT_S + 30.0)
+        return records
 
 
 def poisson_offsets(rate: float, span_s: float, cap: int, seed: int) -> list[float]:
@@ -425,9 +414,9 @@ def choose_target(cal: dict[str, Any], near_rate: float) -> tuple[float, dict[st
     return math.ceil(target * 10) / 10, why
 
 
-def warm_model(pool: SenderPool, url: str, model: str, reps: int) -> None:
-    """Metadata into every sender's Client, then every size a few times through the model: worker caches and,
-    equally for every configuration, the first execution times the adaptive mode learns from."""
+def warm_model(pool: Sender, url: str, model: str, reps: int) -> None:
+    """Metadata into the sender's AsyncClient, then every size a few times through the model: worker caches
+    and, equally for every configuration, the first execution times the adaptive mode learns from."""
     errs = pool.warm(model)
     if errs:
         raise RuntimeError(f"warm-up of {model} failed: {errs[:3]}")
@@ -489,7 +478,7 @@ class Tally:
 
 
 def run_rate(
-    pool: SenderPool, sc: Client, k: int, rate: float, p: dict[str, Any], target_ms: float
+    pool: Sender, sc: Client, k: int, rate: float, p: dict[str, Any], target_ms: float
 ) -> tuple[dict[str, Any], list[list[float]]]:
     """Every configuration on the same schedules, ROUNDS rounds, configuration order rotated per round."""
     tallies = {m: Tally(m) for m in CONFIGS}
@@ -568,7 +557,7 @@ def run(p: dict[str, Any]) -> dict[str, Any]:
         write_repository(repo, target_us=0)  # the adaptive model's config is rewritten after calibration
         with zinfer_server(repo, load=(lin_model(0),)) as url, Client(url, timeout=TIMEOUT_S) as sc:
             cal = calibrate(url, p["cal_reps"])
-            pool = SenderPool(url)
+            pool = Sender(url)
             try:
                 warm_model(pool, url, lin_model(0), p["warm_reps"])
                 before = model_stats(sc, lin_model(0))
@@ -607,7 +596,14 @@ def run(p: dict[str, Any]) -> dict[str, Any]:
             "kind": "KIND_CPU",
             "blas_env": BLAS_ENV,
         },  # fmt: skip
-        "sender": {"processes": SENDER_PROCS, "threads_per_process": SENDER_THREADS, "timeout_s": TIMEOUT_S},
+        "sender": {
+            "kind": "asyncio",
+            "processes": 1,
+            "clients": 1,
+            "max_in_flight": SENDER_MAX_IN_FLIGHT,
+            "closed_concurrency": CLOSED_CONCURRENCY,
+            "timeout_s": TIMEOUT_S,
+        },  # fmt: skip
         "calibration": cal,
         "saturation": sat,
         "rate_fractions_of_saturation": RATE_FRACTIONS,

@@ -27,17 +27,32 @@ could still wait for ``m`` rows and meet ``h``; from then on it sends (``ADAPTIV
 preferred size, a shape cut or the size limit sends at once as in Triton. The plan only changes when
 the queue or an estimate changes, so ``flip`` is exactly when the decision flips in between.
 
+Closing the loop. The rule above only sees its own estimates; the latency a request really gets also
+holds what they miss: the tail of the execution times (the EWMA is a mean), a loop that wakes late, work
+that shares the cores. So the broker feeds back every request's observed latency (enqueue to result,
+:meth:`AdaptiveController.observe_latency`) and :class:`LatencyFeedback` learns a slack ``s`` that the
+rule plans with: ``h = HEADROOM * T - s``. Each observation ``o`` is kept with the slack ``s_o`` in force
+when it came; ``o + s_o - HEADROOM * T`` is how far past its planning budget that request went, and every
+:data:`FEEDBACK_EVERY` observations ``s`` becomes the p99 of that over the last :data:`FEEDBACK_WINDOW`
+(at most :data:`FEEDBACK_MAX_AGE_S` old), clamped to ``[0, HEADROOM * T]``. With ``s_o`` inside the sample
+a long window does not wind up: an old sample asks for the slack it needed, not for more on top. When the
+observed p99 nears the budget ``s`` grows and the batcher waits less; when latencies fall back, so does
+``s``. At ``s = HEADROOM * T`` it never waits (it sends as a zero static delay would).
+
 A request that cannot meet the target even if sent alone at once (``wait + E(1) > T``) is still served;
-it is counted in ``target_misses`` (see :meth:`AdaptiveController.stats`). Nothing is shed.
+it is counted in ``target_misses``; observed latencies over ``T`` are counted in ``observed_misses``, and
+``target_unreachable`` says that the batcher already sends at once and the observed p99 is still over the
+target (see :meth:`AdaptiveController.stats`). Nothing is shed.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["AdaptiveController", "AdaptiveStats", "ArrivalEstimator", "ExecEstimator"]
+__all__ = ["AdaptiveController", "AdaptiveStats", "ArrivalEstimator", "ExecEstimator", "LatencyFeedback"]
 
 HEADROOM = 0.9  # plan for 90% of the target: estimates are noisy and arrivals are random
 MIN_SAMPLES = 3  # samples before a size's own EWMA replaces the fitted line
@@ -45,6 +60,10 @@ EXEC_ALPHA = 0.2  # EWMA weight of a new execution-time sample
 GAP_ALPHA = 1 / 16  # EWMA weight of a new inter-arrival gap
 _FIT_WEIGHT_CAP = 16  # a size's weight in the fit grows with its samples up to this
 _MIN_GAP_S = 1e-7  # floor of the mean gap (caps the rate estimate at 10 M rows/s)
+FEEDBACK_WINDOW = 512  # observed latencies the slack is learned over
+FEEDBACK_EVERY = 32  # observations between two updates of the slack
+FEEDBACK_MAX_AGE_S = 10.0  # older observations leave the window (the load may have changed)
+FEEDBACK_QUANTILE = 0.99
 
 
 class ExecEstimator:
@@ -122,6 +141,56 @@ class ArrivalEstimator:
         return self._rows / max(self._gap, _MIN_GAP_S)
 
 
+def _quantile(values: Iterable[float], q: float) -> float:
+    """Nearest-rank quantile (``q`` in (0, 1]) of a non-empty collection."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+class LatencyFeedback:
+    """Learns the slack to keep back from the planning budget out of observed latencies (module docstring)."""
+
+    def __init__(
+        self,
+        budget_s: float,
+        window: int = FEEDBACK_WINDOW,
+        every: int = FEEDBACK_EVERY,
+        max_age_s: float = FEEDBACK_MAX_AGE_S,
+    ) -> None:
+        if not budget_s > 0 or window < 1 or every < 1 or not max_age_s > 0:
+            raise ValueError(f"bad feedback settings: {budget_s=} {window=} {every=} {max_age_s=}")
+        self._budget = budget_s
+        self._every = every
+        self._max_age = max_age_s
+        self._window: deque[tuple[float, float, float]] = deque(maxlen=window)  # (now, latency, slack)
+        self._since_update = 0
+        self.slack_s = 0.0
+        self.p99_s: float | None = None  # observed p99 over the window at the last update
+
+    @property
+    def saturated(self) -> bool:
+        """The slack has eaten the whole budget: the plan no longer waits at all."""
+        return self.slack_s >= self._budget
+
+    def observe(self, latency_s: float, now: float) -> bool:
+        """One request's observed latency; True when the slack changed."""
+        if not latency_s >= 0 or math.isinf(latency_s):
+            raise ValueError(f"need finite latency seconds >= 0, got {latency_s!r}")
+        self._window.append((now, latency_s, self.slack_s))
+        self._since_update += 1
+        if self._since_update < self._every:
+            return False
+        self._since_update = 0
+        while self._window and self._window[0][0] < now - self._max_age:
+            self._window.popleft()
+        if len(self._window) < self._every:  # too few recent samples for a p99
+            return False
+        self.p99_s = _quantile((o for _, o, _ in self._window), FEEDBACK_QUANTILE)
+        need = _quantile((o + s for _, o, s in self._window), FEEDBACK_QUANTILE) - self._budget
+        old, self.slack_s = self.slack_s, min(self._budget, max(0.0, need))
+        return self.slack_s != old
+
+
 @dataclass(frozen=True, slots=True)
 class AdaptiveStats:
     """A snapshot of the adaptive controller, for metrics and logs."""
@@ -134,6 +203,11 @@ class AdaptiveStats:
     target_misses: int  # requests that could not meet the target even sent alone at once
     dispatched: int  # requests sent in adaptive mode
     planned_wait_s: float  # at the last decision: how long the batcher chose to wait (0 = sent)
+    slack_s: float  # learned from observed latencies: planning budget kept back (module docstring)
+    observed: int  # observed latencies fed back
+    observed_misses: int  # of those, over the target
+    observed_p99_s: float | None  # p99 of the recent observed latencies; None before enough came
+    target_unreachable: bool  # the batcher already sends at once and the observed p99 is over the target
 
 
 def _candidates(n: int, cap: int) -> Iterator[int]:
@@ -158,6 +232,8 @@ class AdaptiveController:
         self._budget = headroom * target_s
         self.exec = ExecEstimator()
         self.arrivals = ArrivalEstimator()
+        self.feedback = LatencyFeedback(self._budget)
+        self._observed = self._observed_misses = 0
         self._misses = 0
         self._dispatched = 0
         self._planned_wait = 0.0
@@ -166,7 +242,8 @@ class AdaptiveController:
         """When a batch of ``n`` rows, oldest queued at ``oldest``, should go; None = now, at any time."""
         lam = self.arrivals.rate()
         e_n = self.exec.estimate(n)
-        if n >= self._cap or lam <= 0 or not e_n:
+        budget = self._budget - self.feedback.slack_s
+        if n >= self._cap or lam <= 0 or not e_n or budget <= 0:
             return None
         rho = min(1.0, lam * e_n / (n * self._instances))
         flip: float | None = None
@@ -174,17 +251,24 @@ class AdaptiveController:
             e_m = self._estimate(m)
             dt = (m - n) / lam
             follow = min(self._cap, max(1, math.ceil(lam * e_m)))
-            if dt + e_m > self._budget or e_m + self._estimate(follow) > self._budget:
+            if dt + e_m > budget or e_m + self._estimate(follow) > budget:
                 break  # larger sizes only wait and run longer
             gain = rho * (m * e_n / (n * e_m) - 1) if e_m > 0 else 0.0
             if gain > (dt + e_m - e_n) / self.target_s:
-                last = oldest + self._budget - dt - e_m
+                last = oldest + budget - dt - e_m
                 flip = last if flip is None else max(flip, last)
         return flip
 
     def note_decision(self, now: float, flip: float | None) -> None:
         """Record the wait chosen at ``now`` (for :meth:`stats`)."""
         self._planned_wait = max(0.0, flip - now) if flip is not None else 0.0
+
+    def observe_latency(self, latency_s: float, now: float) -> bool:
+        """One request's observed latency (enqueue to result); True when the plan may have changed."""
+        self._observed += 1
+        if latency_s > self.target_s:
+            self._observed_misses += 1
+        return self.feedback.observe(latency_s, now)
 
     def record_dispatch(self, now: float, arrivals: Iterable[float]) -> None:
         """Count the requests of a batch sent at ``now`` that could not meet the target in any case."""
@@ -205,7 +289,16 @@ class AdaptiveController:
             target_misses=self._misses,
             dispatched=self._dispatched,
             planned_wait_s=self._planned_wait,
+            slack_s=self.feedback.slack_s,
+            observed=self._observed,
+            observed_misses=self._observed_misses,
+            observed_p99_s=self.feedback.p99_s,
+            target_unreachable=self._unreachable(),
         )
+
+    def _unreachable(self) -> bool:
+        p99 = self.feedback.p99_s
+        return self.feedback.saturated and p99 is not None and p99 > self.target_s
 
     def _estimate(self, size: int) -> float:
         return self.exec.estimate(size) or 0.0

@@ -21,12 +21,14 @@ queue timeouts with REJECT/DELAY, ``max_queue_size``). Batch formation follows T
   largest preferred size reached -> now; ``max_queue_delay_us == 0`` -> whatever is queued; delay
   exceeded -> whatever fits; else wait until :meth:`DynamicBatcher.next_deadline`.
 * With ``latency_target_us`` set, :mod:`zinfer.broker.adaptive` decides instead of the queue delay
-  whether to send what is pending or wait; preferred sizes, cuts and saturation still send at once.
+  whether to send what is pending or wait; preferred sizes, cuts and saturation still send at once. It
+  learns from :meth:`DynamicBatcher.observe_execution` (batch execution times) and
+  :meth:`DynamicBatcher.observe_latencies` (each request's latency, enqueue to result).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -199,6 +201,14 @@ class DynamicBatcher(Generic[T]):
         if self._adaptive is not None:
             self._adaptive.exec.observe(batch_size, seconds)
             self._scan = None
+
+    def observe_latencies(self, latencies: Iterable[float], now: float) -> None:
+        """Feed the adaptive mode the observed latencies (enqueue to result, seconds) of a batch's requests,
+        from which it learns what its estimates miss; no-op when it is off."""
+        if self._adaptive is not None:
+            changed = [self._adaptive.observe_latency(seconds, now) for seconds in latencies]
+            if any(changed):
+                self._scan = None
 
     def stats(self) -> BatcherStats:
         return BatcherStats(

@@ -332,6 +332,7 @@ class RequestPath:
         now_ns = time.monotonic_ns()
         rows = sum(p.batch_size for p in batch.requests)
         state.batcher.observe_execution(rows, (now_ns - batch.sent_ns) / 1e9, now_ns / 1e9)
+        state.batcher.observe_latencies((now_ns / 1e9 - p.arrival for p in batch.requests), now_ns / 1e9)
         t_in, t_inf, t_out = (int(x) / 1000 for x in timing)
         sent_s = batch.sent_ns / 1e9
         out_frames: list[Frame]

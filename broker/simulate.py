@@ -1,9 +1,12 @@
 """A virtual-time simulation of the broker's batching loop, for tests and benchmarks. Pure, seeded.
 
 :func:`simulate` drives a :class:`~zinfer.broker.batcher.DynamicBatcher` the way the broker does (add on
-arrival, ``expire`` and ``pop_ready`` on every event, ``observe_execution`` after every batch, wake at
-``next_deadline`` while an instance is free and at ``next_expiry`` otherwise) against an execution-time
-model, with no clock and no sleeping. :func:`poisson_arrivals` makes a seeded open-loop arrival stream.
+arrival, ``expire`` and ``pop_ready`` on every event, ``observe_execution`` and ``observe_latencies``
+after every batch, wake at ``next_deadline`` while an instance is free and at ``next_expiry`` otherwise)
+against an execution-time model, with no clock and no sleeping. ``hidden_s`` adds time the batcher is
+not told of (a batch takes ``exec_time + hidden_s`` but ``observe_execution`` hears ``exec_time``): what
+CPU contention or a late loop adds in a real server; only the observed latencies show it.
+:func:`poisson_arrivals` makes a seeded open-loop arrival stream.
 
 Example: a static delay against the adaptive mode at 3000 requests/s on one instance::
 
@@ -135,13 +138,19 @@ def simulate(
     requests: Sequence[float] | Sequence[SimRequest],
     exec_time: Callable[[int], float],
     instances: int = 1,
+    hidden_s: Callable[[int], float] | None = None,
+    feedback: bool = True,
 ) -> SimResult:
-    """Run ``requests`` (arrival times, or :class:`SimRequest`) through a batcher on ``instances``."""
+    """Run ``requests`` (arrival times, or :class:`SimRequest`) through a batcher on ``instances``.
+
+    ``hidden_s(rows)``: extra seconds of a batch that the batcher does not hear of (module docstring).
+    ``feedback=False`` keeps the observed latencies from the batcher (the adaptive mode without its loop).
+    """
     reqs = [r if isinstance(r, SimRequest) else SimRequest(r) for r in requests]
     if any(b.arrival < a.arrival for a, b in zip(reqs, reqs[1:], strict=False)):
         raise ValueError("requests must be in arrival order")
     batcher: DynamicBatcher[int] = DynamicBatcher(policy)
-    running: list[tuple[float, float, Batch[int]] | None] = [None] * instances  # (end, exec_s, batch)
+    running: list[tuple[float, float, Batch[int]] | None] = [None] * instances  # (end, exec_s heard, batch)
     latency: dict[int, float] = {}
     completed: list[int] = []
     done_at: list[float] = []
@@ -167,16 +176,19 @@ def simulate(
                     completed.append(item)
                     done_at.append(end)
                 batcher.observe_execution(batch.size, exec_s, end)
+                if feedback:
+                    batcher.observe_latencies((end - reqs[item].arrival for item in batch.items), end)
                 running[i], last = None, max(last, end)
         rejected.extend(batcher.expire(now))
         free = [i for i, run in enumerate(running) if run is None]
         for i, batch in zip(free, batcher.pop_ready(now, len(free)), strict=False):
             exec_s = exec_time(batch.size)
-            running[i] = (now + exec_s, exec_s, batch)
+            took = exec_s + (hidden_s(batch.size) if hidden_s is not None else 0.0)
+            running[i] = (now + took, exec_s, batch)
             sizes.append(batch.size)
             waits.update((item, now - reqs[item].arrival) for item in batch.items)
             reasons[batch.reason.value] += 1
-            busy += exec_s
+            busy += took
         wake = [run[0] for run in running if run is not None]
         if nxt < len(reqs):
             wake.append(reqs[nxt].arrival)

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import pytest
 
-from zinfer.broker.adaptive import MIN_SAMPLES, AdaptiveController, ArrivalEstimator, ExecEstimator
+from zinfer.broker.adaptive import (
+    MIN_SAMPLES,
+    AdaptiveController,
+    ArrivalEstimator,
+    ExecEstimator,
+    LatencyFeedback,
+)
 from zinfer.broker.batcher import BatchPolicy, BatchReason, DynamicBatcher, QueuedRequest
 from zinfer.broker.simulate import ExecModel, SimResult, poisson_arrivals, simulate
 
@@ -74,6 +81,67 @@ def test_arrival_rate() -> None:
     assert burst.rate() == pytest.approx(1e7)  # capped
 
 
+# ----------------------------------------------------------------------------------------- feedback
+
+
+def feed(fb: LatencyFeedback, latency_ms: float, count: int, t: float = 0.0) -> list[bool]:
+    return [fb.observe(latency_ms * MS, t) for _ in range(count)]
+
+
+def test_feedback_learns_the_slack_from_the_window_p99() -> None:
+    fb = LatencyFeedback(9 * MS, window=64, every=32)
+    assert fb.slack_s == 0.0 and fb.p99_s is None and not fb.saturated
+    assert feed(fb, 5, 31) == [False] * 31 and fb.p99_s is None  # no update before ``every`` samples
+    assert not fb.observe(5 * MS, 0.0) and fb.p99_s == pytest.approx(5 * MS)  # under budget: no slack
+    assert feed(fb, 11, 32)[-1]  # 2 ms over the budget: keep 2 ms back
+    assert fb.slack_s == pytest.approx(2 * MS) and fb.p99_s == pytest.approx(11 * MS)
+
+
+@pytest.mark.parametrize(
+    ("phases", "slack_ms"),
+    [
+        ([(11, 32)], 2),
+        ([(11, 32), (9, 32)], 2),  # 9 ms with 2 ms kept back is the same 2 ms over: no wind-up
+        ([(11, 32), (9, 64)], 2),  # still 2 ms once the first samples left the window
+        ([(11, 32), (5, 32)], 2),  # the window still holds samples that needed 2 ms
+        ([(11, 32), (5, 64)], 0),  # 5 ms with 2 ms back would be 7 ms without: give it all back
+        ([(11, 32), (10, 32)], 3),  # 10 ms with 2 ms back: 3 ms over
+        ([(11, 32), (10, 64)], 4),  # and still 10 ms with 3 ms back: it does not help, keep more back
+        ([(20, 32)], 9),  # never more than the whole budget
+    ],
+)
+def test_feedback_table(phases: list[tuple[float, int]], slack_ms: float) -> None:
+    fb = LatencyFeedback(9 * MS, window=64, every=32)
+    for latency_ms, count in phases:
+        feed(fb, latency_ms, count)
+    assert fb.slack_s == pytest.approx(slack_ms * MS)
+    assert fb.saturated == (slack_ms == 9)
+
+
+def test_feedback_forgets_old_samples() -> None:
+    fb = LatencyFeedback(9 * MS, window=64, every=16, max_age_s=1.0)
+    feed(fb, 12, 16, t=0.0)
+    assert fb.slack_s == pytest.approx(3 * MS)
+    feed(fb, 6, 16, t=0.5)  # still inside the age limit: the window's p99 is 12 ms
+    assert fb.slack_s == pytest.approx(3 * MS) and fb.p99_s == pytest.approx(12 * MS)
+    feed(fb, 7, 16, t=1.2)  # the 12 ms samples are too old; 7 ms with 3 ms back is 1 ms over
+    assert fb.slack_s == pytest.approx(1 * MS) and fb.p99_s == pytest.approx(7 * MS)
+    fresh = LatencyFeedback(9 * MS, window=64, every=16, max_age_s=1.0)
+    feed(fresh, 20, 8, t=0.0)
+    assert feed(fresh, 20, 8, t=5.0) == [False] * 8  # half the samples are too old: too few for a p99
+    assert fresh.slack_s == 0.0 and fresh.p99_s is None
+
+
+def test_feedback_bad_settings_and_samples() -> None:
+    for kwargs in ({"budget_s": 0.0}, {"window": 0}, {"every": 0}, {"max_age_s": 0.0}):
+        with pytest.raises(ValueError, match="feedback"):
+            LatencyFeedback(**{"budget_s": 9 * MS, **kwargs})  # type: ignore[arg-type]
+    fb = LatencyFeedback(9 * MS)
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="latency"):
+            fb.observe(bad, 0.0)
+
+
 # ----------------------------------------------------------------------------------------- decision rule
 
 
@@ -115,6 +183,30 @@ def test_plan_without_estimates_sends_at_once() -> None:
     for i in range(5):
         cold.arrivals.observe(i * 0.5 * MS, 1)
     assert cold.plan(1, 0.0) is None  # one size seen: the line has no fixed cost, batching gains nothing
+
+
+@pytest.mark.parametrize(
+    ("observed_ms", "flip_ms"),
+    [
+        (5, 7.3),  # the plan holds: nothing kept back
+        (10, 6.3),  # 1 ms over the 9 ms budget: the plan ends 1 ms sooner
+        (12, 4.3),
+        (14, 2.3),
+        (17, None),  # 8 ms over: no bigger batch fits the 1 ms left any more
+        (30, None),  # the whole budget kept back: never wait
+    ],
+)
+def test_plan_keeps_back_the_learned_slack(observed_ms: float, flip_ms: float | None) -> None:
+    ctl = controller(2000)
+    for _ in range(32):
+        ctl.observe_latency(observed_ms * MS, 0.0)
+    got = ctl.plan(1, 0.0)
+    assert got == pytest.approx(flip_ms * MS) if flip_ms is not None else got is None
+    stats = ctl.stats()
+    assert stats.slack_s == pytest.approx(max(0.0, min(9.0, observed_ms - 9)) * MS)
+    assert stats.observed == 32 and stats.observed_misses == (32 if observed_ms > 10 else 0)
+    assert stats.observed_p99_s == pytest.approx(observed_ms * MS)
+    assert stats.target_unreachable == (observed_ms == 30)  # sends at once and still over the target
 
 
 @pytest.mark.parametrize("kwargs", [{"target_s": 0.0}, {"cap": 0}, {"instances": 0}, {"headroom": 1.5}])
@@ -177,6 +269,23 @@ def test_sends_once_waiting_stops_paying() -> None:
     assert got == [((1, 2, 3, 4, 5, 6), R.ADAPTIVE_NO_GAIN)]
 
 
+def test_observed_latencies_move_the_deadline() -> None:
+    batcher = warm(BatchPolicy(32, latency_target_us=10_000))
+    add(batcher, 0, 0.0)
+    batcher.pop_ready(0.0, 1)
+    add(batcher, 1, 0.5 * MS)
+    assert batcher.next_deadline() == pytest.approx(7.8 * MS)
+    batcher.observe_latencies([10 * MS] * 31, 1 * MS)  # not yet a full update
+    assert batcher.next_deadline() == pytest.approx(7.8 * MS)
+    batcher.observe_latencies([10 * MS], 1 * MS)  # p99 10 ms: 1 ms over the budget
+    deadline = batcher.next_deadline()
+    assert deadline == pytest.approx(6.8 * MS)
+    assert deadline is not None and batcher.pop_ready(deadline - 1e-9, 1) == []
+    assert [b.reason for b in batcher.pop_ready(deadline, 1)] == [R.ADAPTIVE_TARGET]
+    stats = batcher.stats().adaptive
+    assert stats is not None and stats.slack_s == pytest.approx(1 * MS) and stats.observed == 32
+
+
 def test_preferred_size_and_limits_still_send_at_once() -> None:
     batcher = warm(BatchPolicy(8, (4,), latency_target_us=10_000))
     for i in range(5):
@@ -208,6 +317,7 @@ def test_target_misses_are_counted_not_shed() -> None:
 def test_off_by_default() -> None:
     batcher: DynamicBatcher[int] = DynamicBatcher(BatchPolicy(8))
     batcher.observe_execution(4, 1.0, 0.0)  # a no-op
+    batcher.observe_latencies([1.0], 0.0)  # a no-op
     assert batcher.stats().adaptive is None
     assert DynamicBatcher(BatchPolicy(0, latency_target_us=1000)).stats().adaptive is None  # no batching
 
@@ -273,3 +383,63 @@ def test_simulation_is_deterministic() -> None:
     policy = BatchPolicy(32, latency_target_us=8000)
     a, b = (simulate(policy, poisson_arrivals(2500, 1000, seed=7), MODEL) for _ in range(2))
     assert a.latencies == b.latencies and a.batch_sizes == b.batch_sizes
+
+
+def test_feedback_stays_out_of_the_way_when_the_model_holds() -> None:
+    for rate, target_us in [(300, 8000), (2500, 8000), (6000, 8000), (1000, 3000)]:
+        arrivals = poisson_arrivals(rate, N_REQUESTS, seed=1)
+        policy = BatchPolicy(32, latency_target_us=target_us)
+        learned = simulate(policy, arrivals, MODEL)
+        plain = simulate(policy, arrivals, MODEL, feedback=False)
+        assert learned.latencies == plain.latencies
+        stats = learned.stats.adaptive
+        assert stats is not None and stats.slack_s == 0.0 and stats.observed == N_REQUESTS
+
+
+def hidden(seconds: float) -> Callable[[int], float]:
+    """Every batch takes ``seconds`` longer than the batcher is told (contention, a late loop)."""
+    return lambda rows: seconds
+
+
+@functools.cache
+def run_hidden(
+    rate: float, target_us: int, hidden_ms: float
+) -> tuple[dict[int, SimResult], SimResult, SimResult]:
+    arrivals = poisson_arrivals(rate, N_REQUESTS, seed=1)
+    extra = hidden(hidden_ms * MS)
+    static = {
+        d: simulate(BatchPolicy(32, max_queue_delay_us=d), arrivals, MODEL, hidden_s=extra)
+        for d in STATIC_DELAYS_US
+    }
+    policy = BatchPolicy(32, latency_target_us=target_us)
+    plain = simulate(policy, arrivals, MODEL, hidden_s=extra, feedback=False)
+    return static, plain, simulate(policy, arrivals, MODEL, hidden_s=extra)
+
+
+@pytest.mark.parametrize(
+    ("rate", "target_us", "hidden_ms"),
+    [(400, 12_000, 4), (500, 12_000, 4), (300, 14_000, 5), (300, 16_000, 6)],
+)
+def test_learned_slack_meets_the_target_where_the_plain_model_misses(
+    rate: float, target_us: int, hidden_ms: float
+) -> None:
+    static, plain, learned = run_hidden(rate, target_us, hidden_ms)
+    target = target_us * US
+    assert plain.p99 > target  # it planned with 90% of the target; the hidden delay takes the rest
+    assert learned.p99 <= target
+    meeting = [r for r in static.values() if r.p99 <= target]
+    assert meeting and learned.steady_throughput >= 0.99 * max(r.steady_throughput for r in meeting)
+    stats = learned.stats.adaptive
+    assert stats is not None and 0 < stats.slack_s < 0.9 * target and not stats.target_unreachable
+    assert stats.observed_misses < 0.01 * N_REQUESTS
+
+
+def test_unreachable_target_is_reported_and_sends_at_once() -> None:
+    static, plain, learned = run_hidden(1000, 12_000, 6)  # even a zero delay gets ~16 ms
+    assert all(r.p99 > 12 * MS for r in static.values())
+    stats = learned.stats.adaptive
+    assert stats is not None and stats.target_unreachable
+    assert stats.slack_s == pytest.approx(0.9 * 12 * MS)  # the whole budget: never waits
+    assert stats.observed_misses > 0.01 * N_REQUESTS and stats.observed == N_REQUESTS
+    assert learned.reasons.keys() <= {"adaptive_no_gain", "max_size"}
+    assert learned.p99 <= 1.02 * static[0].p99
