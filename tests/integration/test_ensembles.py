@@ -128,6 +128,13 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         + _step("identity", {"INPUT0": "IN"}, {"OUTPUT0": "mid"}) + ", "
         + _step("identity", {"INPUT0": "mid"}, {"OUTPUT0": "OUT"}) + " ] }\n"
     )  # fmt: skip
+    # cached: chain with the response cache on the ensemble itself
+    _ensemble(repo, "cached_chain", [
+        _step("scale2", {"X": "X"}, {"Y": "t1"}),
+        _step("addone", {"X": "t1"}, {"Y": "Y"}),
+    ], fp32, {"Y": "TYPE_FP32"})  # fmt: skip
+    with open(repo / "cached_chain" / "config.pbtxt", "a") as f:
+        f.write("response_cache { enable: true }\n")
     # load errors: each leaves only its own model unavailable
     _ensemble(repo, "bad_missing", [_step("no_such_model", {"X": "X"}, {"Y": "Y"})], fp32, {"Y": "TYPE_FP32"})
     _ensemble(repo, "bad_cycle", [
@@ -314,3 +321,20 @@ def test_unloading_a_step_model_fails_the_ensemble_with_the_step_named(
             c.infer("text_pipeline", {"TEXT": texts})
         c.load_model("rot13")
         assert c.infer("text_pipeline", {"TEXT": texts}).as_numpy("RESULT")[0, 0] == b"nop"
+
+
+def test_a_cached_ensemble_answers_repeats_without_running_its_steps(
+    server_factory: Callable[..., ServerProcess], repo: Path
+) -> None:
+    s = server_factory(repo, "--cache-bytes", str(1 << 20))
+    x = _x(5)
+    with Client(s.url) as c:
+        first = c.infer("cached_chain", {"X": x}).as_numpy("Y")
+        runs = c.statistics("scale2")["model_stats"][0]["inference_stats"]["success"]["count"]
+        for _ in range(3):
+            again = c.infer("cached_chain", {"X": x}).as_numpy("Y")
+            np.testing.assert_array_equal(again, first)
+            assert again.tobytes() == (2 * x + 1).tobytes()
+        stats = c.statistics("cached_chain")["model_stats"][0]["inference_stats"]
+        assert stats["cache_hit"]["count"] == 3 and stats["cache_miss"]["count"] == 1
+        assert c.statistics("scale2")["model_stats"][0]["inference_stats"]["success"]["count"] == runs
