@@ -206,6 +206,9 @@ class RequestPath:
             seqs = state.sequencer
             if seqs is not None:
                 if state.idle and len(seqs):
+                    if state.rate_limited:
+                        limited.append(state)
+                        continue
                     for worker, sbatch in seqs.pop_ready(now, list(state.idle)):
                         state.idle.remove(worker)
                         self._execute(state, worker, sbatch, now)
@@ -230,22 +233,33 @@ class RequestPath:
         while by_key:
             for key in limiter.turn_order(by_key):
                 state = by_key[key]
-                free = next((w for w in state.idle if limiter.can_acquire(w)), None)
-                if free is None:
+                free = [w for w in state.idle if limiter.can_acquire(w)]
+                if not free:
                     continue
-                batches = state.batcher.pop_ready(now, 1)
-                if not batches:
+                picked = self._pop_one(state, free, now)
+                if picked is None:
                     del by_key[key]
                     break
-                state.idle.remove(free)
-                limiter.acquire(free)
-                limiter.served(key, limiter.priority_of(free))
-                self._execute(state, free, batches[0], now)
-                if not (state.idle and len(state.batcher)):
+                worker, batch = picked
+                state.idle.remove(worker)
+                limiter.acquire(worker)
+                limiter.served(key, limiter.priority_of(worker))
+                self._execute(state, worker, batch, now)
+                if not (state.idle and state.queued):
                     del by_key[key]
                 break
             else:
                 return  # nobody could take a turn: wait for resources to come back
+
+    @staticmethod
+    def _pop_one(
+        state: ModelState, free: list[bytes], now: float
+    ) -> tuple[bytes, Batch[Pending] | SequenceBatch[Pending]] | None:
+        """One batch of ``state`` for one of its ``free`` instances (a sequence's batch only fits its own)."""
+        if state.sequencer is not None:
+            return state.sequencer.pop_one(now, free)
+        batches = state.batcher.pop_ready(now, 1)
+        return (free[0], batches[0]) if batches else None
 
     def _register(self, state: ModelState, worker: bytes) -> None:
         """Tell the limiter about an instance: its device and its group's resources and priority."""
@@ -256,7 +270,10 @@ class RequestPath:
         if error is not None and state.error is None:
             state.error = error
             log.error("event=model_failed model=%s version=%d error=%r", state.name, state.version, error)
-            for p in state.batcher.remove(lambda _: True):
+            queued = state.batcher.remove(lambda _: True)
+            if state.sequencer is not None:
+                queued += state.sequencer.remove(lambda _: True)
+            for p in queued:
                 state.metrics.failure("OTHER")
                 self._finish_early(state, p, Unavailable(f"model '{state.name}' cannot run: {error}"))
 
@@ -435,8 +452,10 @@ class RequestPath:
         """Milliseconds until the nearest batch deadline (models with an idle instance) or queue timeout."""
         deadline: float | None = None
         for state in self.b.registry.states():
-            if state.sequencer is not None:
-                d = state.sequencer.next_deadline(list(state.idle))
+            if state.sequencer is not None:  # an instance waiting for its resources has no batch deadline
+                limiter = self.limiter
+                idle = [w for w in state.idle if not state.rate_limited or limiter.can_acquire(w)]
+                d = state.sequencer.next_deadline(idle)
             else:
                 d = state.batcher.next_deadline() if self.runnable(state) else state.batcher.next_expiry()
             if d is not None and (deadline is None or d < deadline):

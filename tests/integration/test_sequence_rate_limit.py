@@ -21,12 +21,7 @@ from tests.conftest import ServerProcess, start_server
 from zinfer.client import Client
 from zinfer.client.errors import Unavailable
 
-pytestmark = [
-    pytest.mark.integration,
-    # Sequence models bypass the limiter until RequestPath.dispatch hands rate-limited sequence models to
-    # _dispatch_limited (SequenceBatcher.pop_one is their turn). Remove this marker with that change.
-    pytest.mark.xfail(strict=True, reason="sequence models are not rate limited yet (request_path.py)"),
-]
+pytestmark = pytest.mark.integration
 
 SEQ = """
     import os
