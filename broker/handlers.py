@@ -107,7 +107,29 @@ class ClientHandlers:
             states = list(b.registry.serving())
         return {
             "model_stats": [
-                {"name": s.name, "version": str(s.version), **s.stats.to_dict()}
+                {"name": s.name, "version": str(s.version), **s.stats.to_dict(), **_adaptive(s)}
                 for s in sorted(states, key=lambda s: (s.name, s.version))
             ]
         }
+
+
+def _adaptive(state: ModelState) -> dict[str, Any]:
+    """The adaptive batcher's view (latency target mode only): its target, what it learned and observed,
+    and whether the target is out of reach."""
+    a = state.batcher.stats().adaptive
+    if a is None:
+        return {}
+    return {
+        "adaptive": {
+            "target_us": round(a.target_s * 1e6),
+            "arrival_rate": a.arrival_rate,
+            "exec_fixed_us": None if a.exec_fixed_s is None else a.exec_fixed_s * 1e6,
+            "exec_per_item_us": None if a.exec_per_item_s is None else a.exec_per_item_s * 1e6,
+            "slack_us": a.slack_s * 1e6,
+            "observed": a.observed,
+            "observed_misses": a.observed_misses,
+            "observed_p99_us": None if a.observed_p99_s is None else a.observed_p99_s * 1e6,
+            "target_misses": a.target_misses,
+            "target_unreachable": a.target_unreachable,
+        }
+    }

@@ -57,6 +57,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     _model(repo, "bounded", "default_queue_policy { max_queue_size: 2 }", 1, slow=True)
     _model(repo, "ordered", "preserve_ordering: true", 1)
     _model(repo, "cancel", "max_queue_delay_microseconds: 3000000", 8)
+    _model(repo, "adaptive", "zinfer_latency_target_microseconds: 100000", 8, slow=True)
     s = start_server(repo)
     yield s
     assert s.stop() == 0, s.log()
@@ -193,3 +194,24 @@ def _catch(fn: Callable[[], object]) -> object:
         return fn()
     except Exception as exc:
         return exc
+
+
+def test_adaptive_mode_reports_what_it_learned_and_an_unreachable_target(server: ServerProcess) -> None:
+    """A 100 ms target on a model that takes 150 ms a batch cannot be met: the statistics say so."""
+    clients = _warm_clients(server, "adaptive", 8)
+    try:
+        calls = [lambda c=c: [c.infer("adaptive", _ab(1.0)) for _ in range(5)] for c in clients]
+        results = _in_threads(calls)  # type: ignore[misc]
+        assert not [r for r in results if isinstance(r, Exception)], results
+        with Client(server.url) as c:
+            stats = c.statistics("adaptive")["model_stats"][0]
+            assert "adaptive" not in c.statistics("ordered")["model_stats"][0]
+    finally:
+        for c in clients:
+            c.close()
+    a = stats["adaptive"]
+    assert a["target_us"] == 100000
+    assert a["observed"] >= 40 and a["observed_misses"] >= 40  # every request took over 150 ms
+    assert a["observed_p99_us"] is not None and a["observed_p99_us"] > 100000
+    assert a["exec_fixed_us"] is not None and a["exec_fixed_us"] + a["exec_per_item_us"] > 100000
+    assert a["target_unreachable"] is True
