@@ -3,8 +3,13 @@
 (a) ``cupy.matmul`` alone on device-resident operands (the ceiling), and the same GEMM with the input
     copied in from page-locked host memory and the output copied back (the ceiling for host tensors);
 (b) the same GEMM as a ``linear`` model on a KIND_GPU instance through a real ``zinfer serve``, inputs and
-    outputs in the client's shared-memory arena, at concurrency 1 and 4;
-(c) host-to-device and device-to-host bandwidth from a mapped /dev/shm segment, page-locked with
+    outputs in the client's shared-memory arena, at concurrency 1 and 4, without and with ``gpu_prefetch``
+    (with it the broker hands the instance the next batch while one runs, and the worker copies that
+    batch's inputs in on its copy stream while the current one computes; at concurrency 1 there is never
+    a next batch, so the two should match);
+(c) the overlap alone, in-process: back-to-back batches through the worker's batch runner on a
+    ``GpuDevice``, one at a time, then each staged on the copy stream while the one before computes;
+(d) host-to-device and device-to-host bandwidth from a mapped /dev/shm segment, page-locked with
     cudaHostRegister (as a GPU worker does) and pageable.
 
 Usage: ``python bench/bench_gpu.py [--quick] [--m 4096 --k 8192 --n 8192 --dtype fp16]``. Needs CuPy and a
@@ -83,49 +88,128 @@ def gemm_alone(cp: Any, x: np.ndarray, w: np.ndarray, iters: int) -> dict[str, f
     }
 
 
-def gemm_through_zinfer(x: np.ndarray, w: np.ndarray, iters: int, dtype: str) -> dict[str, float]:
-    flops = 2.0 * x.shape[0] * x.shape[1] * w.shape[1]
-    repo = Path(tempfile.mkdtemp(prefix="zbg-"))
-    (repo / "gemm" / "1").mkdir(parents=True)
-    np.save(repo / "gemm" / "1" / "W.npy", w)
-    (repo / "gemm" / "config.pbtxt").write_text(
-        f'name: "gemm"\nbackend: "zinfer"\nmax_batch_size: {x.shape[0]}\n'
+def _gemm_config(name: str, x: np.ndarray, w: np.ndarray, dtype: str, prefetch: bool) -> str:
+    return (
+        f'name: "{name}"\nbackend: "zinfer"\nmax_batch_size: {x.shape[0]}\n'
         f'input [ {{ name: "X" data_type: TYPE_{dtype.upper()} dims: [ {x.shape[1]} ] }} ]\n'
         f'output [ {{ name: "Y" data_type: TYPE_{dtype.upper()} dims: [ {w.shape[1]} ] }} ]\n'
         "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]\n"
-        'parameters { key: "kernel" value: { string_value: "linear" } }\n'
+        'parameters [ { key: "kernel" value: { string_value: "linear" } },\n'
+        f'             {{ key: "gpu_prefetch" value: {{ string_value: "{str(prefetch).lower()}" }} }} ]\n'
     )
+
+
+def gemm_through_zinfer(x: np.ndarray, w: np.ndarray, iters: int, dtype: str) -> dict[str, dict[str, float]]:
+    """The GEMM through a server: model ``gemm`` one batch at a time, ``gemm_ahead`` with gpu_prefetch."""
+    flops = 2.0 * x.shape[0] * x.shape[1] * w.shape[1]
+    repo = Path(tempfile.mkdtemp(prefix="zbg-"))
+    for name, prefetch in (("gemm", False), ("gemm_ahead", True)):
+        (repo / name / "1").mkdir(parents=True)
+        np.save(repo / name / "1" / "W.npy", w)
+        (repo / name / "config.pbtxt").write_text(_gemm_config(name, x, w, dtype, prefetch))
     server = start_server(repo, ready_timeout=120)
-    out: dict[str, float] = {}
+    results: dict[str, dict[str, float]] = {}
     try:
-        arena = 4 * (x.nbytes + x.shape[0] * w.shape[1] * x.itemsize) + (64 << 20)
+        arena = 8 * (x.nbytes + x.shape[0] * w.shape[1] * x.itemsize) + (64 << 20)
         with Client(server.url, timeout=120, arena_bytes=arena) as client:
             xs = client.empty(x.shape, x.dtype)  # in shared memory: sent without a copy
             xs[:] = x
-            for _ in range(3):
-                client.infer("gemm", {"X": xs})
-            for conc in (1, 4):
-                n = iters * conc
-                t0 = time.perf_counter()
-                if conc == 1:
-                    for _ in range(n):
-                        client.infer("gemm", {"X": xs})
-                else:
-                    with ThreadPoolExecutor(conc) as pool:
-                        list(pool.map(lambda _: client.infer("gemm", {"X": xs}), range(n)))
-                elapsed = (time.perf_counter() - t0) / n
-                out[f"c{conc}_ms_per_request"] = elapsed * 1e3
-                out[f"c{conc}_tflops"] = flops / elapsed / 1e12
-            stats = client.statistics("gemm")["model_stats"][0]["inference_stats"]
-            for key in ("compute_input", "compute_infer", "compute_output"):
-                d = stats[key]
-                out[f"{key}_ms_mean"] = d["ns"] / max(1, d["count"]) / 1e6
+            for model in ("gemm", "gemm_ahead"):
+                out = results[model] = {}
+                for _ in range(3):
+                    client.infer(model, {"X": xs})
+                for conc in (1, 4):
+                    n = iters * conc
+                    t0 = time.perf_counter()
+                    if conc == 1:
+                        for _ in range(n):
+                            client.infer(model, {"X": xs})
+                    else:
+                        with ThreadPoolExecutor(conc) as pool:
+                            list(pool.map(lambda _, m=model: client.infer(m, {"X": xs}), range(n)))
+                    elapsed = (time.perf_counter() - t0) / n
+                    out[f"c{conc}_ms_per_request"] = elapsed * 1e3
+                    out[f"c{conc}_tflops"] = flops / elapsed / 1e12
+                stats = client.statistics(model)["model_stats"][0]["inference_stats"]
+                for key in ("compute_input", "compute_infer", "compute_output"):
+                    d = stats[key]
+                    out[f"{key}_ms_mean"] = d["ns"] / max(1, d["count"]) / 1e6
+        results["gemm_ahead"]["look_ahead_on"] = float("event=gpu_prefetch model=gemm_ahead" in server.log())
     finally:
         server.stop()
         shutil.rmtree(server.runtime_dir.parent, ignore_errors=True)
         server.log_path.unlink(missing_ok=True)
         shutil.rmtree(repo, ignore_errors=True)
-    return out
+    return results
+
+
+def overlap_in_process(x: np.ndarray, w: np.ndarray, iters: int, dtype: str) -> dict[str, float]:
+    """Back-to-back batches through ``run_batch`` on a ``GpuDevice``: one at a time, then each batch's
+    inputs staged on the copy stream (from a page-locked region) while the batch before computes."""
+    from zinfer.broker.model_config import parse_model_config
+    from zinfer.broker.signature import Signature
+    from zinfer.client.protocol import OutputRequest, ShmRef, TensorRef
+    from zinfer.workers.batch import BatchRequest, run_batch
+    from zinfer.workers.batch_io import request_arrays
+    from zinfer.workers.gpu import GpuDevice
+    from zinfer.workers.loader import load_model
+    from zinfer.workers.regions import RegionCache
+
+    repo = Path(tempfile.mkdtemp(prefix="zbo-"))
+    np.save(repo / "W.npy", w)
+    config = parse_model_config(_gemm_config("g", x, w, dtype, False), source="bench", model_name="g")
+    device = GpuDevice(0)
+    model, sig = load_model(config, repo, device), Signature.of(config)
+    y_bytes = x.shape[0] * w.shape[1] * x.itemsize
+    seg = Segment.create(2 * x.nbytes + y_bytes)
+    regions = RegionCache(device)  # page-locks the segment when it is first mapped, as a worker does
+    try:
+        for k in range(2):  # two input slots, so consecutive batches read different memory
+            np.frombuffer(seg.buf, x.dtype, count=x.size, offset=k * x.nbytes)[:] = x.reshape(-1)
+        y_slot = (OutputRequest("Y", ShmRef(seg.name, 2 * x.nbytes, y_bytes)),)
+        reqs = [
+            [
+                BatchRequest(
+                    k,
+                    (TensorRef("X", dtype.upper(), x.shape, shm=ShmRef(seg.name, k * x.nbytes, x.nbytes)),),
+                    y_slot,
+                )
+            ]
+            for k in range(2)
+        ]
+
+        def run(look_ahead: bool) -> float:
+            running, staged = [0], [-1]
+
+            def stage_next(done: Any) -> None:  # what the worker does with the next EXECUTE in hand
+                k = running[0] + 1
+                if k < iters and staged[0] != k:  # once per batch (both of a batch's waits come here)
+                    device.stage(k, [[request_arrays(reqs[k % 2][0], [], regions)["X"]]])
+                    staged[0] = k
+
+            run_batch(model, sig, reqs[0], [], regions, device)  # warm-up
+            device.on_wait = stage_next if look_ahead else None
+            t0 = time.perf_counter()
+            for k in range(iters):
+                running[0] = k
+                device.take_staged(k)
+                run_batch(model, sig, reqs[k % 2], [], regions, device)
+            device.on_wait = None
+            return (time.perf_counter() - t0) / iters
+
+        serial = run(look_ahead=False)
+        overlapped = run(look_ahead=True)
+        return {
+            "serial_ms_per_batch": serial * 1e3,
+            "look_ahead_ms_per_batch": overlapped * 1e3,
+            "speedup": serial / overlapped,
+            "staged_hits": float(device.staged_hits),
+        }
+    finally:
+        regions.close()
+        seg.close()
+        device.close()
+        shutil.rmtree(repo, ignore_errors=True)
 
 
 def _copy_rates(cp: Any, device: Any, seg: Segment, iters: int) -> dict[str, float]:
@@ -181,12 +265,16 @@ def main() -> int:
         "gemm": {"m": a.m, "k": a.k, "n": a.n, "dtype": a.dtype},
         "cupy_alone": gemm_alone(cp, x, w, iters),
         "zinfer": gemm_through_zinfer(x, w, iters, a.dtype),
+        "overlap_in_process": overlap_in_process(x, w, max(iters, 10), a.dtype),
         "shm_copies_256MiB": shm_bandwidth(cp, 256 << 20, iters),
     }
-    alone = result["cupy_alone"]
+    alone, plain, ahead = result["cupy_alone"], result["zinfer"]["gemm"], result["zinfer"]["gemm_ahead"]
     result["ratios"] = {
-        "zinfer_c1_vs_matmul": result["zinfer"]["c1_tflops"] / alone["matmul_tflops"],
-        "zinfer_c4_vs_h2d_matmul_d2h": result["zinfer"]["c4_tflops"] / alone["h2d_matmul_d2h_tflops"],
+        "zinfer_c1_vs_matmul": plain["c1_tflops"] / alone["matmul_tflops"],
+        "zinfer_c4_vs_h2d_matmul_d2h": plain["c4_tflops"] / alone["h2d_matmul_d2h_tflops"],
+        "prefetch_c4_vs_plain_c4": ahead["c4_tflops"] / plain["c4_tflops"],
+        "prefetch_c4_vs_h2d_matmul_d2h": ahead["c4_tflops"] / alone["h2d_matmul_d2h_tflops"],
+        "look_ahead_vs_serial_in_process": result["overlap_in_process"]["speedup"],
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")

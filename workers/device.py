@@ -6,20 +6,40 @@ runner moves tensors through the device: ``batch`` builds a batch array from the
 (a concatenation on the host, H2D copies into one device buffer on a GPU), ``copy_to_host`` writes an
 output piece into a request's slot and ``synchronize`` waits for those copies before the reply goes.
 ``pin``/``unpin`` page-lock a client region while it is mapped, so its copies are real DMA.
+
+A GPU device can also overlap the next batch's host-to-device copies with the current batch's compute
+(``zinfer.workers.gpu`` says what overlaps when): ``stage`` starts a coming batch's copies, ``take_staged``
+lets ``batch`` use them, and ``on_wait`` is the worker's hook that ``synchronize`` runs before it blocks.
+:func:`prefetch_wanted` says whether a worker looks ahead at all (model parameter ``gpu_prefetch``). On the
+CPU all three do nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from zinfer.client import dtypes
 from zinfer.client.errors import ConfigError
 from zinfer.client.shm import Segment
 
-from .model import Array
+from .model import AnyModel, Array, RequestModel
+
+if TYPE_CHECKING:
+    from zinfer.broker.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+WaitHook = Callable[[Callable[[], bool]], None]
+"""Run while a device waits for its batch; its argument says whether the device has finished."""
+
+PREFETCH_PARAMETER = "gpu_prefetch"
+_SWITCH = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False,
+           "off": False, "": False}  # fmt: skip
 
 
 class Device(Protocol):
@@ -28,6 +48,7 @@ class Device(Protocol):
     id: int  # the GPU's index; 0 for the CPU
     is_host: bool  # arrays are NumPy arrays in host memory
     xp: ModuleType  # numpy or cupy
+    on_wait: WaitHook | None  # run by ``synchronize`` before it blocks; never run on the CPU
 
     def module_of(self, a: Any) -> ModuleType:
         """``cupy`` for a device array, ``numpy`` otherwise."""
@@ -53,6 +74,14 @@ class Device(Protocol):
         """``a`` as a C-contiguous host array."""
         ...
 
+    def stage(self, tag: object, inputs: Sequence[Sequence[Array]]) -> int:
+        """Start copying a coming batch's inputs (one entry of pieces per input); the bytes copied."""
+        ...
+
+    def take_staged(self, tag: object) -> bool:
+        """Batch ``tag`` starts: its staged copies (if any) serve ``batch``; others are dropped."""
+        ...
+
     def synchronize(self) -> None: ...
 
     def pin(self, seg: Segment) -> None: ...
@@ -68,6 +97,7 @@ class CpuDevice:
     id = 0
     is_host = True
     xp: ModuleType = np
+    on_wait: WaitHook | None = None
 
     def module_of(self, a: Any) -> ModuleType:
         return np
@@ -87,6 +117,12 @@ class CpuDevice:
 
     def to_host(self, a: Array) -> Array:
         return np.ascontiguousarray(a)
+
+    def stage(self, tag: object, inputs: Sequence[Sequence[Array]]) -> int:
+        return 0
+
+    def take_staged(self, tag: object) -> bool:
+        return False
 
     def synchronize(self) -> None:
         pass
@@ -122,3 +158,37 @@ def open_device(spec: str) -> Device:
     from .gpu import GpuDevice
 
     return GpuDevice(gpu)
+
+
+def prefetch_wanted(config: ModelConfig, model: AnyModel, device: Device) -> bool:
+    """Whether this instance looks ahead: takes a second batch while one runs and stages its copies.
+
+    The model parameter ``gpu_prefetch`` (``true``/``false``, default false) asks for it; it is honoured
+    on a GPU for a whole-batch model (built-in kernels, native Python models) with an input that lives on
+    the device, and not for request-by-request, decoupled, sequence or adaptive models. A bad value is a
+    load error, on any device.
+    """
+    raw = config.parameters.get(PREFETCH_PARAMETER, "false")
+    wanted = _SWITCH.get(raw.strip().lower())
+    if wanted is None:
+        raise ConfigError(
+            f"model '{config.name}': parameter {PREFETCH_PARAMETER} must be true or false, got {raw!r}"
+        )
+    if not wanted or device.is_host:
+        return False
+    kinds = {dtypes.wire_to_numpy(dtypes.config_to_wire(t.data_type)).kind for t in config.input}
+    reason = ""
+    if isinstance(model, RequestModel):
+        reason = "the model answers request by request"
+    elif config.decoupled:
+        reason = "the model is decoupled"
+    elif config.sequence_batching is not None:
+        reason = "the model uses sequence batching"
+    elif config.dynamic_batching is not None and config.dynamic_batching.zinfer_latency_target_microseconds:
+        reason = "adaptive batching times each batch from send to result"
+    elif not kinds & set("biuf"):
+        reason = "no input is copied to the device"
+    if reason:
+        log.info("event=gpu_prefetch_off model=%s reason=%r", config.name, reason)
+        return False
+    return True

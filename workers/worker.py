@@ -2,6 +2,13 @@
 
 It loads its model, says READY, then runs each EXECUTE it receives and answers with a RESULT. It exits
 on SHUTDOWN, on SIGTERM, or when the broker that started it is gone.
+
+Look-ahead (GPU instances whose model sets ``gpu_prefetch``, see ``zinfer.workers.device.prefetch_wanted``):
+the worker says READY twice, which gives it a second place in the broker's list of idle instances, so the
+broker may send the next batch while this one runs. Messages are taken in order from a small queue; while
+the device waits for a batch, its ``on_wait`` hook reads the socket, and when the next message is an
+EXECUTE it maps that batch's inputs and stages their host-to-device copies (``zinfer.workers.gpu`` says
+what overlaps). The staged batch is still run, answered and timed exactly as any other.
 """
 
 from __future__ import annotations
@@ -10,6 +17,8 @@ import logging
 import os
 import signal
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,12 +29,13 @@ from zinfer.broker.model_config import load_model_config
 from zinfer.broker.signature import Signature
 from zinfer.client import protocol
 from zinfer.client.errors import ConfigError, ProtocolError
-from zinfer.client.protocol import Command, Frame
+from zinfer.client.protocol import Command, Frame, Message
 from zinfer.client.transport import send_frames
 
 from . import bls
 from .batch import BatchRequest, run_batch
-from .device import CPU, Device, open_device
+from .batch_io import request_arrays
+from .device import CPU, Device, open_device, prefetch_wanted
 from .heartbeat import Heartbeat
 from .loader import load_model
 from .model import AnyModel
@@ -57,6 +67,9 @@ class Worker:
         self.args = args
         self.regions = RegionCache()
         self.device: Device = CPU
+        self.prefetch = False  # look ahead: a second batch may come while one runs (GPU only)
+        self._pending: deque[Message] = deque()  # received, not yet handled, in order
+        self._staged_batch: object = None  # the batch id last looked at for staging
         self._stop = False
         self._ctx = zmq.Context()
         self.sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
@@ -80,6 +93,7 @@ class Worker:
             self.device = open_device(a.device)
             self.regions.pinner = self.device
             model = load_model(config, a.repository / a.model / str(a.version), self.device, a.instance)
+            self.prefetch = prefetch_wanted(config, model, self.device)
         except (Exception, SystemExit) as exc:
             # our own load errors already name the model or file; anything else gets its type
             error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
@@ -95,16 +109,13 @@ class Worker:
             return 1
         sig, model = loaded
         a = self.args
-        self.send(
-            Command.W_READY,
-            {
-                "model": a.model,
-                "version": a.version,
-                "instance": a.instance,
-                "device": a.device,
-                "pid": os.getpid(),
-            },
-        )
+        ready = {"model": a.model, "version": a.version, "instance": a.instance, "device": a.device,
+                 "pid": os.getpid()}  # fmt: skip
+        self.send(Command.W_READY, ready)
+        if self.prefetch:
+            self.device.on_wait = self._look_ahead
+            self.send(Command.W_READY, {**ready, "slot": 2})  # a second place among the idle instances
+            log.info("event=gpu_prefetch model=%s instance=%d", a.model, a.instance)
         log.info(
             "event=worker_ready model=%s version=%d instance=%d pid=%d",
             a.model,
@@ -114,17 +125,18 @@ class Worker:
         )
         try:
             while not self._stop:
-                if not self.sock.poll(POLL_MS, zmq.POLLIN):
+                if self._pending:
+                    msg = self._pending.popleft()
+                elif not self.sock.poll(POLL_MS, zmq.POLLIN):
                     if os.getppid() != a.parent:
                         log.warning("event=broker_gone model=%s", a.model)
                         break
                     continue
-                frames = self.sock.recv_multipart(copy=False)
-                try:
-                    msg = protocol.decode([f.buffer for f in frames])
-                except ProtocolError as exc:
-                    log.error("event=bad_message error=%r", str(exc))
-                    continue
+                else:
+                    received = self._receive()
+                    if received is None:
+                        continue
+                    msg = received
                 if msg.command == Command.W_SHUTDOWN:
                     break
                 if msg.command == Command.W_EXECUTE:
@@ -139,7 +151,50 @@ class Worker:
             self.close()
         return 0
 
+    def _receive(self) -> Message | None:
+        frames = self.sock.recv_multipart(copy=False)
+        try:
+            return protocol.decode([f.buffer for f in frames])
+        except ProtocolError as exc:
+            log.error("event=bad_message error=%r", str(exc))
+            return None
+
+    def _look_ahead(self, device_done: Callable[[], bool]) -> None:
+        """The device's ``on_wait``: read the socket until the device is done; stage a batch that came."""
+        while True:
+            if self._pending:
+                self._stage(self._pending[0])
+                return
+            if self.sock.poll(0, zmq.POLLIN):
+                received = self._receive()
+                if received is not None:
+                    self._pending.append(received)
+                continue
+            if device_done():
+                return
+
+    def _stage(self, msg: Message) -> None:
+        """Map an EXECUTE's inputs and start their copies to the device (each batch once). A batch that
+        cannot be staged is left alone: running it reports whatever is wrong with it."""
+        batch_id = msg.header.get("batch")
+        if msg.command != Command.W_EXECUTE or batch_id is None or batch_id == self._staged_batch:
+            return
+        self._staged_batch = batch_id
+        try:
+            per_name: dict[str, list[Any]] = {}
+            self.regions.begin_batch()  # sizes are checked afresh for the staged batch
+            for r in msg.header["requests"]:
+                arrays = request_arrays(BatchRequest.from_broker(r), msg.frames, self.regions)
+                for name, arr in arrays.items():
+                    per_name.setdefault(name, []).append(arr)
+            nbytes = self.device.stage(batch_id, list(per_name.values()))
+        except Exception as exc:
+            log.debug("event=stage_skipped batch=%s error=%r", batch_id, exc)
+            return
+        log.debug("event=staged batch=%s bytes=%d", batch_id, nbytes)
+
     def _execute(self, sig: Signature, model: AnyModel, header: dict[str, Any], frames: list[Frame]) -> None:
+        self.device.take_staged(header.get("batch"))
         try:
             requests = [BatchRequest.from_broker(r) for r in header["requests"]]
         except (KeyError, TypeError, ValueError) as exc:

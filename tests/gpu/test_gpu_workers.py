@@ -1,5 +1,7 @@
 """GPU workers on a real device: the device layer in-process, then linear/mlp (FP32, FP16) and a native
-Python model through a real server on KIND_GPU instances, against NumPy references.
+Python model through a real server on KIND_GPU instances, against NumPy references; and the look-ahead
+(``gpu_prefetch``): the next batch's copies on the copy stream while the current batch computes, bit-exact
+with running the same batches one at a time.
 
 Skipped (by tests/gpu/conftest.py) unless CuPy sees a CUDA device.
 """
@@ -22,7 +24,8 @@ from zinfer.broker.signature import Signature
 from zinfer.client import Client
 from zinfer.client.protocol import OutputRequest, ShmRef, TensorRef
 from zinfer.client.shm import Segment
-from zinfer.workers.batch import BatchRequest, run_batch
+from zinfer.workers.batch import BatchOutcome, BatchRequest, run_batch
+from zinfer.workers.batch_io import request_arrays
 from zinfer.workers.device import open_device
 from zinfer.workers.loader import load_model
 from zinfer.workers.regions import RegionCache
@@ -168,3 +171,125 @@ def test_dense_kernels_and_python_model_on_gpu_workers(
         result = client.infer("on_gpu", {"X": small})
         np.testing.assert_array_equal(result.as_numpy("Y"), small * 2)
         assert result.as_numpy("IS_CUPY").tolist() == [[1], [1]]
+
+
+def _mlp_batches(seg: Segment, count: int) -> list[list[BatchRequest]]:
+    """``count`` batches of 1 to 4 requests of 1 to 16 rows each, inputs and outputs in ``seg``."""
+    row_in, row_out, out_base = K * 4, N * 4, seg.size // 2
+    sizes = np.random.default_rng(5).integers(1, 17, (count, 4))
+    batches, row = [], 0
+    for k in range(count):
+        reqs = []
+        for j in range(1 + k % 4):
+            n = int(sizes[k, j])
+            x = ShmRef(seg.name, row * row_in, n * row_in)
+            y = ShmRef(seg.name, out_base + row * row_out, n * row_out)
+            reqs.append(
+                BatchRequest(100 * k + j, (TensorRef("X", "FP32", (n, K), shm=x),), (OutputRequest("Y", y),))
+            )
+            row += n
+        batches.append(reqs)
+    return batches
+
+
+def test_looking_ahead_is_bit_exact_over_many_back_to_back_batches(tmp_path: Path) -> None:
+    """The same 64 batches run one at a time, then each staged on the copy stream while the one before
+    computes (as a worker with gpu_prefetch does): every output byte is the same, and all are right."""
+    device = open_device("gpu:0")
+    np.savez(tmp_path / "weights.npz", W0=W0, b0=B0, W1=W1, b1=B1)
+    config = parse_model_config(_dense_config("m", "mlp", "TYPE_FP32", N), source="t", model_name="m")
+    model, sig = load_model(config, tmp_path, device), Signature.of(config)
+    seg = Segment.create(32 << 20)
+    regions = RegionCache(device)
+    try:
+        batches = _mlp_batches(seg, 64)
+        rows = sum(r.inputs[0].shape[0] for b in batches for r in b)
+        out_base = seg.size // 2
+        x = RNG.standard_normal((rows, K)).astype(np.float32)
+        np.frombuffer(seg.buf, np.float32, count=x.size).reshape(x.shape)[:] = x
+
+        def run_all(look_ahead: bool) -> bytes:
+            np.frombuffer(seg.buf, np.float32, count=rows * N, offset=out_base)[:] = np.nan
+            running, staged = [0], [-1]
+
+            def stage_next(done: Any) -> None:
+                k = running[0] + 1
+                if k < len(batches) and staged[0] != k:
+                    per_name: dict[str, list[Any]] = {}
+                    for req in batches[k]:
+                        for name, arr in request_arrays(req, [], regions).items():
+                            per_name.setdefault(name, []).append(arr)
+                    device.stage(k, list(per_name.values()))  # type: ignore[attr-defined]
+                    staged[0] = k
+
+            device.on_wait = stage_next if look_ahead else None
+            for k, reqs in enumerate(batches):
+                running[0] = k
+                device.take_staged(k)  # type: ignore[attr-defined]
+                out: BatchOutcome = run_batch(model, sig, reqs, [], regions, device)
+                assert all(r["status"] == 0 for r in out.results), out.results
+            device.on_wait = None
+            return bytes(seg.buf[out_base : out_base + rows * N * 4])
+
+        alone = run_all(look_ahead=False)
+        assert device.staged_hits == 0  # type: ignore[attr-defined]
+        ahead = run_all(look_ahead=True)
+        assert device.staged_hits == len(batches) - 1  # type: ignore[attr-defined]
+        assert alone == ahead
+        got = np.frombuffer(ahead, np.float32).reshape(rows, N)
+        np.testing.assert_allclose(
+            got, _reference(x, [(W0, B0, True), (W1, B1, False)]), rtol=1e-3, atol=1e-3
+        )
+    finally:
+        regions.close()
+        seg.close()
+    device.close()
+
+
+def test_a_server_instance_with_gpu_prefetch_serves_concurrent_clients_exactly(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Through a real server: one KIND_GPU instance with gpu_prefetch (two batches handed to it at a
+    time), many concurrent clients; integer adds are exact whatever the batches were."""
+    repo = tmp_path / "repo"
+    for name in ("add_ahead", "mlp_ahead"):
+        (repo / name / "1").mkdir(parents=True)
+    (repo / "add_ahead" / "config.pbtxt").write_text(
+        'name: "add_ahead"\nbackend: "zinfer"\nmax_batch_size: 64\n'
+        'input [ { name: "A" data_type: TYPE_INT32 dims: [ 1024 ] },\n'
+        '        { name: "B" data_type: TYPE_INT32 dims: [ 1024 ] } ]\n'
+        'output [ { name: "S" data_type: TYPE_INT32 dims: [ 1024 ] },\n'
+        '         { name: "D" data_type: TYPE_INT32 dims: [ 1024 ] } ]\n'
+        "dynamic_batching { }\n"
+        "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]\n"
+        'parameters [ { key: "kernel" value: { string_value: "add" } }, '
+        '{ key: "gpu_prefetch" value: { string_value: "true" } } ]\n'
+    )
+    (repo / "mlp_ahead" / "config.pbtxt").write_text(
+        _dense_config("mlp_ahead", "mlp", "TYPE_FP32", N).replace("count: 1 }", "count: 1 gpus: [ 0 ] }")
+        + 'parameters { key: "gpu_prefetch" value: { string_value: "true" } }\n'
+    )
+    np.savez(repo / "mlp_ahead" / "1" / "weights.npz", W0=W0, b0=B0, W1=W1, b1=B1)
+    server = server_factory(repo)
+    rng = np.random.default_rng(9)
+    a = rng.integers(-(1 << 20), 1 << 20, (256, 1024), dtype=np.int32)
+    b = rng.integers(-(1 << 20), 1 << 20, (256, 1024), dtype=np.int32)
+    x = rng.standard_normal((256, K)).astype(np.float32)
+    with Client(server.url, timeout=60, arena_bytes=256 << 20) as client:
+
+        def one(i: int) -> tuple[Any, Any, Any]:
+            rows = slice(i, i + 1 + i % 3)
+            r = client.infer("add_ahead", {"A": a[rows], "B": b[rows]})
+            y = client.infer("mlp_ahead", {"X": x[rows]}).as_numpy("Y")
+            return r.as_numpy("S"), r.as_numpy("D"), y
+
+        with ThreadPoolExecutor(16) as pool:
+            got = list(pool.map(one, range(240)))
+    for i, (s, d, y) in enumerate(got):
+        rows = slice(i, i + 1 + i % 3)
+        assert s.tobytes() == (a[rows] + b[rows]).tobytes() and d.tobytes() == (a[rows] - b[rows]).tobytes()
+        np.testing.assert_allclose(
+            y, _reference(x[rows], [(W0, B0, True), (W1, B1, False)]), rtol=1e-3, atol=1e-3
+        )
+    log = server.log()
+    assert "event=gpu_prefetch model=add_ahead" in log and "event=gpu_prefetch model=mlp_ahead" in log, log
