@@ -163,6 +163,7 @@ class ModelState:
         self.retired = False  # unloaded or replaced: drains its queue, then its workers stop for good
         self.rate_limited = any(g.rate_limiter is not None for g in config.instance_group)
         self._groups: list[InstanceGroup | None] | None = None
+        self.prefetching = False  # an instance has a second place in ``idle`` (GPU look-ahead)
         self.ensemble: EnsemblePlan | None = None  # an ensemble: no instances, the broker runs its steps
 
     def group_of(self, instance: int) -> InstanceGroup | None:

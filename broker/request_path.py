@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
@@ -217,10 +218,19 @@ class RequestPath:
                 if state.rate_limited:
                     limited.append(state)
                     continue
+                if state.prefetching:
+                    self._idle_first(state)
                 for batch in state.batcher.pop_ready(now, len(state.idle)):
                     self._execute(state, state.idle.popleft(), batch, now)
         if limited:
             self._dispatch_limited(limited, now)
+
+    def _idle_first(self, state: ModelState) -> None:
+        """Put the instances running nothing before the second places of busy ones (GPU look-ahead): a
+        batch waits behind another only when every instance is busy."""
+        busy = {b.worker for b in self.inflight.values() if b.model is state}
+        if busy:
+            state.idle = deque(sorted(state.idle, key=lambda w: w in busy))
 
     def _dispatch_limited(self, states: list[ModelState], now: float) -> None:
         """One batch at a time to the model whose turn it is, on an idle instance whose resources are free."""

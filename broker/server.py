@@ -322,7 +322,14 @@ class Broker:
             self.send_worker(identity, Command.W_SHUTDOWN, {})
             return
         try:
-            if msg.command == Command.W_READY:
+            if msg.command == Command.W_READY and msg.header.get("slot", 1) != 1:
+                # a GPU worker that stages the next batch's inputs while it computes (gpu_prefetch) asks
+                # for a second place; models whose batches must wait for the last one's result get none
+                if state.sequencer is None and not state.rate_limited and identity in state.instances:
+                    state.idle.append(identity)
+                    state.prefetching = True
+                    log.info("event=instance_prefetch model=%s worker=%s", state.name, identity.decode())
+            elif msg.command == Command.W_READY:
                 self.watch.ready(identity)
                 state.instances.add(identity)
                 state.idle.append(identity)

@@ -57,7 +57,7 @@ class WorkerWatch:
             if not ever_ready and state.error is None and not state.instances:
                 state.error = f"worker exited with code {code} while loading the model (see the log)"
             state.instances.discard(wp.identity)
-            if wp.identity in state.idle:
+            while wp.identity in state.idle:  # a prefetching worker has two places
                 state.idle.remove(wp.identity)
             b.path.fail_worker(wp.identity, f"worker exited with code {code}")
             who = wp.identity.decode()

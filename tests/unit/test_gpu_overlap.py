@@ -508,3 +508,21 @@ def test_a_cpu_worker_says_ready_once(monkeypatch: pytest.MonkeyPatch, tmp_path:
         router.close()
         ctx.term()
     assert readies == [Command.W_READY] and not worker.prefetch and CPU.on_wait is None
+
+
+def test_the_broker_prefers_an_instance_running_nothing_over_a_second_place() -> None:
+    """With look-ahead places, a batch goes to an idle instance before it queues behind a busy one."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from zinfer.broker.request_path import RequestPath
+
+    state = SimpleNamespace(idle=deque([b"a", b"a", b"b"]))
+    other = SimpleNamespace()
+    fake = SimpleNamespace(inflight={1: SimpleNamespace(worker=b"a", model=state),
+                                     2: SimpleNamespace(worker=b"b", model=other)})  # fmt: skip
+    RequestPath._idle_first(fake, state)  # type: ignore[arg-type]
+    assert list(state.idle) == [b"b", b"a", b"a"]
+    fake.inflight = {}
+    RequestPath._idle_first(fake, state)  # type: ignore[arg-type]
+    assert list(state.idle) == [b"b", b"a", b"a"]  # nothing busy: the order stays
