@@ -286,7 +286,7 @@ class EnsemblePath:
             outs.append(d)
         now_ns = time.monotonic_ns()
         duration = now_ns - int(p.arrival * 1e9)
-        state.stats.success.add(duration)
+        state.stats.record_success(duration)
         state.stats.inference_count += p.batch_size
         state.stats.execution_count += 1
         state.stats.last_inference_ms = int(time.time() * 1000)

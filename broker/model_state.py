@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,6 +56,26 @@ class Duration:
         return {"count": self.count, "ns": self.ns}
 
 
+LATENCY_RESOLUTION = 1.05  # each latency bin is 5% wider than the one before, from 1 us
+
+
+@dataclass
+class LatencyBins:
+    """A cumulative histogram of request latencies in log-spaced bins: a quantile of any span is exact to
+    one bin (5%), from the difference of two snapshots (``statistics``: ``latency_us``)."""
+
+    counts: dict[int, int] = field(default_factory=dict)
+
+    def add(self, ns: int) -> None:
+        us = max(ns / 1000, 1.0)
+        i = math.ceil(math.log(us) / math.log(LATENCY_RESOLUTION) - 1e-9)
+        self.counts[i] = self.counts.get(i, 0) + 1
+
+    def to_list(self) -> list[list[float]]:
+        """``[[upper bound in us, count], ...]`` for the bins that hold any, ascending."""
+        return [[round(LATENCY_RESOLUTION**i, 3), n] for i, n in sorted(self.counts.items())]
+
+
 @dataclass
 class ModelStats:
     """Cumulative figures in the shape of Triton's statistics extension."""
@@ -72,6 +93,11 @@ class ModelStats:
     cache_miss: Duration = field(default_factory=Duration)  # lookups that did not: lookup + insert time
     batch_sizes: dict[int, int] = field(default_factory=dict)
     batch_reasons: dict[str, int] = field(default_factory=dict)
+    latency: LatencyBins = field(default_factory=LatencyBins)  # of successful requests, arrival to reply
+
+    def record_success(self, ns: int) -> None:
+        self.success.add(ns)
+        self.latency.add(ns)
 
     def record_batch(self, size: int, reason: str) -> None:
         self.execution_count += 1
@@ -97,6 +123,7 @@ class ModelStats:
                 {"batch_size": size, "count": count} for size, count in sorted(self.batch_sizes.items())
             ],
             "batch_reasons": dict(sorted(self.batch_reasons.items())),
+            "latency_us": self.latency.to_list(),
         }
 
 

@@ -149,7 +149,7 @@ class RequestPath:
         stats = state.stats
         now = time.monotonic()
         duration = int((now - p.arrival) * 1e9) + lookup_ns
-        stats.success.add(duration)
+        stats.record_success(duration)
         stats.last_inference_ms = int(time.time() * 1000)
         state.metrics.success(duration / 1000, 0.0, 0)  # a hit is a success, but no inference ran
         state.window.record(now, duration / 1e9)
@@ -373,7 +373,7 @@ class RequestPath:
                 metrics.cancelled()
                 reply, out_frames = Reply(rid, Status.CANCELLED, "Cancelled: the request was cancelled"), []
             elif int(res.get("status", 0)) == 0:
-                stats.success.add(duration)
+                stats.record_success(duration)
                 stats.inference_count += p.batch_size
                 metrics.success(duration / 1000, (sent_s - p.arrival) * 1e6, p.batch_size, t_in, t_inf, t_out)
                 window.record(now_ns / 1e9, duration / 1e9)
