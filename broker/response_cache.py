@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from zinfer.client.errors import ShmError
 from zinfer.client.protocol import ShmRef
-from zinfer.client.shm import SHM_DIR, Segment, check_name
+from zinfer.client.shm import RESERVED_PREFIX, SHM_DIR, Segment, check_name, creator_pid
 
 __all__ = [
     "ENTRY_OVERHEAD",
@@ -191,7 +191,8 @@ class RegionReader:
         seg = self._segments.get(ref.region)
         if seg is None:
             try:
-                check_name(ref.region)
+                if creator_pid(ref.region) is None or not ref.region.startswith(RESERVED_PREFIX):
+                    check_name(ref.region)  # a client's region; the server's own (ensembles) are named by it
                 seg = Segment.attach(ref.region, writable=False)
             except (ShmError, ValueError, OSError):
                 return None

@@ -135,6 +135,14 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ], fp32, {"Y": "TYPE_FP32"})  # fmt: skip
     with open(repo / "cached_chain" / "config.pbtxt", "a") as f:
         f.write("response_cache { enable: true }\n")
+    # cached_step: the second step's model caches, and its input is an intermediate in server memory
+    _python(repo, "addone_cached", ADDONE, ["X"], ["Y"])
+    with open(repo / "addone_cached" / "config.pbtxt", "a") as f:
+        f.write("response_cache { enable: true }\n")
+    _ensemble(repo, "cached_step", [
+        _step("scale2", {"X": "X"}, {"Y": "t1"}),
+        _step("addone_cached", {"X": "t1"}, {"Y": "Y"}),
+    ], fp32, {"Y": "TYPE_FP32"})  # fmt: skip
     # load errors: each leaves only its own model unavailable
     _ensemble(repo, "bad_missing", [_step("no_such_model", {"X": "X"}, {"Y": "Y"})], fp32, {"Y": "TYPE_FP32"})
     _ensemble(repo, "bad_cycle", [
@@ -338,3 +346,17 @@ def test_a_cached_ensemble_answers_repeats_without_running_its_steps(
         stats = c.statistics("cached_chain")["model_stats"][0]["inference_stats"]
         assert stats["cache_hit"]["count"] == 3 and stats["cache_miss"]["count"] == 1
         assert c.statistics("scale2")["model_stats"][0]["inference_stats"]["success"]["count"] == runs
+
+
+def test_a_cached_step_model_hits_on_an_intermediate_input(
+    server_factory: Callable[..., ServerProcess], repo: Path
+) -> None:
+    s = server_factory(repo, "--cache-bytes", str(1 << 20))
+    x = _x(6)
+    with Client(s.url) as c:
+        for _ in range(4):
+            np.testing.assert_array_equal(c.infer("cached_step", {"X": x}).as_numpy("Y"), 2 * x + 1)
+        stats = c.statistics("addone_cached")["model_stats"][0]
+        assert stats["inference_stats"]["cache_hit"]["count"] == 3
+        assert stats["inference_stats"]["cache_miss"]["count"] == 1
+        assert stats["execution_count"] == 1
