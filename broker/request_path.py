@@ -2,8 +2,9 @@
 batching onto idle instances, and the replies (in arrival order where the model asks for it).
 
 Two optional stops on the way: the response cache (a request seen before is answered at admission, a
-miss stores its result before the reply goes) and the rate limiter (an instance of a model whose instance
-groups name resources gets a batch only when those resources are free; models take turns at them)."""
+miss stores its result before the reply goes, ``cache_path``) and the rate limiter (an instance of a model
+whose instance groups name resources gets a batch only when those resources are free; models take turns at
+them, ``limited_dispatch``). Ensembles run their steps through here too (``ensemble_path``)."""
 
 from __future__ import annotations
 
@@ -28,9 +29,9 @@ from zinfer.client.protocol import Command, Frame, Reply
 from .batcher import Batch, InvalidPriority, QueuedRequest, QueueFull
 from .cache_path import CachePath
 from .ensemble_path import EnsemblePath
+from .limited_dispatch import LimitedDispatch
 from .messages import client_outputs, execute_header
 from .model_state import InFlight, ModelState, Pending
-from .rate_limiter import RateLimiter, needs_of
 from .sequence_batcher import SequenceBatch, SequenceError, SequenceRequest, parse_sequence
 from .validation import check_request
 
@@ -41,12 +42,6 @@ log = logging.getLogger(__name__)
 
 MAX_POLL_MS = 100
 PRUNE_INTERVAL_S = 2.0  # how often mappings of unlinked client regions are dropped
-
-ModelKey = tuple[str, int, int]  # (name, version, generation): the unit that takes turns at resources
-
-
-def _model_key(state: ModelState) -> ModelKey:
-    return (state.name, state.version, state.generation)
 
 
 class RequestPath:
@@ -59,7 +54,8 @@ class RequestPath:
         self.caching = CachePath(opts.cache_bytes)
         self.cache = self.caching.cache
         self.readers = self.caching.readers  # client regions mapped read-only, for the cache
-        self.limiter: RateLimiter[bytes, ModelKey] = RateLimiter(opts.rate_limit_resources)
+        self.limited = LimitedDispatch(self, opts.rate_limit_resources)
+        self.limiter = self.limited.limiter
         self.ensembles = EnsemblePath(self)
         self._next_prune = 0.0
 
@@ -170,7 +166,7 @@ class RequestPath:
                     lambda p: p.client == identity and p.request.request_id == target
                 )
             for p in removed:
-                self._finish_early(state, p, Cancelled("the request was cancelled"))
+                self.finish_early(state, p, Cancelled("the request was cancelled"))
                 state.metrics.cancelled()
                 return "queued"
         for batch in self.inflight.values():
@@ -197,7 +193,7 @@ class RequestPath:
             for p in state.batcher.expire(now):
                 state.metrics.timed_out()
                 state.stats.fail.add(int((now - p.arrival) * 1e9))
-                self._finish_early(state, p, DeadlineExceeded("Request timeout expired"))
+                self.finish_early(state, p, DeadlineExceeded("Request timeout expired"))
 
     # ------------------------------------------------------------------------------------ batches
 
@@ -212,7 +208,7 @@ class RequestPath:
                         continue
                     for worker, sbatch in seqs.pop_ready(now, list(state.idle)):
                         state.idle.remove(worker)
-                        self._execute(state, worker, sbatch, now)
+                        self.execute(state, worker, sbatch, now)
                 continue
             if state.idle and len(state.batcher):
                 if state.rate_limited:
@@ -221,9 +217,9 @@ class RequestPath:
                 if state.prefetching:
                     self._idle_first(state)
                 for batch in state.batcher.pop_ready(now, len(state.idle)):
-                    self._execute(state, state.idle.popleft(), batch, now)
+                    self.execute(state, state.idle.popleft(), batch, now)
         if limited:
-            self._dispatch_limited(limited, now)
+            self.limited.dispatch(limited, now)
 
     def _idle_first(self, state: ModelState) -> None:
         """Put the instances running nothing before the second places of busy ones (GPU look-ahead): a
@@ -232,68 +228,13 @@ class RequestPath:
         if busy:
             state.idle = deque(sorted(state.idle, key=lambda w: w in busy))
 
-    def _dispatch_limited(self, states: list[ModelState], now: float) -> None:
-        """One batch at a time to the model whose turn it is, on an idle instance whose resources are free."""
-        limiter = self.limiter
-        for state in states:
-            for worker in state.idle:
-                if not limiter.known(worker):
-                    self._register(state, worker)
-        by_key = {_model_key(s): s for s in states if s.error is None}
-        while by_key:
-            for key in limiter.turn_order(by_key):
-                state = by_key[key]
-                free = [w for w in state.idle if limiter.can_acquire(w)]
-                if not free:
-                    continue
-                picked = self._pop_one(state, free, now)
-                if picked is None:
-                    del by_key[key]
-                    break
-                worker, batch = picked
-                state.idle.remove(worker)
-                limiter.acquire(worker)
-                limiter.served(key, limiter.priority_of(worker))
-                self._execute(state, worker, batch, now)
-                if not (state.idle and state.queued):
-                    del by_key[key]
-                break
-            else:
-                return  # nobody could take a turn: wait for resources to come back
-
-    @staticmethod
-    def _pop_one(
-        state: ModelState, free: list[bytes], now: float
-    ) -> tuple[bytes, Batch[Pending] | SequenceBatch[Pending]] | None:
-        """One batch of ``state`` for one of its ``free`` instances (a sequence's batch only fits its own)."""
-        if state.sequencer is not None:
-            return state.sequencer.pop_one(now, free)
-        batches = state.batcher.pop_ready(now, 1)
-        return (free[0], batches[0]) if batches else None
-
-    def _register(self, state: ModelState, worker: bytes) -> None:
-        """Tell the limiter about an instance: its device and its group's resources and priority."""
-        wp = self.b.supervisor.get(worker)
-        instance, device = (wp.spec.instance, wp.spec.device) if wp is not None else (-1, "cpu")
-        needs, priority = needs_of(state.group_of(instance))
-        error = self.limiter.add(worker, _model_key(state), device, needs, priority)
-        if error is not None and state.error is None:
-            state.error = error
-            log.error("event=model_failed model=%s version=%d error=%r", state.name, state.version, error)
-            queued = state.batcher.remove(lambda _: True)
-            if state.sequencer is not None:
-                queued += state.sequencer.remove(lambda _: True)
-            for p in queued:
-                state.metrics.failure("OTHER")
-                self._finish_early(state, p, Unavailable(f"model '{state.name}' cannot run: {error}"))
-
     def runnable(self, state: ModelState) -> bool:
         """Whether an idle instance of ``state`` could take a batch now (its resources are free)."""
         if not state.rate_limited:
             return bool(state.idle)
         return any(self.limiter.can_acquire(w) for w in state.idle)
 
-    def _execute(
+    def execute(
         self, state: ModelState, worker: bytes, batch: Batch[Pending] | SequenceBatch[Pending], now: float
     ) -> None:
         batch_id = next(self._batch_ids)
@@ -337,7 +278,7 @@ class RequestPath:
             if state.sequencer is not None:  # its sequences are lost with the instance's state
                 for p in state.sequencer.drop_instance(worker):
                     state.metrics.failure("BACKEND")
-                    self._finish_early(state, p, Unavailable(f"model '{state.name}' instance failed: {why}"))
+                    self.finish_early(state, p, Unavailable(f"model '{state.name}' instance failed: {why}"))
 
     def on_result(
         self, identity: bytes, state: ModelState, header: dict[str, Any], frames: list[Frame]
@@ -434,7 +375,7 @@ class RequestPath:
         """Answer ``p`` (in arrival order where ``state`` preserves it)."""
         self._reply(state, p, reply, frames)
 
-    def _finish_early(self, state: ModelState, p: Pending, error: ServerError) -> None:
+    def finish_early(self, state: ModelState, p: Pending, error: ServerError) -> None:
         """Answer a request that never ran; it does not hold back the ordered responses behind it."""
         self.deliver(p, Reply(p.request.request_id, error.status, error.wire_text()), [])
         if state.order is not None:
@@ -448,7 +389,7 @@ class RequestPath:
                 queued += state.sequencer.remove(lambda _: True)
             for p in queued:
                 state.metrics.failure("OTHER")
-                self._finish_early(state, p, error)
+                self.finish_early(state, p, error)
         inflight = list(self.inflight.values())
         self.inflight.clear()
         for batch in inflight:
