@@ -58,6 +58,18 @@ class Model:
         return {"S": (inputs["A"] + inputs["B"]).astype(np.float32)}
 """
 
+EXPAND = """
+import numpy as np
+
+class Model:
+    def initialize(self, config):
+        pass
+
+    def execute(self, inputs):
+        x = inputs["X"]
+        return {"Y": (x * np.arange(200_000, dtype=np.float32)).astype(np.float32)}
+"""
+
 
 def _python(
     repo: Path, name: str, code: str, inputs: list[str], outputs: list[str], delay_us: int = 0
@@ -73,10 +85,10 @@ def _python(
     (repo / name / "1" / "model.py").write_text(code)
 
 
-def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
+def _step(model: str, inputs: dict[str, str], outputs: dict[str, str], version: int = -1) -> str:
     ins = " ".join(f'input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items())
     outs = " ".join(f'output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items())
-    return f'{{ model_name: "{model}" model_version: -1 {ins} {outs} }}'
+    return f'{{ model_name: "{model}" model_version: {version} {ins} {outs} }}'
 
 
 def _ensemble(
@@ -95,7 +107,7 @@ def _ensemble(
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("ens") / "models"
-    for name in ("tokenizer", "rot13", "detokenizer", "text_pipeline", "identity"):
+    for name in ("tokenizer", "rot13", "detokenizer", "text_pipeline", "identity", "text_upper"):
         shutil.copytree(MODELS / name, repo / name)
     _python(repo, "scale2", SCALE2, ["X"], ["Y"], delay_us=30000)
     _python(repo, "addone", ADDONE, ["X"], ["Y"])
@@ -143,6 +155,34 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _step("scale2", {"X": "X"}, {"Y": "t1"}),
         _step("addone_cached", {"X": "t1"}, {"Y": "Y"}),
     ], fp32, {"Y": "TYPE_FP32"})  # fmt: skip
+    # grow: a step whose output outgrows the server's guess for it (1 value in, 200k out)
+    (repo / "expand" / "1").mkdir(parents=True)
+    (repo / "expand" / "config.pbtxt").write_text(
+        'name: "expand"\nbackend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+    )
+    (repo / "expand" / "1" / "model.py").write_text(EXPAND)
+    (repo / "grow" / "1").mkdir(parents=True)
+    (repo / "grow" / "config.pbtxt").write_text(
+        'name: "grow"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        "ensemble_scheduling { step [ "
+        + _step("expand", {"X": "X"}, {"Y": "wide"}) + ", "
+        + _step("identity", {"INPUT0": "wide"}, {"OUTPUT0": "OUT"}) + " ] }\n"
+    )  # fmt: skip
+    # upper_tokens: a TYPE_STRING intermediate, a step output that is also an ensemble output, version 1
+    (repo / "upper_tokens" / "1").mkdir(parents=True)
+    (repo / "upper_tokens" / "config.pbtxt").write_text(
+        'name: "upper_tokens"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+        'output [ { name: "TOKENS" data_type: TYPE_INT32 dims: [ -1 ] },'
+        ' { name: "WORDS" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        "ensemble_scheduling { step [ "
+        + _step("text_upper", {"TEXT": "TEXT"}, {"UPPER": "upper", "TOKENS": "WORDS"}, version=1) + ", "
+        + _step("tokenizer", {"TEXT": "upper"}, {"TOKENS": "TOKENS"}) + " ] }\n"
+    )  # fmt: skip
     # load errors: each leaves only its own model unavailable
     _ensemble(repo, "bad_missing", [_step("no_such_model", {"X": "X"}, {"Y": "Y"})], fp32, {"Y": "TYPE_FP32"})
     _ensemble(repo, "bad_cycle", [
@@ -360,3 +400,22 @@ def test_a_cached_step_model_hits_on_an_intermediate_input(
         assert stats["inference_stats"]["cache_hit"]["count"] == 3
         assert stats["inference_stats"]["cache_miss"]["count"] == 1
         assert stats["execution_count"] == 1
+
+
+def test_a_step_output_larger_than_its_slot_is_moved_into_server_memory(server: ServerProcess) -> None:
+    """``expand`` makes 800 KB from 4 bytes, over the server's guess: it comes back inline once and goes on
+    to the next step from a slot of the right size."""
+    x = np.array([[2.0], [3.0]], np.float32)
+    with Client(server.url) as c:
+        out = c.infer("grow", {"X": x}).as_numpy("OUT")
+    np.testing.assert_array_equal(out, x * np.arange(200_000, dtype=np.float32))
+
+
+def test_a_string_intermediate_and_a_pinned_step_version(server: ServerProcess) -> None:
+    texts = np.array([[b"hello big world"], [b"x"]], dtype=object)
+    with Client(server.url) as c:
+        r = c.infer("upper_tokens", {"TEXT": texts})
+    assert r.as_numpy("WORDS").tolist() == [[3], [1]]
+    tokens = r.as_numpy("TOKENS")
+    assert bytes((tokens[0] - 1).astype(np.uint8)) == b"HELLO BIG WORLD"
+    assert tokens[1].tolist()[:2] == [ord("X") + 1, 0]
