@@ -51,6 +51,7 @@ SUPPORTED_FEATURES: frozenset[str] = frozenset(
         "sequence_batching.max_sequence_idle_microseconds",
         "sequence_batching.control_input",
         "ensemble_scheduling",
+        "sequence_batching.state",
     }
 )
 

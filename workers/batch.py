@@ -34,6 +34,7 @@ from .device import CPU, Device
 from .model import AnyModel, Array, RequestModel
 from .regions import RegionCache
 from .request_batch import run_requests
+from .sequence_state import ImplicitStates
 
 __all__ = ["BatchOutcome", "BatchRequest", "gather", "run_batch", "scatter"]
 
@@ -46,8 +47,10 @@ def gather(
     regions: RegionCache,
     batching: bool,
     device: Device = CPU,
+    states: ImplicitStates | None = None,
 ) -> tuple[dict[str, Array], list[int]]:
-    """Batch arrays by input name (on the device), and each request's row count."""
+    """Batch arrays by input name (on the device), and each request's row count; a stateful model's
+    control inputs and implicit state inputs too."""
     per_name: dict[str, list[Array]] = {}
     rows: list[int] = []
     for req in requests:
@@ -58,6 +61,9 @@ def gather(
     batch = {n: device.batch(a) for n, a in per_name.items()}
     for name, arr in control_arrays(requests, batching).items():
         batch[name] = device.batch([arr])
+    if states is not None:
+        for name, arr in states.inputs(requests).items():
+            batch[name] = device.batch([arr])
     return batch, rows
 
 
@@ -111,18 +117,20 @@ def run_batch(
     frames: Sequence[Frame],
     regions: RegionCache,
     device: Device = CPU,
+    states: ImplicitStates | None = None,
 ) -> BatchOutcome:
-    """Execute one batch; every failure becomes an error result for the requests it touches."""
+    """Execute one batch; every failure becomes an error result for the requests it touches. ``states``:
+    a stateful model's implicit state (read before, kept after a batch that succeeds)."""
     if isinstance(model, RequestModel):
-        return run_requests(model, sig, requests, frames, regions, device)
+        return run_requests(model, sig, requests, frames, regions, device, states)
     out = BatchOutcome()
     regions.begin_batch()
     t0 = time.perf_counter_ns()
     try:
-        batch, rows = gather(requests, frames, regions, sig.batching, device)
+        batch, rows = gather(requests, frames, regions, sig.batching, device, states)
     except ServerError:
         # one request's bad input must not fail the others: run them one by one to find it
-        return _run_singly(model, sig, requests, frames, regions, device)
+        return _run_singly(model, sig, requests, frames, regions, device, states)
     except Exception as exc:  # the device could not take the batch (out of memory, say)
         log.warning("event=gather_failed model=%s error=%r", sig.name, exc)
         fail_all(requests, InternalError(f"could not gather the batch: {type(exc).__name__}: {exc}"), out)
@@ -140,9 +148,12 @@ def run_batch(
         missing = sorted(wanted - set(raw))
         if missing:
             raise InternalError(f"model returned no output named {', '.join(repr(m) for m in missing)}")
+        kept = raw
         raw = _reshape({n: raw[n] for n in wanted}, sig.outputs, sig.batching, to_model=False)
         outputs = {n: check_output(n, raw[n], sig, sum(rows), device) for n in wanted}
         device.synchronize()
+        if states is not None:
+            states.update(requests, kept, device)
     except ServerError as exc:
         fail_all(requests, exc, out)
         return out
@@ -170,6 +181,7 @@ def _run_singly(
     frames: Sequence[Frame],
     regions: RegionCache,
     device: Device,
+    states: ImplicitStates | None = None,
 ) -> BatchOutcome:
     out = BatchOutcome()
     for req in requests:
@@ -178,7 +190,7 @@ def _run_singly(
         except ServerError as exc:
             out.results.append(error_result(req.id, exc))
             continue
-        one = run_batch(model, sig, [req], frames, regions, device)
+        one = run_batch(model, sig, [req], frames, regions, device, states)
         base = len(out.frames)
         for res in one.results:
             for t in res.get("outputs", []):

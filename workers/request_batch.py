@@ -32,6 +32,7 @@ from .batch_io import (
 from .device import CPU, Device
 from .model import RequestInputs, RequestModel, RequestResult
 from .regions import RegionCache
+from .sequence_state import ImplicitStates
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ def run_requests(
     frames: Sequence[Frame],
     regions: RegionCache,
     device: Device = CPU,
+    states: ImplicitStates | None = None,
 ) -> BatchOutcome:
     out = BatchOutcome()
     regions.begin_batch()
@@ -90,6 +92,8 @@ def run_requests(
             continue
         runnable.append((req, request_rows(arrays, sig.batching)))
         arrays.update(control_arrays([req], sig.batching))  # a sequence request's START, END, READY, CORRID
+        if states is not None:
+            arrays.update(states.request_inputs(req))  # and its implicit state
         names = tuple(o.name for o in req.outputs)
         inputs.append(RequestInputs(req.request_id, arrays, names, req.sequence))
     t1 = time.perf_counter_ns()
@@ -107,6 +111,11 @@ def run_requests(
         return out
     t2 = time.perf_counter_ns()
     for (req, rows), result in zip(runnable, results, strict=True):
+        if states is not None and isinstance(result, Mapping):
+            try:
+                states.update([req], result, device)
+            except ServerError as exc:
+                result = exc
         try:
             out.results.append(_answer(req, rows, result, sig, regions, out.frames, device))
         except Exception as exc:  # a device copy that failed

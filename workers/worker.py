@@ -40,6 +40,7 @@ from .heartbeat import Heartbeat
 from .loader import load_model
 from .model import AnyModel
 from .regions import RegionCache
+from .sequence_state import ImplicitStates, state_specs
 from .stream import run_stream
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class Worker:
         self.args = args
         self.regions = RegionCache()
         self.device: Device = CPU
+        self.states: ImplicitStates | None = None  # a stateful model's implicit sequence state
         self.prefetch = False  # look ahead: a second batch may come while one runs (GPU only)
         self._pending: deque[Message] = deque()  # received, not yet handled, in order
         self._staged_batch: object = None  # the batch id last looked at for staging
@@ -94,6 +96,8 @@ class Worker:
             self.regions.pinner = self.device
             model = load_model(config, a.repository / a.model / str(a.version), self.device, a.instance)
             self.prefetch = prefetch_wanted(config, model, self.device)
+            specs = state_specs(config, a.repository / a.model / str(a.version))
+            self.states = ImplicitStates(specs, config.max_batch_size > 0) if specs else None
         except (Exception, SystemExit) as exc:
             # our own load errors already name the model or file; anything else gets its type
             error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
@@ -210,7 +214,7 @@ class Worker:
 
             outcome = run_stream(model, sig, requests, frames, self.regions, partial)
         else:
-            outcome = run_batch(model, sig, requests, frames, self.regions, self.device)
+            outcome = run_batch(model, sig, requests, frames, self.regions, self.device, self.states)
         self.send(
             Command.W_RESULT,
             {

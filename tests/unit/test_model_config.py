@@ -196,7 +196,7 @@ def test_sequence_batching_direct_with_controls_and_state() -> None:
     assert sb.control_input[2].control[0].bool_false_true == (False, True)
     state = sb.state[0]
     assert state.initial_state[0].zero_data and state.use_same_buffer_for_input_output
-    assert "sequence_batching.state" in unsupported_features(c)
+    assert "sequence_batching.state" not in unsupported_features(c)  # implicit state is supported
 
 
 def test_sequence_batching_defaults_and_oldest() -> None:
