@@ -104,7 +104,6 @@ class EnsemblePath:
         self.path = path
         self.arena = Arena(INITIAL_SHM_BYTES, MAX_SHM_BYTES, new_name=new_server_name)
         self.regions = ServerRegions(path.b.regions, self.arena)
-        self.runs = 0  # requests in progress, for tests and status
 
     # ------------------------------------------------------------------------------------ start
 
@@ -119,7 +118,6 @@ class EnsemblePath:
         for o in p.wire_outputs:
             if "slot" in o:
                 run.client_slots[str(o["name"])] = list(o["slot"])
-        self.runs += 1
         self._advance(run, now)
 
     def _advance(self, run: Run, now: float) -> None:
@@ -296,7 +294,6 @@ class EnsemblePath:
             self.path.caching.store(state, p.cache_key, outs, frames)
         wire, out_frames = client_outputs(outs, frames)
         run.finished = True
-        self.runs -= 1
         body = {"model": state.name, "version": state.version, "outputs": wire}
         self.path.reply(state, p, Reply(p.request.request_id, Status.OK, body=body), out_frames)
         self._release(run)
@@ -318,7 +315,6 @@ class EnsemblePath:
         if run.finished:
             return
         run.finished = True
-        self.runs -= 1
         state, p = run.state, run.p
         for i, (target, sp) in list(run.outstanding.items()):
             removed = target.batcher.remove(lambda q, sp=sp: q is sp)  # type: ignore[misc]
