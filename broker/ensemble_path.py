@@ -127,6 +127,8 @@ class EnsemblePath:
             if not ready:
                 break
             for i in ready:
+                if i in run.started:  # a step that answered at once (a cache hit) started it already
+                    continue
                 run.started.add(i)
                 self._start_step(run, i, now)
                 if run.finished:

@@ -155,6 +155,12 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _step("scale2", {"X": "X"}, {"Y": "t1"}),
         _step("addone_cached", {"X": "t1"}, {"Y": "Y"}),
     ], fp32, {"Y": "TYPE_FP32"})  # fmt: skip
+    # fan_cached: two steps ready at once, the first a cached model that can answer synchronously
+    _ensemble(repo, "fan_cached", [
+        _step("addone_cached", {"X": "X"}, {"Y": "A"}),
+        _step("scale2", {"X": "X"}, {"Y": "B"}),
+        _step("sum2", {"A": "A", "B": "B"}, {"S": "S"}),
+    ], fp32, {"S": "TYPE_FP32"})  # fmt: skip
     # grow: a step whose output outgrows the server's guess for it (1 value in, 200k out)
     (repo / "expand" / "1").mkdir(parents=True)
     (repo / "expand" / "config.pbtxt").write_text(
@@ -419,3 +425,21 @@ def test_a_string_intermediate_and_a_pinned_step_version(server: ServerProcess) 
     tokens = r.as_numpy("TOKENS")
     assert bytes((tokens[0] - 1).astype(np.uint8)) == b"HELLO BIG WORLD"
     assert tokens[1].tolist()[:2] == [ord("X") + 1, 0]
+
+
+def test_a_step_answered_from_the_cache_does_not_start_its_siblings_twice(
+    server_factory: Callable[..., ServerProcess], repo: Path
+) -> None:
+    s = server_factory(repo, "--cache-bytes", str(1 << 20))
+    x = _x(4)
+    with Client(s.url) as c:
+
+        def scale2_runs() -> int:
+            return int(c.statistics("scale2")["model_stats"][0]["inference_stats"]["success"]["count"])
+
+        for k in range(3):
+            before = scale2_runs()
+            np.testing.assert_array_equal(c.infer("fan_cached", {"X": x}).as_numpy("S"), 3 * x + 1)
+            assert scale2_runs() == before + 1, f"request {k}: scale2 ran {scale2_runs() - before} times"
+        hits = c.statistics("addone_cached")["model_stats"][0]["inference_stats"]["cache_hit"]["count"]
+        assert hits == 2
