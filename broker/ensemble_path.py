@@ -39,7 +39,7 @@ from zinfer.client.errors import (
     Unsupported,
 )
 from zinfer.client.protocol import Frame, Reply, ShmRef
-from zinfer.client.shm import new_server_name
+from zinfer.client.shm import Segment, new_server_name
 
 from .ensemble_plan import EnsemblePlan, PlanStep
 from .messages import client_outputs
@@ -83,6 +83,11 @@ class Run:
     finished: bool = False
 
 
+def server_segment(arena: Arena, name: str) -> Segment | None:
+    """The server's own segment of that name, or None (a client's region)."""
+    return next((seg for seg in arena.segments if seg.name == name), None)
+
+
 class ServerRegions:
     """The region check for a step's request: the client's own regions, and the server's slots."""
 
@@ -91,12 +96,11 @@ class ServerRegions:
         self.arena = arena
 
     def check(self, client: bytes, ref: ShmRef) -> None:
-        for seg in self.arena.segments:
-            if seg.name == ref.region:
-                if ref.offset < 0 or ref.nbytes < 0 or ref.offset + ref.nbytes > seg.size:
-                    raise InternalError("an ensemble tensor lies outside the server's region")
-                return
-        self.clients.check(client, ref)
+        seg = server_segment(self.arena, ref.region)
+        if seg is None:
+            self.clients.check(client, ref)
+        elif ref.offset < 0 or ref.nbytes < 0 or ref.offset + ref.nbytes > seg.size:
+            raise InternalError("an ensemble tensor lies outside the server's region")
 
 
 class EnsemblePath:
@@ -304,9 +308,9 @@ class EnsemblePath:
         """The bytes of a tensor in a region: a server slot, or (an input passed through) a client's."""
         assert shm is not None
         region, offset, nbytes = str(shm[0]), int(shm[1]), int(shm[2])
-        for seg in self.arena.segments:
-            if seg.name == region:
-                return bytes(seg.buf[offset : offset + nbytes])
+        seg = server_segment(self.arena, region)
+        if seg is not None:
+            return bytes(seg.buf[offset : offset + nbytes])
         copied = self.path.readers.copy(ShmRef(region, offset, nbytes))
         if copied is None:
             raise InternalError("an ensemble input region could not be read")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["LatencyWindow", "WindowStats"]
+__all__ = ["LatencyWindow", "WindowStats", "log_bin"]
 
 _MAX_BIN = 1000  # latencies beyond resolution**1000 us all land in the last bin
 
@@ -24,6 +24,11 @@ class WindowStats:
     rate: float  # requests per second
     p99_s: float | None
     mean_batch: float | None
+
+
+def log_bin(us: float, inv_log_r: float) -> int:
+    """The bin of a latency of ``us`` microseconds: bin ``b`` holds (r**(b-1), r**b] us, bin 0 up to 1 us."""
+    return min(_MAX_BIN, math.ceil(math.log(us) * inv_log_r)) if us > 1.0 else 0
 
 
 class LatencyWindow:
@@ -72,8 +77,7 @@ class LatencyWindow:
         i = self._slot(now)
         if i < 0:
             return
-        us = latency_s * 1e6
-        b = min(_MAX_BIN, math.ceil(math.log(us) * self._inv_log_r)) if us > 1.0 else 0
+        b = log_bin(latency_s * 1e6, self._inv_log_r)
         bins = self._bins[i]
         bins[b] = bins.get(b, 0) + 1
         self._counts[i] += 1

@@ -13,7 +13,7 @@ from zinfer.client.protocol import Frame, InferRequest, Reply
 
 from .batcher import BatchPolicy, DynamicBatcher
 from .config_records import InstanceGroup
-from .latency_window import LatencyWindow
+from .latency_window import LatencyWindow, log_bin
 from .metrics import ModelMetrics
 from .model_config import ModelConfig
 from .ordering import ResponseOrder
@@ -57,6 +57,7 @@ class Duration:
 
 
 LATENCY_RESOLUTION = 1.05  # each latency bin is 5% wider than the one before, from 1 us
+_INV_LOG_R = 1.0 / math.log(LATENCY_RESOLUTION)
 
 
 @dataclass
@@ -67,8 +68,7 @@ class LatencyBins:
     counts: dict[int, int] = field(default_factory=dict)
 
     def add(self, ns: int) -> None:
-        us = max(ns / 1000, 1.0)
-        i = math.ceil(math.log(us) / math.log(LATENCY_RESOLUTION) - 1e-9)
+        i = log_bin(ns / 1000, _INV_LOG_R)
         self.counts[i] = self.counts.get(i, 0) + 1
 
     def to_list(self) -> list[list[float]]:
