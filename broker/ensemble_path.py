@@ -103,10 +103,15 @@ class ServerRegions:
             raise InternalError("an ensemble tensor lies outside the server's region")
 
 
+def _server_segment(size: int) -> Segment:
+    """A named segment in /dev/shm for the server's own tensors (workers attach it by name)."""
+    return Segment.create(size, new_server_name())
+
+
 class EnsemblePath:
     def __init__(self, path: RequestPath) -> None:
         self.path = path
-        self.arena = Arena(INITIAL_SHM_BYTES, MAX_SHM_BYTES, new_name=new_server_name)
+        self.arena = Arena(INITIAL_SHM_BYTES, MAX_SHM_BYTES, new_segment=_server_segment)
         self.regions = ServerRegions(path.b.regions, self.arena)
 
     # ------------------------------------------------------------------------------------ start

@@ -88,14 +88,24 @@ class ClientHandlers:
             b.control.unload(_str(header, "model"))
             return {"model": header["model"]}
         if command == Command.REGISTER:
-            size = b.regions.register(identity, _str(header, "name"))
-            return {"size": size}
+            return self._register(identity, header)
         if command == Command.UNREGISTER:
-            name = _str(header, "name")
-            b.regions.unregister(identity, name)
-            b.drop_region(name)
+            region = b.regions.unregister(identity, _str(header, "name"))
+            b.drop_region(region)
             return None
         raise InvalidArgument(f"command {command.name} is not supported")
+
+    def _register(self, identity: bytes, header: dict[str, Any]) -> dict[str, Any]:
+        """Claim a segment handed over on the region socket (see ``region_intake``) for this connection."""
+        b = self.broker
+        if not b.is_local(identity) or b.intake is None:
+            raise InvalidArgument("shared-memory regions can be registered only over the local socket")
+        name = _str(header, "name")
+        handed = b.intake.claim(header.get("token"))
+        region, replaced = b.regions.register(identity, name, handed)
+        if replaced is not None:  # the same connection registered the name again: workers must remap
+            b.drop_region(replaced)
+        return {"size": region.size}
 
     def _statistics(self, header: dict[str, Any]) -> dict[str, Any]:
         b = self.broker

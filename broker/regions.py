@@ -1,75 +1,164 @@
 """Shared-memory regions registered by each client connection.
 
-A descriptor may only name a region its own connection registered; its bounds are checked against the
-size the segment had when it was registered (workers re-check the real size before touching it).
+A region is a sealed memory file whose descriptor the client handed over (``region_intake``) and then
+claimed on its ZeroMQ connection with ``REGISTER {name, token}``. The broker keeps that descriptor: it is the
+region's identity. Workers reach the very same file through ``/proc/<broker>/fd/<n>`` and check its device
+and inode against the ones the EXECUTE names, so neither a name nor a path is ever trusted. A descriptor may
+only name a region its own connection registered, and only within the size it had when it was registered
+(sealed: it cannot shrink since).
+
+Bounded: regions per connection, regions in all and bytes in all; the newest registration is the one refused
+(``ResourceExhausted``), so one connection's exhaustion never touches another's regions.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import os
+from dataclasses import dataclass
 
-from zinfer.client.errors import InvalidArgument, NotFound, ResourceExhausted, ShmError, UnknownRegion
+from zinfer.client.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    ShmError,
+    UnknownRegion,
+)
 from zinfer.client.protocol import ShmRef
-from zinfer.client.shm import reap_orphans, region_size
+from zinfer.client.shm import Segment, check_name
 
-MAX_REGIONS_PER_CLIENT = 1024
+from .region_intake import HandedRegion
+
+MAX_REGIONS_PER_CLIENT = 256
+MAX_REGIONS = 4096
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str
+    client: bytes
+    fd: int  # the broker's descriptor of the file
+    size: int
+    dev: int
+    ino: int
+    uid: int  # who handed it over
+
+    def wire(self) -> list[int]:
+        """How an EXECUTE names it to workers: ``[fd, dev, ino]`` (the broker's pid comes with the worker)."""
+        return [self.fd, self.dev, self.ino]
 
 
 class RegionTable:
-    def __init__(self, max_region_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        max_region_bytes: int = 0,
+        max_per_client: int = MAX_REGIONS_PER_CLIENT,
+        max_regions: int = MAX_REGIONS,
+        max_total_bytes: int = 0,
+    ) -> None:
         self.max_region_bytes = max_region_bytes
-        self._by_client: defaultdict[bytes, dict[str, int]] = defaultdict(dict)
+        self.max_per_client = max_per_client
+        self.max_regions = max_regions
+        self.max_total_bytes = max_total_bytes
+        self._by_client: dict[bytes, dict[str, Region]] = {}
+        self._by_name: dict[str, Region] = {}
+        self._bytes = 0
 
-    def register(self, client: bytes, name: str) -> int:
-        """Record ``name`` for ``client``; returns its size. Errors never echo the name."""
-        regions = self._by_client[client]
-        if name not in regions and len(regions) >= MAX_REGIONS_PER_CLIENT:
-            raise ResourceExhausted(f"a connection may register at most {MAX_REGIONS_PER_CLIENT} regions")
+    def register(self, client: bytes, name: str, handed: HandedRegion) -> tuple[Region, Region | None]:
+        """Record the handed-over descriptor as ``name`` for ``client``: the new region, and the one it
+        replaces (the same connection registering a name again), whose descriptor the caller must close
+        after telling the workers. On error the handed descriptor is closed. Errors never echo the name."""
         try:
-            size = region_size(name)
-        except ShmError as exc:
-            raise InvalidArgument(f"cannot register region: {exc}") from None
-        if size <= 0:
-            raise InvalidArgument("cannot register region: it is empty")
-        if self.max_region_bytes and size > self.max_region_bytes:
-            raise ResourceExhausted(
-                f"cannot register region: {size} bytes is over the {self.max_region_bytes} byte limit"
-            )
-        regions[name] = size
-        return size
+            try:
+                check_name(name)
+            except ShmError as exc:
+                raise InvalidArgument(f"cannot register region: {exc}") from None
+            held = self._by_name.get(name)
+            if held is not None and held.client != client:
+                raise AlreadyExists("cannot register region: the name is in use by another connection")
+            regions = self._by_client.get(client, {})
+            if held is None and len(regions) >= self.max_per_client:
+                raise ResourceExhausted(f"a connection may register at most {self.max_per_client} regions")
+            if held is None and len(self._by_name) >= self.max_regions:
+                raise ResourceExhausted(f"the server holds its maximum of {self.max_regions} regions")
+            if self.max_region_bytes and handed.size > self.max_region_bytes:
+                limit = self.max_region_bytes
+                raise ResourceExhausted(
+                    f"cannot register region: {handed.size} bytes is over the {limit} byte limit"
+                )
+            grow = handed.size - (held.size if held else 0)
+            if self.max_total_bytes and self._bytes + grow > self.max_total_bytes:
+                raise ResourceExhausted(
+                    f"cannot register region: the server's {self.max_total_bytes} bytes of regions are taken"
+                )
+        except BaseException:
+            os.close(handed.fd)
+            raise
+        region = Region(name, client, handed.fd, handed.size, handed.dev, handed.ino, handed.uid)
+        self._by_client.setdefault(client, {})[name] = region
+        self._by_name[name] = region
+        self._bytes += grow
+        return region, held
 
-    def unregister(self, client: bytes, name: str) -> None:
-        if self._by_client.get(client, {}).pop(name, None) is None:
+    def unregister(self, client: bytes, name: str) -> Region:
+        """Forget ``name``; the caller tells the workers, then ``release``s it."""
+        region = self._by_client.get(client, {}).get(name)
+        if region is None:
             raise NotFound("no such region registered by this connection")
+        self._forget(region)
+        return region
 
-    def drop_client(self, client: bytes) -> list[str]:
-        return list(self._by_client.pop(client, {}))
+    def drop_client(self, client: bytes) -> list[Region]:
+        regions = list(self._by_client.get(client, {}).values())
+        for region in regions:
+            self._forget(region)
+        return regions
+
+    def _forget(self, region: Region) -> None:
+        regions = self._by_client[region.client]
+        del regions[region.name]
+        if not regions:
+            del self._by_client[region.client]
+        del self._by_name[region.name]
+        self._bytes -= region.size
+
+    @staticmethod
+    def release(region: Region) -> None:
+        """Close the broker's descriptor of a region it no longer holds."""
+        os.close(region.fd)
 
     def check(self, client: bytes, ref: ShmRef) -> None:
         """Raise ``InvalidArgument`` unless ``ref`` lies inside a region ``client`` registered."""
-        size = self._by_client.get(client, {}).get(ref.region)
-        if size is None:
+        region = self._by_client.get(client, {}).get(ref.region)
+        if region is None:
             raise UnknownRegion("tensor names a region this connection has not registered")
+        size = region.size
         if ref.offset < 0 or ref.nbytes < 0 or ref.offset > size or ref.nbytes > size - ref.offset:
             raise InvalidArgument(
                 f"invalid offset + byte size for region of {size} bytes: "
                 f"offset {ref.offset}, size {ref.nbytes}"
             )
 
-    def reap_dead_clients(self) -> list[str]:
-        """Forget, and unlink, the regions whose creating client process has died."""
-        dead = set(reap_orphans([n for regions in self._by_client.values() for n in regions]))
-        if dead:
-            for client in list(self._by_client):
-                regions = self._by_client[client]
-                for name in dead & regions.keys():
-                    del regions[name]
-                if not regions:
-                    del self._by_client[client]
-        return sorted(dead)
+    def get(self, name: str) -> Region | None:
+        return self._by_name.get(name)
+
+    def map_readonly(self, name: str) -> Segment | None:
+        """A read-only mapping of a registered region (the response cache reads through it), or None."""
+        region = self._by_name.get(name)
+        if region is None:
+            return None
+        return Segment.from_fd(name, os.dup(region.fd), region.size, writable=False)
+
+    def clients(self) -> list[bytes]:
+        return list(self._by_client)
 
     def total_bytes(self) -> int:
-        return sum(sum(r.values()) for r in self._by_client.values())
+        return self._bytes
 
     def count(self) -> int:
-        return sum(len(r) for r in self._by_client.values())
+        return len(self._by_name)
+
+    def close(self) -> None:
+        for client in list(self._by_client):
+            for region in self.drop_client(client):
+                self.release(region)

@@ -21,12 +21,12 @@ import hashlib
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from zinfer.client.errors import ShmError
 from zinfer.client.protocol import ShmRef
-from zinfer.client.shm import RESERVED_PREFIX, SHM_DIR, Segment, check_name, creator_pid
+from zinfer.client.shm import SHM_DIR, Segment, creator_pid
 
 __all__ = [
     "ENTRY_OVERHEAD",
@@ -175,26 +175,34 @@ def request_key(
 
 
 class RegionReader:
-    """Client regions mapped read-only in the broker, by name, at most ``max_regions`` at a time.
+    """Regions mapped read-only in the broker, by name, at most ``max_regions`` at a time.
 
-    ``read`` re-reads the segment's size (``fstat``) before every read and answers None for a range
-    outside it, for a region that cannot be opened, or for one that is gone; ``prune`` unmaps the
-    segments that have been unlinked since (their clients closed them).
+    A client's region is mapped through ``open_client`` (the broker's own descriptor of the sealed file the
+    client handed over: it cannot shrink, so its registered size holds). The server's own segments
+    (``zinfer-s…``, ensemble intermediates) are attached by name, never following a symlink, and their size
+    is re-read (``fstat``) before every read. ``read`` answers None for a range outside the region, for a
+    region that cannot be opened, or for one that is gone; ``prune`` unmaps server segments unlinked since.
     """
 
     def __init__(self, max_regions: int = MAX_MAPPED_REGIONS) -> None:
         self.max_regions = max_regions
         self._segments: OrderedDict[str, Segment] = OrderedDict()
+        self.open_client: Callable[[str], Segment | None] = lambda name: None
+
+    def _open(self, name: str) -> Segment | None:
+        if creator_pid(name) is not None:  # the server's own segment
+            return Segment.attach(name, writable=False)
+        return self.open_client(name)
 
     def read(self, ref: ShmRef) -> memoryview | None:
         """A read-only view of the range (release it soon: it pins the mapping), or None."""
         seg = self._segments.get(ref.region)
         if seg is None:
             try:
-                if creator_pid(ref.region) is None or not ref.region.startswith(RESERVED_PREFIX):
-                    check_name(ref.region)  # a client's region; the server's own (ensembles) are named by it
-                seg = Segment.attach(ref.region, writable=False)
+                seg = self._open(ref.region)
             except (ShmError, ValueError, OSError):
+                return None
+            if seg is None:
                 return None
             self._segments[ref.region] = seg
             while len(self._segments) > self.max_regions:
@@ -202,11 +210,13 @@ class RegionReader:
                 old.close(unlink=False)
         else:
             self._segments.move_to_end(ref.region)
-        try:
-            size = min(seg.current_size(), seg.size)
-        except OSError:
-            self.drop(ref.region)
-            return None
+        size = seg.size
+        if seg.named:
+            try:
+                size = min(seg.current_size(), seg.size)
+            except OSError:
+                self.drop(ref.region)
+                return None
         if ref.offset < 0 or ref.nbytes < 0 or ref.offset > size or ref.nbytes > size - ref.offset:
             return None
         return seg.buf[ref.offset : ref.offset + ref.nbytes]
@@ -221,7 +231,7 @@ class RegionReader:
     def prune(self) -> int:
         """Unmap the segments that no longer have a name in /dev/shm; returns how many."""
         gone = []
-        for name in self._segments:
+        for name in [n for n, seg in self._segments.items() if seg.named]:
             try:
                 os.stat(SHM_DIR / name, follow_symlinks=False)
             except FileNotFoundError:

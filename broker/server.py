@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from zinfer.client.errors import (
 )
 from zinfer.client.paths import SOCKET_NAME, WORKER_SOCKET_NAME, client_endpoint, worker_endpoint
 from zinfer.client.protocol import Command, Frame, Reply
+from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
 from zinfer.client.shm import reap_orphans
 from zinfer.client.transport import NOBLOCK, send_frames
 
@@ -33,7 +35,8 @@ from .handlers import ClientHandlers
 from .model_control import ModelControl
 from .model_state import ModelState
 from .observer import Observer
-from .regions import RegionTable
+from .region_intake import RegionIntake
+from .regions import Region, RegionTable
 from .registry import ModelRegistry
 from .request_path import RequestPath
 from .runtime_dir import RuntimeDir
@@ -49,6 +52,17 @@ MAX_POLL_MS = 100
 REAP_INTERVAL_S = 0.05
 IPC_TAG, TCP_TAG = b"i", b"t"  # prefixes of client identities by the socket they came in on
 REGION_REAP_INTERVAL_S = 2.0
+
+
+def _raise_fd_limit() -> None:
+    """Raise the soft descriptor limit to the hard one (workers inherit it): the broker holds one descriptor
+    per registered region, a worker one per mapped region."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("event=fd_limit_unchanged soft=%d hard=%d error=%r", soft, hard, str(exc))
 
 
 @dataclass(frozen=True)
@@ -97,6 +111,7 @@ class Broker:
         self._next_region_reap = 0.0
         self._ctx = zmq.Context()
         self.runtime = RuntimeDir(options.runtime_dir)
+        self.intake: RegionIntake | None = None  # where local clients hand over their segments
         self.frontend: zmq.Socket[bytes] | None = None
         self.tcp: TcpFrontend | None = None
         self.backend: zmq.Socket[bytes] | None = None
@@ -110,6 +125,7 @@ class Broker:
     def start(self) -> None:
         rt = self.options.runtime_dir
         self.runtime.claim()
+        _raise_fd_limit()
         reaped = reap_orphans()
         if reaped:
             log.info("event=stale_segments_reaped count=%d", len(reaped))
@@ -122,6 +138,8 @@ class Broker:
         os.chmod(rt / WORKER_SOCKET_NAME, 0o600)
         if self.options.socket_group:
             self.runtime.share_with_group(self.options.socket_group)
+        self.intake = RegionIntake(rt / HANDOFF_SOCKET_NAME, self.options.max_region_bytes)
+        self.intake.like(rt / SOCKET_NAME)
         self._load_repository()
         if self.options.metrics:
             self.observer.start_http(self.options.metrics)
@@ -185,6 +203,9 @@ class Broker:
         if self.tcp is not None:
             self.tcp.close()
         self._ctx.destroy(linger=0)
+        self.regions.close()
+        if self.intake is not None:
+            self.intake.close()
         self.runtime.release()
         self.observer.close()
         log.info("event=stopped")
@@ -199,6 +220,9 @@ class Broker:
         poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
         tcp = self.tcp.sock if self.tcp is not None else None
+        intake = self.intake
+        if intake is not None:
+            intake.watch(lambda fd, on: poller.register(fd, zmq.POLLIN) if on else poller.unregister(fd))
         if tcp is not None:
             poller.register(tcp, zmq.POLLIN)
         while not self._should_exit(stop_requests()):
@@ -212,6 +236,9 @@ class Broker:
                 self._drain(self.frontend, self._on_client, IPC_TAG)
             if tcp is not None and tcp in events:
                 self._drain(tcp, self._on_client, TCP_TAG)
+            if intake is not None:
+                for fd in intake.fds() & events.keys():
+                    intake.on_readable(fd)
             now = time.monotonic()
             if now >= self._next_reap:
                 self._next_reap = now + REAP_INTERVAL_S
@@ -365,13 +392,41 @@ class Broker:
             return False
 
     def _reap_regions(self) -> None:
-        """Regions of clients that died without closing: unregister, unmap in the workers, unlink."""
-        for name in self.regions.reap_dead_clients():
-            log.info("event=region_reaped reason=client_gone")
-            self.drop_region(name)
+        """Regions of connections that are gone: unregister, unmap in the workers, close.
 
-    def drop_region(self, name: str) -> None:
-        """Tell every worker to unmap a region its client unregistered (and forget the cache's mapping)."""
-        self.path.readers.drop(name)
+        A connection is judged by the connection itself, never by a pid (a client may live in another PID
+        namespace): an empty reply (request id "", which clients ignore) is sent to each connection holding
+        regions, and ``ROUTER_MANDATORY`` says at once whether that peer is still connected."""
+        if self.intake is not None:
+            self.intake.expire()
+        for client in self.regions.clients():
+            if self.client_connected(client):
+                continue
+            regions = self.regions.drop_client(client)
+            log.info("event=regions_reaped reason=connection_gone count=%d", len(regions))
+            for region in regions:
+                self.drop_region(region)
+
+    def client_connected(self, identity: bytes) -> bool:
+        """Whether the client connection ``identity`` is still there (a full queue counts as there)."""
+        assert self.frontend is not None
+        sock = self.tcp.sock if identity[:1] == TCP_TAG and self.tcp is not None else self.frontend
+        msg = protocol.encode(Command.REPLY, protocol.reply_to_wire(Reply("", Status.OK)), ())
+        try:
+            send_frames(sock, [identity[1:], *msg], NOBLOCK)
+        except zmq.ZMQError as exc:
+            return exc.errno != zmq.EHOSTUNREACH
+        return True
+
+    @staticmethod
+    def is_local(identity: bytes) -> bool:
+        """Whether a client identity came in on the local (ipc) socket."""
+        return identity[:1] == IPC_TAG
+
+    def drop_region(self, region: Region) -> None:
+        """A region is no longer registered: forget the cache's mapping, tell every worker to unmap it, and
+        close the broker's descriptor (a worker that had not opened it yet fails that request cleanly)."""
+        self.path.readers.drop(region.name)
         for identity in list(self.worker_model):
-            self.send_worker(identity, Command.W_DROP_REGION, {"name": name})
+            self.send_worker(identity, Command.W_DROP_REGION, {"name": region.name})
+        self.regions.release(region)

@@ -69,21 +69,21 @@ class _FreeList:
 
 
 class Arena:
-    """Segments owned by one client; ``on_new_segment`` is called for each new segment (to register it)."""
+    """Segments owned by one client; ``on_new_segment`` is called for each new segment (to register it).
+    ``new_segment(size)`` makes them: sealed anonymous memory files for clients, named files for the
+    server."""
 
     def __init__(
         self,
         initial_bytes: int = 64 << 20,
         max_bytes: int = 4 << 30,
         on_new_segment: Callable[[Segment], None] | None = None,
-        group: int | None = None,
-        new_name: Callable[[], str] | None = None,
+        new_segment: Callable[[int], Segment] = Segment.create_sealed,
     ) -> None:
         self._initial = _align(max(initial_bytes, ALIGN))
         self._max = max_bytes
         self._on_new = on_new_segment
-        self._group = group
-        self._new_name = new_name  # segment names (the client form by default)
+        self._new_segment = new_segment  # a client's sealed memory files by default
         self._lock = threading.Lock()
         self._segments: list[tuple[Segment, _FreeList]] = []
         self._closed = False
@@ -119,7 +119,7 @@ class Arena:
                 raise ResourceExhausted(
                     f"shared-memory arena limit of {self._max} bytes reached (need {need} more bytes)"
                 )
-        seg = Segment.create(size, self._new_name() if self._new_name else None, group=self._group)
+        seg = self._new_segment(size)
         try:
             if self._on_new is not None:
                 self._on_new(seg)

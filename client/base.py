@@ -33,8 +33,9 @@ from .errors import (
 )
 from .paths import default_url
 from .protocol import Command, Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef, is_final
+from .region_handoff import hand_over, handoff_path
 from .result import InferResult
-from .shm import Segment, sharing_group
+from .shm import Segment
 from .triton_compat import InputsArg, OutputsArg, input_arrays, output_names
 
 # Failures after which the server may still hold the request: its slots wait for the late reply.
@@ -415,10 +416,16 @@ class _ClientBase:
     def _arena_get(self) -> Arena:
         if self._arena is None:
             initial, maximum = self._arena_args
-            # a server running as another user shares its socket's group with us: give it our segments
-            group = sharing_group(self.url[len("ipc://") :]) if self.url.startswith("ipc://") else None
-            self._arena = Arena(initial, maximum, on_new_segment=self._on_new_segment, group=group)
+            self._arena = Arena(initial, maximum, on_new_segment=self._on_new_segment)
         return self._arena
+
+    def _handoff(self, seg: Segment, timeout: float) -> dict[str, Any]:
+        """Give the server the segment's descriptor; the ``REGISTER`` header that claims it."""
+        path = handoff_path(self.url)
+        if path is None:
+            raise ClientError("shared memory can only be registered with a local (ipc://) server")
+        token = hand_over(path, seg.fd, timeout)
+        return {"name": seg.name, "token": token}
 
     def _free_slot(self, slot: Slot) -> None:
         if self._arena is not None:

@@ -1,13 +1,22 @@
-"""POSIX shared-memory segments, created or attached without Python's resource tracker.
+"""Shared-memory segments, created or attached without Python's resource tracker.
 
-Exactly one process creates a segment and unlinks it; every other process only attaches. Attaching
-goes through ``os.open`` on ``/dev/shm`` and ``mmap`` rather than ``multiprocessing.shared_memory``,
-whose resource tracker (before Python 3.13) unlinks segments it merely attached to.
+A client's segment is an anonymous, sealed memory file (``memfd_create`` with ``F_SEAL_SHRINK`` and
+``F_SEAL_GROW``): it has no name in /dev/shm that another user could open, replace or list, it can never be
+shrunk under a process that maps it (no SIGBUS), and it is freed when the last descriptor and mapping are
+gone, so a dead client leaves nothing behind. The client hands its descriptor to the server over a Unix
+socket (``region_handoff``); the ``name`` is only the label its descriptors refer to.
+
+The server's own segments (ensemble intermediates, ``zinfer-s<pid>-<random>``) are named files in
+/dev/shm, created 0600. Exactly one process creates a named segment and unlinks it; every other process only
+attaches, through ``os.open`` (never following a symlink) and ``mmap`` rather than
+``multiprocessing.shared_memory``, whose resource tracker (before Python 3.13) unlinks segments it merely
+attached to.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import mmap
 import os
 import re
@@ -19,7 +28,7 @@ from .errors import ShmError
 
 SHM_DIR = Path("/dev/shm")
 CLIENT_PREFIX = "zinfer-c"
-"""Segments created by clients: ``zinfer-c<pid>-<random>``; the pid lets the server reap leftovers."""
+"""Labels of client segments: ``zinfer-c<random>``."""
 RESERVED_PREFIX = "zinfer-s"
 """Segments created by the server; a client may never register a name with this prefix."""
 MAX_NAME_LEN = 200
@@ -35,7 +44,7 @@ def check_name(name: str) -> None:
 
 
 def new_client_name() -> str:
-    return f"{CLIENT_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+    return f"{CLIENT_PREFIX}{secrets.token_hex(16)}"
 
 
 def new_server_name() -> str:
@@ -44,22 +53,66 @@ def new_server_name() -> str:
 
 
 def creator_pid(name: str) -> int | None:
-    """The pid embedded in a client or server segment name, or None for other names."""
-    m = re.fullmatch(rf"(?:{CLIENT_PREFIX}|{RESERVED_PREFIX})(\d+)-[0-9a-f]{{16}}", name)
+    """The pid embedded in a server segment name, or None for other names."""
+    m = re.fullmatch(rf"{RESERVED_PREFIX}(\d+)-[0-9a-f]{{16}}", name)
     return int(m.group(1)) if m else None
 
 
 class Segment:
     """One mapped segment. ``owner`` segments are unlinked by ``close(unlink=True)``."""
 
-    def __init__(self, name: str, fd: int, size: int, owner: bool, writable: bool = True) -> None:
+    def __init__(
+        self, name: str, fd: int, size: int, owner: bool, writable: bool = True, named: bool = True
+    ) -> None:
         self.name = name
         self.size = size
         self.owner = owner
+        self.named = named  # a file in /dev/shm (else an anonymous memory file)
         self._fd = fd
         access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
         self.map: mmap.mmap | None = mmap.mmap(fd, size, access=access) if size > 0 else None
         self.buf = memoryview(self.map) if self.map is not None else memoryview(b"")
+
+    @property
+    def fd(self) -> int:
+        """The segment's open descriptor (-1 once closed)."""
+        return self._fd
+
+    @classmethod
+    def create_sealed(cls, size: int, name: str | None = None) -> Segment:
+        """A client segment: an anonymous memory file of ``size`` bytes, pages reserved up front, sealed
+        so that nobody can shrink or grow it (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``).
+
+        Reserving with ``posix_fallocate`` turns a full memory budget into a clean ``ShmError`` here
+        instead of a SIGBUS at first write.
+        """
+        if size <= 0:
+            raise ShmError("segment size must be positive")
+        name = name or new_client_name()
+        try:
+            fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except OSError as exc:
+            raise ShmError(f"cannot create shared-memory segment: {exc.strerror}") from None
+        try:
+            os.ftruncate(fd, size)
+            os.posix_fallocate(fd, 0, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            return cls(name, fd, size, owner=True, named=False)
+        except OSError as exc:
+            os.close(fd)
+            reason = "shared memory is full" if exc.errno == errno.ENOSPC else exc.strerror
+            raise ShmError(f"cannot size shared-memory segment to {size} bytes: {reason}") from None
+
+    @classmethod
+    def from_fd(cls, name: str, fd: int, size: int, writable: bool = True) -> Segment:
+        """Map an open descriptor of ``size`` bytes. The descriptor is closed once mapped: the mapping
+        keeps the file alive (``mmap`` holds one descriptor of its own)."""
+        try:
+            seg = cls(name, fd, size, owner=False, writable=writable, named=False)
+        finally:
+            os.close(fd)
+        seg._fd = -1
+        return seg
 
     @classmethod
     def create(cls, size: int, name: str | None = None, group: int | None = None) -> Segment:
@@ -73,7 +126,7 @@ class Segment:
         """
         if size <= 0:
             raise ShmError("segment size must be positive")
-        name = name or new_client_name()
+        name = name or new_server_name()
         path = SHM_DIR / name
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -94,9 +147,10 @@ class Segment:
 
     @classmethod
     def attach(cls, name: str, writable: bool = True) -> Segment:
-        """Map an existing segment without taking ownership."""
+        """Map an existing named segment without taking ownership (a symlink is never followed)."""
         try:
-            fd = os.open(SHM_DIR / name, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+            flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+            fd = os.open(SHM_DIR / name, flags)
         except OSError as exc:
             raise ShmError(f"cannot open shared-memory region: {exc.strerror}") from None
         try:
@@ -127,23 +181,11 @@ class Segment:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        if unlink:
+        if unlink and self.named:
             try:
                 os.unlink(SHM_DIR / self.name)
             except FileNotFoundError:
                 pass
-
-
-def sharing_group(socket_path: str) -> int | None:
-    """The group to give segments to when the server's socket is shared with a group and owned by another
-    user (``zinfer serve --socket-group``), else None (segments stay 0600)."""
-    try:
-        st = os.stat(socket_path)
-    except OSError:
-        return None
-    if st.st_uid != os.getuid() and st.st_mode & 0o060:
-        return st.st_gid
-    return None
 
 
 def pid_alive(pid: int) -> bool:
@@ -157,11 +199,11 @@ def pid_alive(pid: int) -> bool:
 
 
 def reap_orphans(names: list[str] | None = None) -> list[str]:
-    """Unlink client (and server) segments whose creating process is gone; returns their names.
+    """Unlink the server's own segments whose creating server is gone (after a crash); returns their names.
 
-    Only names of the form ``zinfer-c<pid>-<random>`` (``zinfer-s...`` for the server's) are considered.
-    The pid could in theory have been reused by another process, in which case the segment is kept
-    (never the other way round).
+    Only names of the form ``zinfer-s<pid>-<random>`` are considered: client segments have no name to
+    leave behind. The pid could in theory have been reused by another process, in which case the segment
+    is kept (never the other way round).
     """
     if names is None:
         try:
@@ -179,15 +221,3 @@ def reap_orphans(names: list[str] | None = None) -> list[str]:
             pass
         reaped.append(name)
     return reaped
-
-
-def region_size(name: str) -> int:
-    """The size of a named segment, checked to be a regular file (used when a client registers it)."""
-    check_name(name)
-    try:
-        st = os.stat(SHM_DIR / name, follow_symlinks=False)
-    except OSError as exc:
-        raise ShmError(f"cannot open shared-memory region: {exc.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ShmError("shared-memory region is not a regular segment")
-    return st.st_size

@@ -1,7 +1,24 @@
-"""Client regions as a worker sees them: attached once, re-checked against their real size on every batch."""
+"""Regions as a worker sees them: mapped once, checked against the broker's word at every use.
+
+A client's region is a sealed memory file the broker holds a descriptor of (``broker.regions``). Each
+EXECUTE names, for the client regions of its batch, that descriptor's number and the file's device and
+inode (``use_table``). The worker opens ``/proc/<broker>/fd/<n>``, which is the broker's open file itself
+(no path in /dev/shm is involved), and maps it only when device and inode match; a cached mapping is used
+only while they still match, so a region registered again under the same name is mapped afresh and a name
+the batch does not list is refused. Sealed files cannot shrink: no SIGBUS.
+
+The server's own segments (``zinfer-s…``, ensemble intermediates) are attached by name, never following a
+symlink, and their size is re-read (``fstat``) once per batch.
+
+At most ``max_mapped`` segments stay mapped (least recently used unmapped first, between batches); a mapping
+holds one descriptor (``mmap``'s own).
+"""
 
 from __future__ import annotations
 
+import os
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -9,7 +26,9 @@ import numpy.typing as npt
 
 from zinfer.client.errors import InvalidArgument, ShmError
 from zinfer.client.protocol import ShmRef
-from zinfer.client.shm import Segment
+from zinfer.client.shm import Segment, creator_pid
+
+MAX_MAPPED = 512
 
 
 class Pinner(Protocol):
@@ -21,49 +40,108 @@ class Pinner(Protocol):
 
 
 class RegionCache:
-    """Attached segments by name. ``begin_batch`` forgets the sizes checked for the previous batch.
+    """Mapped segments by name. ``use_table`` takes an EXECUTE's region table; ``begin_batch`` forgets the
+    sizes checked for the previous batch. A ``pinner`` (the worker's device) hears of every segment mapped
+    and of every one dropped. ``owner`` is the broker's pid (whose descriptors the table names)."""
 
-    A ``pinner`` (the worker's device) hears of every segment attached and of every one dropped.
-    """
-
-    def __init__(self, pinner: Pinner | None = None) -> None:
-        self._segments: dict[str, Segment] = {}
+    def __init__(self, pinner: Pinner | None = None, owner: int | None = None, max_mapped: int = MAX_MAPPED):
+        self._segments: OrderedDict[str, Segment] = OrderedDict()
+        self._identity: dict[str, tuple[int, int]] = {}  # client regions: (dev, ino) of the mapped file
         self._checked: dict[str, int] = {}
+        self._table: Mapping[str, Sequence[int]] = {}
         self.pinner = pinner
+        self.owner = owner
+        self.max_mapped = max_mapped
+
+    def use_table(self, table: object) -> None:
+        """The client regions of the next batch: ``{name: [fd, dev, ino]}`` (malformed entries are ignored,
+        so the tensors naming them fail as unregistered). Unmaps the least recently used beyond the cap."""
+        self._table = {}
+        if isinstance(table, dict):
+            self._table = {
+                k: v
+                for k, v in table.items()
+                if isinstance(k, str)
+                and isinstance(v, list | tuple)
+                and len(v) == 3
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+            }
+        while len(self._segments) > self.max_mapped:
+            self.drop(next(iter(self._segments)))
 
     def begin_batch(self) -> None:
         self._checked.clear()
 
-    def bytes(self, ref: ShmRef) -> npt.NDArray[np.uint8]:
-        """The referenced range as a uint8 array over the mapping.
+    def _open_client(self, name: str, want: Sequence[int]) -> Segment:
+        fd_num, dev, ino = want
+        if self.owner is None:
+            raise InvalidArgument("shared-memory regions are not available to this worker")
+        try:
+            fd = os.open(f"/proc/{self.owner}/fd/{fd_num}", os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            raise InvalidArgument("shared-memory region is no longer registered") from None
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            raise
+        if (st.st_dev, st.st_ino) != (dev, ino):
+            os.close(fd)
+            raise InvalidArgument("shared-memory region is no longer registered")
+        seg = Segment.from_fd(name, fd, st.st_size)
+        self._identity[name] = (dev, ino)
+        return seg
 
-        The segment's size is re-read (``fstat``) once per batch, so a region a client shrank after
-        registering it gives a clean error here rather than a SIGBUS on access.
-        """
-        seg = self._segments.get(ref.region)
-        if seg is None:
-            try:
-                seg = Segment.attach(ref.region)
-            except ShmError as exc:
-                raise InvalidArgument(f"shared-memory region is not available: {exc}") from None
-            self._segments[ref.region] = seg
-            if self.pinner is not None:
-                self.pinner.pin(seg)
-        size = self._checked.get(ref.region)
-        if size is None:
-            size = min(seg.current_size(), seg.size)
-            self._checked[ref.region] = size
-        if ref.offset > size or ref.nbytes > size - ref.offset:
-            raise InvalidArgument("tensor lies outside its shared-memory region (was the region shrunk?)")
+    def _segment(self, name: str) -> Segment:
+        want = self._table.get(name)
+        seg = self._segments.get(name)
+        if seg is not None:
+            if want is None and name not in self._identity:
+                self._segments.move_to_end(name)
+                return seg  # the server's own
+            if want is not None and self._identity.get(name) == (want[1], want[2]):
+                self._segments.move_to_end(name)
+                return seg
+            self.drop(name)  # registered again since, or no longer: never the old bytes
+        try:
+            if want is not None:
+                seg = self._open_client(name, want)
+            elif creator_pid(name) is not None:
+                seg = Segment.attach(name)
+            else:
+                raise InvalidArgument("tensor names a shared-memory region that is not registered")
+        except ShmError as exc:
+            raise InvalidArgument(f"shared-memory region is not available: {exc}") from None
+        self._segments[name] = seg
+        if self.pinner is not None:
+            self.pinner.pin(seg)
+        return seg
+
+    def bytes(self, ref: ShmRef) -> npt.NDArray[np.uint8]:
+        """The referenced range as a uint8 array over the mapping."""
+        seg = self._segment(ref.region)
+        size = seg.size
+        if seg.named:  # the server's own segment: re-read its size once per batch
+            checked = self._checked.get(ref.region)
+            if checked is None:
+                checked = min(seg.current_size(), seg.size)
+                self._checked[ref.region] = checked
+            size = checked
+        if ref.offset < 0 or ref.nbytes < 0 or ref.offset > size or ref.nbytes > size - ref.offset:
+            raise InvalidArgument("tensor lies outside its shared-memory region")
         return np.frombuffer(seg.buf, dtype=np.uint8, count=ref.nbytes, offset=ref.offset)
 
     def drop(self, name: str) -> None:
         seg = self._segments.pop(name, None)
         self._checked.pop(name, None)
+        self._identity.pop(name, None)
         if seg is not None:
             if self.pinner is not None:
                 self.pinner.unpin(seg)
             seg.close(unlink=False)
+
+    def mapped(self) -> int:
+        return len(self._segments)
 
     def close(self) -> None:
         for name in list(self._segments):

@@ -66,7 +66,7 @@ class WorkerArgs:
 class Worker:
     def __init__(self, args: WorkerArgs) -> None:
         self.args = args
-        self.regions = RegionCache()
+        self.regions = RegionCache(owner=args.parent)
         self.device: Device = CPU
         self.states: ImplicitStates | None = None  # a stateful model's implicit sequence state
         self.prefetch = False  # look ahead: a second batch may come while one runs (GPU only)
@@ -186,6 +186,7 @@ class Worker:
         self._staged_batch = batch_id
         try:
             per_name: dict[str, list[Any]] = {}
+            self.regions.use_table(msg.header.get("regions"))
             self.regions.begin_batch()  # sizes are checked afresh for the staged batch
             for r in msg.header["requests"]:
                 arrays = request_arrays(BatchRequest.from_broker(r), msg.frames, self.regions)
@@ -199,6 +200,7 @@ class Worker:
 
     def _execute(self, sig: Signature, model: AnyModel, header: dict[str, Any], frames: list[Frame]) -> None:
         self.device.take_staged(header.get("batch"))
+        self.regions.use_table(header.get("regions"))
         try:
             requests = [BatchRequest.from_broker(r) for r in header["requests"]]
         except (KeyError, TypeError, ValueError) as exc:
