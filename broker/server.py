@@ -395,7 +395,7 @@ class Broker:
         """Regions of connections that are gone: unregister, unmap in the workers, close.
 
         A connection is judged by the connection itself, never by a pid (a client may live in another PID
-        namespace): an empty reply (request id "", which clients ignore) is sent to each connection holding
+        namespace): a reply no request asked for (``protocol.PROBE_ID``) is sent to each connection holding
         regions, and ``ROUTER_MANDATORY`` says at once whether that peer is still connected."""
         if self.intake is not None:
             self.intake.expire()
@@ -411,7 +411,7 @@ class Broker:
         """Whether the client connection ``identity`` is still there (a full queue counts as there)."""
         assert self.frontend is not None
         sock = self.tcp.sock if identity[:1] == TCP_TAG and self.tcp is not None else self.frontend
-        msg = protocol.encode(Command.REPLY, protocol.reply_to_wire(Reply("", Status.OK)), ())
+        msg = protocol.encode(Command.REPLY, protocol.reply_to_wire(Reply(protocol.PROBE_ID, Status.OK)), ())
         try:
             send_frames(sock, [identity[1:], *msg], NOBLOCK)
         except zmq.ZMQError as exc:

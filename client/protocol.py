@@ -62,6 +62,10 @@ class Command(IntEnum):
 HEARTBEAT_SUFFIX = b".hb"
 """A worker's heartbeat socket has its worker's identity plus this suffix."""
 
+PROBE_ID = "zinfer.probe"
+"""The request id of the replies the server sends unasked, to learn whether a client connection is still
+there; no request has this id (clients number theirs ``<pid>-<hex>-<n>``), so clients drop them."""
+
 CLIENT_COMMANDS = frozenset(c for c in Command if c < Command.REPLY)
 WORKER_COMMANDS = frozenset({Command.W_READY, Command.W_HEARTBEAT, Command.W_RESULT, Command.W_LOAD_FAILED})
 

@@ -16,6 +16,7 @@ from zinfer.client import protocol
 from zinfer.client.client import Client
 from zinfer.client.errors import InvalidArgument, NotFound
 from zinfer.client.protocol import Command
+from zinfer.client.region_handoff import hand_over, handoff_path
 from zinfer.client.shm import Segment
 
 pytestmark = pytest.mark.integration
@@ -112,9 +113,19 @@ class Raw:
         return self.reply()
 
     def reply(self) -> protocol.Reply:
-        assert self.sock.poll(10_000), "no reply within 10 s"
-        msg = protocol.decode(self.sock.recv_multipart())
-        return protocol.reply_from_wire(msg.header)
+        while True:
+            assert self.sock.poll(10_000), "no reply within 10 s"
+            msg = protocol.decode(self.sock.recv_multipart())
+            reply = protocol.reply_from_wire(msg.header)
+            if reply.request_id != protocol.PROBE_ID:  # the server's liveness probe: not an answer
+                return reply
+
+    def register(self, seg: Segment, name: str | None = None) -> protocol.Reply:
+        """Hand the segment's descriptor over, then claim it on this connection (as a client does)."""
+        path = handoff_path(self.sock.getsockopt_string(zmq.LAST_ENDPOINT))
+        assert path is not None
+        token = hand_over(path, seg.fd, 10.0)
+        return self.call(Command.REGISTER, {"name": seg.name if name is None else name, "token": token})
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -129,8 +140,8 @@ def raw(bundled_server: ServerProcess) -> Iterator[Raw]:
 
 @pytest.fixture
 def region(raw: Raw) -> Iterator[Segment]:
-    seg = Segment.create(4096)
-    assert raw.call(Command.REGISTER, {"name": seg.name}).status == protocol.Status.OK
+    seg = Segment.create_sealed(4096)
+    assert raw.register(seg).status == protocol.Status.OK
     yield seg
     raw.call(Command.UNREGISTER, {"name": seg.name})
     seg.close()
@@ -227,14 +238,28 @@ def test_region_of_another_connection_is_refused(client: Client, raw: Raw, regio
     [
         ("zinfer-s0-feedfacefeedface", "reserved"),
         ("../../etc/passwd", "region name"),
-        ("zinfer-c1-0000000000000000", "cannot open"),
         ("", "'name' must be a string"),
     ],
 )
 def test_bad_region_registration(raw: Raw, name: str, message: str) -> None:
-    reply = raw.call(Command.REGISTER, {"name": name})
+    seg = Segment.create_sealed(4096)
+    try:
+        reply = raw.register(seg, name)
+        assert reply.status == protocol.Status.INVALID_ARGUMENT
+        assert message in reply.error
+    finally:
+        seg.close()
+
+
+@pytest.mark.parametrize("token", [None, b"", b"x" * 16, "a string", 7])
+def test_register_without_a_handed_over_segment_is_refused(raw: Raw, token: object) -> None:
+    """A name alone proves nothing: REGISTER must claim a descriptor handed over under its token."""
+    header: dict[str, Any] = {"name": "zinfer-c0123456789abcdef"}
+    if token is not None:
+        header["token"] = token
+    reply = raw.call(Command.REGISTER, header)
     assert reply.status == protocol.Status.INVALID_ARGUMENT
-    assert message in reply.error
+    assert "token" in reply.error
 
 
 def test_unregister_unknown_region(raw: Raw) -> None:
@@ -245,12 +270,15 @@ def test_unregister_unknown_region(raw: Raw) -> None:
 def test_region_shrunk_after_registration_gives_error_not_sigbus(
     client: Client, raw: Raw, region: Segment
 ) -> None:
-    os.truncate(f"/dev/shm/{region.name}", 64)  # the client shrinks it behind the server's back
+    """A registered segment is sealed: the client cannot shrink it, so a worker never touches a missing page."""
+    with pytest.raises(PermissionError):
+        os.ftruncate(region.fd, 64)
+    np.frombuffer(region.buf, np.float32, count=1, offset=1024)[0] = 1.5
     header = _infer_header(region.name, 1024, 4)
     header["outputs"][0]["slot"] = [region.name, 2048, 4]
     reply = raw.call(Command.INFER, header)
-    assert reply.status == protocol.Status.INVALID_ARGUMENT
-    assert "outside its shared-memory region" in reply.error
+    assert reply.status == protocol.Status.OK, reply.error
+    assert np.frombuffer(region.buf, np.float32, count=1, offset=2048)[0] == 3.0
     _still_serving(client)
 
 

@@ -107,7 +107,7 @@ def test_bad_region_fails_only_its_request() -> None:
     out = run_batch(AddKernel(CONFIG, None), SIG, [good, bad], frames, RegionCache())  # type: ignore[arg-type]
     np.testing.assert_array_equal(_outputs(out, 1), np.full((1, 2), 2.0))
     failed = next(r for r in out.results if r["id"] == 2)
-    assert failed["status"] != 0 and "not available" in failed["error"]
+    assert failed["status"] != 0 and "not registered" in failed["error"]
 
 
 def test_kernel_writes_straight_into_the_output_slot() -> None:

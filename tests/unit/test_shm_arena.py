@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 from zinfer.client import dtypes
 from zinfer.client.arena import ALIGN, Arena
 from zinfer.client.errors import InvalidArgument, ResourceExhausted, ShmError
-from zinfer.client.shm import SHM_DIR, Segment, check_name, creator_pid, region_size
+from zinfer.client.shm import SHM_DIR, Segment, check_name, creator_pid
 
 
 def test_segment_is_private_and_unlinked_by_owner() -> None:
@@ -22,10 +23,40 @@ def test_segment_is_private_and_unlinked_by_owner() -> None:
         assert path.exists()
         assert path.stat().st_mode & 0o777 == 0o600
         assert creator_pid(seg.name) == os.getpid()
-        assert region_size(seg.name) == 4096
     finally:
         seg.close()
     assert not (SHM_DIR / seg.name).exists()
+
+
+def test_client_segment_is_a_sealed_memory_file_with_no_name() -> None:
+    """A client's segment cannot be listed, opened by name, shrunk or grown; it is gone with its last fd."""
+    before = set(os.listdir(SHM_DIR))
+    seg = Segment.create_sealed(8192)
+    try:
+        assert set(os.listdir(SHM_DIR)) == before  # nothing in /dev/shm to find or replace
+        seals = fcntl.fcntl(seg.fd, fcntl.F_GET_SEALS)
+        assert seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_GROW and seals & fcntl.F_SEAL_SEAL
+        with pytest.raises(PermissionError):
+            os.ftruncate(seg.fd, 64)
+        with pytest.raises(PermissionError):
+            os.ftruncate(seg.fd, 1 << 20)
+        seg.buf[:3] = b"abc"
+        assert os.pread(seg.fd, 3, 0) == b"abc" and os.fstat(seg.fd).st_size == 8192
+    finally:
+        seg.close()
+    assert seg.fd == -1
+
+
+def test_attach_never_follows_a_symlink(tmp_path: Path) -> None:
+    target = Segment.create(4096)
+    link = SHM_DIR / f"zinfer-s{os.getpid()}-{os.urandom(8).hex()}"
+    try:
+        os.symlink(SHM_DIR / target.name, link)
+        with pytest.raises(ShmError):
+            Segment.attach(link.name)
+    finally:
+        link.unlink(missing_ok=True)
+        target.close()
 
 
 def test_attacher_exit_does_not_unlink() -> None:
@@ -54,9 +85,9 @@ def test_check_name_rejects(name: str) -> None:
         check_name(name)
 
 
-def test_region_size_of_missing_segment() -> None:
+def test_attach_of_missing_segment() -> None:
     with pytest.raises(ShmError):
-        region_size("zinfer-c1-0000000000000000")
+        Segment.attach("zinfer-s1-0000000000000000")
 
 
 def test_arena_alloc_free_coalesce_and_grow() -> None:
@@ -139,6 +170,8 @@ def test_scenario_14_full_dev_shm_is_a_clean_error(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(os, "posix_fallocate", full)
     with pytest.raises(ShmError, match="/dev/shm is full"):
         Segment.create(1 << 20)
+    with pytest.raises(ShmError, match="shared memory is full"):
+        Segment.create_sealed(1 << 20)
     arena = Arena(initial_bytes=4096, max_bytes=1 << 20)
     try:
         with pytest.raises(ShmError, match="full"):
@@ -157,13 +190,3 @@ def test_segment_for_a_group_is_0660() -> None:
         assert st.st_mode & 0o777 == 0o660 and st.st_gid == os.getgid()
     finally:
         seg.close()
-
-
-def test_sharing_group_only_for_another_users_group_socket(tmp_path: Path) -> None:
-    from zinfer.client.shm import sharing_group
-
-    sock = tmp_path / "s"
-    sock.write_bytes(b"")
-    sock.chmod(0o660)
-    assert sharing_group(str(sock)) is None  # our own socket: segments stay private
-    assert sharing_group(str(sock) + "-missing") is None

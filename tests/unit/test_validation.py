@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from zinfer.broker.model_config import parse_model_config
+from zinfer.broker.region_intake import HandedRegion
 from zinfer.broker.regions import RegionTable
 from zinfer.broker.signature import Signature
 from zinfer.broker.validation import check_request
-from zinfer.client.errors import InvalidArgument, NotFound
+from zinfer.client.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
 from zinfer.client.protocol import InferRequest, OutputRequest, ShmRef, TensorRef
 from zinfer.client.shm import Segment
 
@@ -31,12 +33,19 @@ SIG = Signature.of(CONFIG)
 ME, OTHER = b"me", b"other"
 
 
+def handed(seg: Segment) -> HandedRegion:
+    """What the hand-off socket would hold for ``seg``: a descriptor of its own."""
+    st = os.fstat(seg.fd)
+    return HandedRegion(os.dup(seg.fd), st.st_size, st.st_dev, st.st_ino, os.getuid(), float("inf"))
+
+
 @pytest.fixture
 def region() -> Iterator[tuple[RegionTable, Segment]]:
-    seg = Segment.create(1024)
+    seg = Segment.create_sealed(1024)
     table = RegionTable()
-    assert table.register(ME, seg.name) == 1024
+    assert table.register(ME, seg.name, handed(seg))[0].size == 1024
     yield table, seg
+    table.close()
     seg.close()
 
 
@@ -126,18 +135,31 @@ def test_tensor_size_limit(region: tuple[RegionTable, Segment]) -> None:
 
 
 def test_region_table() -> None:
-    table = RegionTable()
-    with pytest.raises(InvalidArgument, match="reserved"):
-        table.register(ME, "zinfer-s1-0123456789abcdef")
-    with pytest.raises(InvalidArgument, match="cannot open"):
-        table.register(ME, "zinfer-c1-0123456789abcdef")
-    with pytest.raises(NotFound):
-        table.unregister(ME, "anything")
-    seg = Segment.create(64)
+    table = RegionTable(max_per_client=2, max_regions=3)
+    segs = [Segment.create_sealed(64) for _ in range(4)]
     try:
-        table.register(ME, seg.name)
-        assert table.count() == 1
-        assert table.drop_client(ME) == [seg.name]
-        assert table.count() == 0
+        with pytest.raises(InvalidArgument, match="reserved"):
+            table.register(ME, "zinfer-s1-0123456789abcdef", handed(segs[0]))
+        with pytest.raises(NotFound):
+            table.unregister(ME, "anything")
+        first, replaced = table.register(ME, segs[0].name, handed(segs[0]))
+        assert replaced is None and table.count() == 1 and table.get(segs[0].name) == first
+        with pytest.raises(AlreadyExists, match="another connection"):  # a name is one connection's only
+            table.register(OTHER, segs[0].name, handed(segs[1]))
+        again, replaced = table.register(ME, segs[0].name, handed(segs[1]))  # registered again: replaces
+        assert replaced == first and (again.dev, again.ino) != (first.dev, first.ino)
+        table.release(first)
+        table.register(ME, segs[2].name, handed(segs[2]))
+        with pytest.raises(ResourceExhausted, match="at most 2"):  # per connection
+            table.register(ME, segs[3].name, handed(segs[3]))
+        table.register(OTHER, segs[3].name, handed(segs[3]))
+        with pytest.raises(ResourceExhausted, match="maximum of 3"):  # in all
+            table.register(b"third", "zinfer-cextra", handed(segs[3]))
+        dropped = table.drop_client(ME)
+        assert sorted(r.name for r in dropped) == sorted([segs[0].name, segs[2].name]) and table.count() == 1
+        for r in dropped:
+            table.release(r)
     finally:
-        seg.close()
+        table.close()
+        for seg in segs:
+            seg.close()
