@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import time
@@ -240,7 +241,8 @@ def server_options(args: argparse.Namespace, repo: Path) -> ServerOptions:
     load_models = args.load_model if args.load_model is not None else getattr(args, "config_load_models", ())
     return ServerOptions(
         model_repository=repo,
-        runtime_dir=(args.runtime_dir or default_runtime_dir()).resolve(),
+        # absolute, not resolved: a runtime dir that is a symbolic link must be seen as one (and refused)
+        runtime_dir=Path(os.path.abspath(args.runtime_dir or default_runtime_dir())),
         tcp=args.tcp,
         max_tensor_bytes=args.max_tensor_bytes,
         exit_timeout_s=args.exit_timeout,

@@ -44,6 +44,7 @@ class AsyncClient(_ClientBase):
         max_arena_bytes: int = 4 << 30,
         inline_threshold: int = 4096,
         curve: CurveKeys | None = None,
+        server_uid: int | None = None,
     ) -> None:
         super().__init__(
             url,
@@ -53,7 +54,9 @@ class AsyncClient(_ClientBase):
             max_arena_bytes=max_arena_bytes,
             inline_threshold=inline_threshold,
         )
-        self._conn = AsyncConnection(self.url, on_late_reply=self._late_reply, curve=curve)
+        self._conn = AsyncConnection(
+            self.url, on_late_reply=self._late_reply, curve=curve, server_uid=server_uid
+        )
         self._unregistered: list[Segment] = []  # segments the server has not been told of yet
         self._register_lock = asyncio.Lock()
         self._info_pending: dict[tuple[str, int], asyncio.Task[dict[str, Any]]] = {}

@@ -23,6 +23,7 @@ import zmq.asyncio
 from . import protocol
 from .connection import CurveKeys
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
+from .paths import check_server_socket
 from .protocol import Command, Frame, Reply, is_final
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,10 @@ class AsyncConnection:
         url: str,
         on_late_reply: Callable[[str], None] | None = None,
         curve: CurveKeys | None = None,
+        server_uid: int | None = None,
     ) -> None:
         self.url = url
+        self.server_uid = server_uid
         self._on_late = on_late_reply
         # An asyncio socket owning its handle (a shadow of a plain socket would leave that one to close the
         # handle a second time when it is collected, by then perhaps another socket's).
@@ -68,9 +71,10 @@ class AsyncConnection:
         return f"{self._id_prefix}{next(self._ids)}"
 
     def check_server(self) -> None:
-        """A local server's socket file is gone when the server is: say so at once instead of timing out."""
-        if self.url.startswith("ipc://") and not os.path.exists(self.url[6:]):
-            raise ConnectionFailed(f"no zinfer server at {self.url}")
+        """A local server's socket file is gone when the server is: say so at once instead of timing out.
+        A socket made by a user we do not trust, or a symbolic link, is refused (``check_server_socket``)."""
+        if self.url.startswith("ipc://"):
+            check_server_socket(self.url[6:], self.server_uid)
 
     # ------------------------------------------------------------------------------------ requests
 

@@ -42,6 +42,7 @@ class Client(_ClientBase):
         max_arena_bytes: int = 4 << 30,
         inline_threshold: int = 4096,
         curve: CurveKeys | None = None,
+        server_uid: int | None = None,
     ) -> None:
         super().__init__(
             url,
@@ -51,7 +52,7 @@ class Client(_ClientBase):
             max_arena_bytes=max_arena_bytes,
             inline_threshold=inline_threshold,
         )
-        self._conn = Connection(self.url, on_late_reply=self._late_reply, curve=curve)
+        self._conn = Connection(self.url, on_late_reply=self._late_reply, curve=curve, server_uid=server_uid)
 
     # ------------------------------------------------------------------------------------ lifecycle
 

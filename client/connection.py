@@ -21,6 +21,7 @@ import zmq
 
 from . import protocol
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
+from .paths import check_server_socket
 from .protocol import Command, Frame, Reply, is_final
 from .transport import send_frames
 
@@ -73,8 +74,10 @@ class Connection:
         url: str,
         on_late_reply: Callable[[str], None] | None = None,
         curve: CurveKeys | None = None,
+        server_uid: int | None = None,
     ) -> None:
         self.url = url
+        self.server_uid = server_uid
         self._on_late = on_late_reply
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = ctx.socket(zmq.DEALER)
@@ -161,9 +164,10 @@ class Connection:
                     self._late.add(rid)
 
     def check_server(self) -> None:
-        """A local server's socket file is gone when the server is: say so at once instead of timing out."""
-        if self.url.startswith("ipc://") and not os.path.exists(self.url[6:]):
-            raise ConnectionFailed(f"no zinfer server at {self.url}")
+        """A local server's socket file is gone when the server is: say so at once instead of timing out.
+        A socket made by a user we do not trust, or a symbolic link, is refused (``check_server_socket``)."""
+        if self.url.startswith("ipc://"):
+            check_server_socket(self.url[6:], self.server_uid)
 
     def send_only(self, command: Command, header: dict[str, Any]) -> None:
         """Send without waiting for the answer (which is then dropped)."""
