@@ -12,11 +12,11 @@ import pytest
 import zmq
 
 from tests.conftest import ServerProcess
+from tests.raw_client import Raw
 from zinfer.client import protocol
 from zinfer.client.client import Client
 from zinfer.client.errors import InvalidArgument, NotFound
 from zinfer.client.protocol import Command
-from zinfer.client.region_handoff import hand_over, handoff_path
 from zinfer.client.shm import Segment
 
 pytestmark = pytest.mark.integration
@@ -92,43 +92,6 @@ def test_inline_request_errors_too(bundled_server: ServerProcess) -> None:
 
 
 # --------------------------------------------------------------------------- raw messages on a socket
-
-
-class Raw:
-    """A bare DEALER that sends hand-made messages and reads replies with a timeout."""
-
-    def __init__(self, url: str) -> None:
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(url)
-
-    def send(self, frames: list[bytes]) -> None:
-        self.sock.send_multipart(frames)
-
-    def call(
-        self, command: Command, header: dict[str, Any], frames: list[bytes] | None = None
-    ) -> protocol.Reply:
-        header.setdefault("id", "raw")
-        self.send([bytes(f) for f in protocol.encode(command, header, frames or [])])
-        return self.reply()
-
-    def reply(self) -> protocol.Reply:
-        while True:
-            assert self.sock.poll(10_000), "no reply within 10 s"
-            msg = protocol.decode(self.sock.recv_multipart())
-            reply = protocol.reply_from_wire(msg.header)
-            if reply.request_id != protocol.PROBE_ID:  # the server's liveness probe: not an answer
-                return reply
-
-    def register(self, seg: Segment, name: str | None = None) -> protocol.Reply:
-        """Hand the segment's descriptor over, then claim it on this connection (as a client does)."""
-        path = handoff_path(self.sock.getsockopt_string(zmq.LAST_ENDPOINT))
-        assert path is not None
-        token = hand_over(path, seg.fd, 10.0)
-        return self.call(Command.REGISTER, {"name": seg.name if name is None else name, "token": token})
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
 
 
 @pytest.fixture
@@ -270,7 +233,7 @@ def test_unregister_unknown_region(raw: Raw) -> None:
 def test_region_shrunk_after_registration_gives_error_not_sigbus(
     client: Client, raw: Raw, region: Segment
 ) -> None:
-    """A registered segment is sealed: the client cannot shrink it, so a worker never touches a missing page."""
+    """A registered segment is sealed: the client cannot shrink it; a worker never meets a missing page."""
     with pytest.raises(PermissionError):
         os.ftruncate(region.fd, 64)
     np.frombuffer(region.buf, np.float32, count=1, offset=1024)[0] = 1.5
