@@ -61,11 +61,7 @@ class ClientHandlers:
         if command == Command.SERVER_LIVE:
             return True
         if command == Command.SERVER_READY:
-            return (
-                b.startup_done
-                and b.draining_since is None
-                and all(s.ready for s in b.registry.serving() if s.error is None)
-            )
+            return b.startup_done and b.draining_since is None and b.registry.all_ready()
         if command == Command.MODEL_READY:
             try:
                 return b.registry.resolve(_str(header, "model"), _version(header)).ready

@@ -3,7 +3,7 @@
 =========================================  ============================================================
 ``GET /metrics``                           the Prometheus exposition text
 ``GET /v2/health/live``                    200 while the broker runs, else 503
-``GET /v2/health/ready``                   200 once every model has loaded or failed, until shutdown
+``GET /v2/health/ready``                   200 once every model that should be loaded is ready (none failed)
 ``GET /v2/models/<m>/ready``               200 if some version of ``m`` is ready, 503 if not, 404 unknown
 ``GET /v2/models/<m>/versions/<v>/ready``  200 / 503, 404 for an unknown model or version
 =========================================  ============================================================

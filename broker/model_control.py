@@ -78,6 +78,9 @@ class ModelControl:
         if not self.explicit:
             raise Unsupported("model control is off: start the server with --model-control-mode explicit")
         if not self.broker.registry.remove(name):
+            if self.broker.registry.load_errors.pop(name, None) is not None:
+                log.info("event=model_unloaded model=%s was=failed", name)  # no longer wanted: not "failed"
+                return
             raise NotFound(f"model '{name}' is not loaded")
         log.info("event=model_unloading model=%s", name)
 

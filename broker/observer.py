@@ -60,9 +60,7 @@ class Observer:
             s.metrics.pending(s.queued)
         entries: list[tuple[str, int | None, bool]] = [(s.name, s.version, s.ready) for s in serving]
         entries += [(name, None, False) for name in b.registry.load_errors]
-        ready = (
-            b.startup_done and b.draining_since is None and all(s.ready for s in serving if s.error is None)
-        )
+        ready = b.startup_done and b.draining_since is None and b.registry.all_ready()
         self.health = HealthSnapshot.build(True, ready, entries)
         self.metrics.shm_bytes(b.regions.total_bytes())
         self.metrics.cache(b.path.caching.figures())

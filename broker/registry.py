@@ -157,6 +157,13 @@ class ModelRegistry:
             state.retired = True
             self.retiring.append(state)
 
+    def all_ready(self) -> bool:
+        """Triton's strict readiness: every model that should be loaded is ready. A model whose load failed
+        (a bad config, an ``initialize`` that raised, a load asked for in explicit mode) or whose instances
+        failed for good (``error`` set) makes the server not ready; a model never asked for (explicit mode)
+        or unloaded on request does not count."""
+        return not self.load_errors and all(s.ready for s in self.serving())
+
     def serving(self) -> Iterator[ModelState]:
         for versions in self.models.values():
             yield from versions.values()
