@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -84,6 +85,7 @@ class WorkerRecord:
     device: str
     state: str
     restarts: int
+    busy_since_ns: int | None = None  # monotonic ns when its current batch was sent; None when idle
 
 
 class ModelMetrics:
@@ -278,8 +280,10 @@ class ServerMetrics:
         *,
         gpu: bool = True,
         process: bool = True,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.registry = CollectorRegistry()
+        self._clock_ns = clock_ns  # for how long a worker has been busy, at scrape time
         self._workers = workers or (lambda: ())
         self._index: dict[tuple[str, int], ModelMetrics] = {}
         self._models: tuple[ModelMetrics, ...] = ()
@@ -378,10 +382,17 @@ class ServerMetrics:
         cpu = _counter("zinfer_worker_cpu_seconds_total", "Worker CPU time, user and system")
         restarts = _counter("zinfer_worker_restarts_total", "Restarts of this worker slot")
         up = GaugeMetricFamily("zinfer_worker_up", "1 if the worker is READY, else 0", labels=_WORKER_LABELS)
+        busy = GaugeMetricFamily("zinfer_worker_busy", "1 while it runs a batch", labels=_WORKER_LABELS)
+        busy_doc = "Seconds the worker has been in its current batch (0 when idle)"
+        busy_s = GaugeMetricFamily("zinfer_worker_busy_seconds", busy_doc, labels=_WORKER_LABELS)
+        now_ns = self._clock_ns()
         for r in records:
             values = [r.model, str(r.version), str(r.instance), r.device]
             label_map = dict(zip(_WORKER_LABELS, values, strict=True))
             up.add_metric(values, 1.0 if r.state == "READY" else 0.0)
+            since = r.busy_since_ns
+            busy.add_metric(values, 0.0 if since is None else 1.0)
+            busy_s.add_metric(values, 0.0 if since is None else max(0.0, (now_ns - since) / 1e9))
             restarts.add_sample(restarts.name + "_total", label_map, float(r.restarts))
             if r.pid is None:
                 continue
@@ -393,7 +404,7 @@ class ServerMetrics:
                 continue  # gone or not ours: no figures this scrape
             rss.add_metric(values, float(mem.rss))
             cpu.add_sample(cpu.name + "_total", label_map, times.user + times.system)
-        yield from (rss, cpu, restarts, up)
+        yield from (rss, cpu, restarts, up, busy, busy_s)
 
 
 def _cache_families(cache: CacheFigures | None) -> Iterator[Metric]:

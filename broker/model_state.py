@@ -13,6 +13,7 @@ from zinfer.client.protocol import Frame, InferRequest, Reply
 
 from .batcher import BatchPolicy, DynamicBatcher
 from .config_records import InstanceGroup
+from .execution_limit import execution_limit_ns
 from .latency_window import LatencyWindow, log_bin
 from .metrics import ModelMetrics
 from .model_config import ModelConfig
@@ -192,6 +193,8 @@ class ModelState:
         self._groups: list[InstanceGroup | None] | None = None
         self.prefetching = False  # an instance has a second place in ``idle`` (GPU look-ahead)
         self.ensemble: EnsemblePlan | None = None  # an ensemble: no instances, the broker runs its steps
+        # the longest a batch may run on an instance (parameter execution_timeout_ms); None: no limit
+        self.execution_limit_ns = execution_limit_ns(config)
 
     def group_of(self, instance: int) -> InstanceGroup | None:
         """The instance group instance number ``instance`` belongs to."""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from .execution_limit import busy_since
 from .http_endpoints import HealthSnapshot, HttpEndpoints
 from .latency_window import LatencyWindow
 from .metrics import ServerMetrics, WorkerRecord
@@ -65,6 +66,7 @@ class Observer:
         self.metrics.shm_bytes(b.regions.total_bytes())
         self.metrics.cache(b.path.caching.figures())
         records = []
+        busy = busy_since(b.path.inflight.values())
         for wp in b.supervisor.procs():
             state = b.worker_model.get(wp.identity)
             if state is None:
@@ -73,7 +75,14 @@ class Observer:
             spec = wp.spec
             records.append(
                 WorkerRecord(
-                    state.name, state.version, spec.instance, wp.proc.pid, spec.device, up, wp.incarnation - 1
+                    state.name,
+                    state.version,
+                    spec.instance,
+                    wp.proc.pid,
+                    spec.device,
+                    up,
+                    wp.incarnation - 1,
+                    busy.get(wp.identity),
                 )
             )
         self.worker_records = tuple(records)
@@ -83,6 +92,8 @@ class Observer:
         b = self.broker
         now = time.monotonic()
         procs = {wp.identity: wp for wp in b.supervisor.procs()}
+        busy = busy_since(b.path.inflight.values())
+        now_ns = int(now * 1e9)
         models = []
         for s in sorted(b.registry.serving(), key=lambda s: (s.name, s.version)):
             ws = s.window.stats(now)
@@ -98,6 +109,7 @@ class Observer:
                         "device": wp.spec.device,
                         "state": "READY" if identity in s.instances else "LOADING",
                         "restarts": wp.incarnation - 1,
+                        "busy_s": (now_ns - busy[identity]) / 1e9 if identity in busy else None,
                         **_process_figures(wp.proc.pid),
                     }
                 )

@@ -23,6 +23,7 @@ from pathlib import Path
 from zinfer.client.errors import ConfigError
 
 from .config_records import VersionPolicy
+from .execution_limit import execution_limit_ns
 from .model_config import CONFIG_FILENAME, ModelConfig, load_model_config, unsupported_features
 
 __all__ = ["ModelEntry", "available_versions", "load_model_entry", "scan_repository", "select_versions"]
@@ -81,6 +82,10 @@ def load_model_entry(model_dir: Path) -> ModelEntry:
         return ModelEntry(name, model_dir, None, (), f"{model_dir}: no {CONFIG_FILENAME}")
     try:
         config = load_model_config(config_path, name)
+    except ConfigError as exc:
+        return ModelEntry(name, model_dir, None, (), str(exc))
+    try:
+        execution_limit_ns(config)
     except ConfigError as exc:
         return ModelEntry(name, model_dir, None, (), str(exc))
     error: str | None = None

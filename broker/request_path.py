@@ -259,14 +259,28 @@ class RequestPath:
             ids = [p.sequence["id"] for p in requests if p.sequence is not None]
             state.sequencer.done(ids, time.monotonic())
 
-    def fail_batch(self, batch: InFlight, why: str) -> None:
+    def fail_batch(self, batch: InFlight, why: str, error: ServerError | None = None) -> None:
+        """Answer every request of a batch that will not finish with ``error`` (default: Unavailable)."""
         self.limiter.release(batch.worker)
         self._sequences_done(batch.model, batch.requests)
+        error = error or Unavailable(f"model '{batch.model.name}' instance failed: {why}")
         for p in batch.requests:
             batch.model.stats.fail.add(0)
             batch.model.metrics.failure("BACKEND")
-            error = Unavailable(f"model '{batch.model.name}' instance failed: {why}")
             self._reply(batch.model, p, Reply(p.request.request_id, error.status, error.wire_text()), [])
+
+    def time_out_batch(self, batch: InFlight, running_ns: int) -> None:
+        """A batch ran past its model's execution limit: its requests fail with DeadlineExceeded now, and a
+        result that still comes from its worker is discarded (``on_result`` finds no such batch)."""
+        state = batch.model
+        self.inflight.pop(batch.batch_id, None)
+        limit_ms = (state.execution_limit_ns or 0) // 1_000_000
+        error = DeadlineExceeded(
+            f"model '{state.name}' version {state.version}: the batch ran {running_ns / 1e6:.0f} ms, past "
+            f"the model's execution limit (execution_timeout_ms {limit_ms}); the instance is being restarted"
+        )
+        self.fail_batch(batch, "execution limit", error)
+
 
     def fail_worker(self, worker: bytes, why: str) -> None:
         for bid, batch in list(self.inflight.items()):

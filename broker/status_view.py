@@ -16,7 +16,8 @@ The broker answers the client's ``server_status()`` call with a dict of this sha
           "rate_1m": float,              # requests per second over the last minute
           "instances": [
             {"instance": int, "pid": int | None, "device": str, "state": str,
-             "rss_bytes": int | None, "cpu_s": float | None, "restarts": int}
+             "rss_bytes": int | None, "cpu_s": float | None, "restarts": int,
+             "busy_s": float | None}     # seconds in its current batch; None when idle
           ],
         }
       ],
@@ -94,8 +95,8 @@ def _table(headers: Sequence[str], rows: Sequence[_Row], right: Sequence[bool]) 
 
 _MODEL_HEADERS = ("MODEL", "VER", "STATE", "QUEUE", "BATCH/1m", "P99 ms/1m", "REQ/s 1m", "REASON")
 _MODEL_RIGHT = (False, True, False, True, True, True, True, False)
-_INSTANCE_HEADERS = ("INSTANCE", "PID", "DEVICE", "STATE", "RSS", "CPU s", "RESTARTS")
-_INSTANCE_RIGHT = (False, True, False, False, True, True, True)
+_INSTANCE_HEADERS = ("INSTANCE", "PID", "DEVICE", "STATE", "RSS", "CPU s", "RESTARTS", "BUSY s")
+_INSTANCE_RIGHT = (False, True, False, False, True, True, True, True)
 
 
 def render(status: Mapping[str, Any], reason_width: int = 60) -> str:
@@ -132,6 +133,7 @@ def render(status: Mapping[str, Any], reason_width: int = 60) -> str:
                     _fmt_bytes(inst.get("rss_bytes")),
                     _fmt_num(inst.get("cpu_s"), ".1f"),
                     _fmt_num(inst.get("restarts"), "d"),
+                    _fmt_num(inst.get("busy_s"), ".1f"),
                 )
             )
     lines = [head, ""]

@@ -51,6 +51,7 @@ STATUS: dict[str, Any] = {
                     "rss_bytes": 125000000,
                     "cpu_s": 12.31,
                     "restarts": 0,
+                    "busy_s": 75.25,
                 },
             ],
         },
@@ -64,9 +65,9 @@ MODEL   VER  STATE        QUEUE  BATCH/1m  P99 ms/1m  REQ/s 1m  REASON
 add       1  READY            3      3.25       1.23    1520.5
 linear    1  UNAVAILABLE      0         -          -       0.0  worker crashed 5 times in a minute
 
-INSTANCE   PID  DEVICE  STATE          RSS  CPU s  RESTARTS
-add/1/0   2345  cpu     READY    119.2 MiB   12.3         0
-add/1/1   2346  gpu:0   LOADING    1.2 GiB    3.5         1
+INSTANCE   PID  DEVICE  STATE          RSS  CPU s  RESTARTS  BUSY s
+add/1/0   2345  cpu     READY    119.2 MiB   12.3         0    75.2
+add/1/1   2346  gpu:0   LOADING    1.2 GiB    3.5         1       -
 """
 
 
@@ -86,7 +87,7 @@ def test_render_tolerates_missing_and_odd_fields() -> None:
     assert text.splitlines()[0] == "zinfer  pid 1  up 2d0h00m05s  not ready"
     lines = text.splitlines()
     assert lines[3].split() == ["m", "-", "-", "-", "-", "-", "-"]
-    assert lines[6].split() == ["m/-/-", "-", "-", "-", "512", "B", "-", "-"]
+    assert lines[6].split() == ["m/-/-", "-", "-", "-", "512", "B", "-", "-", "-"]
 
 
 def test_long_reasons_are_cut() -> None:
