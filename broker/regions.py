@@ -7,8 +7,9 @@ and inode against the ones the EXECUTE names, so neither a name nor a path is ev
 only name a region its own connection registered, and only within the size it had when it was registered
 (sealed: it cannot shrink since).
 
-Bounded: regions per connection, regions in all and bytes in all; the newest registration is the one refused
-(``ResourceExhausted``), so one connection's exhaustion never touches another's regions.
+Bounded: regions per connection, per user (the uid that handed the descriptor over, so many connections of one
+user cannot take every place), in all, and bytes in all; the newest registration is the one refused
+(``ResourceExhausted``) and nothing registered is ever taken away.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from zinfer.client.shm import Segment, check_name
 from .region_intake import HandedRegion
 
 MAX_REGIONS_PER_CLIENT = 256
+MAX_REGIONS_PER_UID = 1024
 MAX_REGIONS = 4096
 
 
@@ -54,11 +56,14 @@ class RegionTable:
         max_region_bytes: int = 0,
         max_per_client: int = MAX_REGIONS_PER_CLIENT,
         max_regions: int = MAX_REGIONS,
+        max_per_uid: int = MAX_REGIONS_PER_UID,
         max_total_bytes: int = 0,
     ) -> None:
         self.max_region_bytes = max_region_bytes
         self.max_per_client = max_per_client
         self.max_regions = max_regions
+        self.max_per_uid = max_per_uid
+        self._per_uid: dict[int, int] = {}
         self.max_total_bytes = max_total_bytes
         self._by_client: dict[bytes, dict[str, Region]] = {}
         self._by_name: dict[str, Region] = {}
@@ -79,6 +84,8 @@ class RegionTable:
             regions = self._by_client.get(client, {})
             if held is None and len(regions) >= self.max_per_client:
                 raise ResourceExhausted(f"a connection may register at most {self.max_per_client} regions")
+            if held is None and self._per_uid.get(handed.uid, 0) >= self.max_per_uid:
+                raise ResourceExhausted(f"a user may register at most {self.max_per_uid} regions")
             if held is None and len(self._by_name) >= self.max_regions:
                 raise ResourceExhausted(f"the server holds its maximum of {self.max_regions} regions")
             if self.max_region_bytes and handed.size > self.max_region_bytes:
@@ -98,6 +105,9 @@ class RegionTable:
         self._by_client.setdefault(client, {})[name] = region
         self._by_name[name] = region
         self._bytes += grow
+        if held is not None:
+            self._drop_uid(held.uid)
+        self._per_uid[region.uid] = self._per_uid.get(region.uid, 0) + 1
         return region, held
 
     def unregister(self, client: bytes, name: str) -> Region:
@@ -121,6 +131,14 @@ class RegionTable:
             del self._by_client[region.client]
         del self._by_name[region.name]
         self._bytes -= region.size
+        self._drop_uid(region.uid)
+
+    def _drop_uid(self, uid: int) -> None:
+        left = self._per_uid[uid] - 1
+        if left:
+            self._per_uid[uid] = left
+        else:
+            del self._per_uid[uid]
 
     @staticmethod
     def release(region: Region) -> None:

@@ -155,6 +155,11 @@ def test_region_table() -> None:
         table.register(OTHER, segs[3].name, handed(segs[3]))
         with pytest.raises(ResourceExhausted, match="maximum of 3"):  # in all
             table.register(b"third", "zinfer-cextra", handed(segs[3]))
+        per_user = RegionTable(max_per_uid=1)
+        per_user.register(b"x", "zinfer-cone", handed(segs[3]))
+        with pytest.raises(ResourceExhausted, match="a user may"):  # per user, across its connections
+            per_user.register(b"y", "zinfer-ctwo", handed(segs[3]))
+        per_user.close()
         dropped = table.drop_client(ME)
         assert sorted(r.name for r in dropped) == sorted([segs[0].name, segs[2].name]) and table.count() == 1
         for r in dropped:
