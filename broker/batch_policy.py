@@ -6,7 +6,8 @@ Pure data, no I/O. :class:`BatchPolicy` carries Triton's ``dynamic_batching`` kn
 
     ValueError
     ├── QueueFull        the request's priority level holds max_queue_size requests already
-    └── InvalidPriority  the request's priority is outside [0, priority_levels]
+    ├── InvalidPriority  the request's priority is outside [0, priority_levels]
+    └── BatchTooLarge    the request's input bytes alone pass max_batch_bytes
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "Batch",
     "BatchPolicy",
     "BatchReason",
+    "BatchTooLarge",
     "InvalidPriority",
     "QueueFull",
     "QueuePolicy",
@@ -42,12 +44,17 @@ class InvalidPriority(ValueError):
     """The request's priority is not 0 (the default level) or a level in ``[1, priority_levels]``."""
 
 
+class BatchTooLarge(ValueError):
+    """The request's input bytes alone pass ``max_batch_bytes``: no batch could hold it."""
+
+
 class BatchReason(enum.Enum):
     """Why a batch was sent (kept for explainability and metrics)."""
 
     NO_BATCHING = "no_batching"  # max_batch_size == 0: every request alone
     PREFERRED = "preferred"  # a preferred batch size was reached
     MAX_SIZE = "max_size"  # the next request would pass the size limit, or the batch is full
+    MAX_BYTES = "max_bytes"  # the next request would pass the byte limit (max_batch_bytes)
     SHAPE_CUT = "shape_cut"  # the next request's variable dims differ
     DELAY_EXPIRED = "delay_expired"  # the oldest request waited max_queue_delay
     IDLE_NO_DELAY = "idle_no_delay"  # max_queue_delay is 0: an instance was free, send what is queued
@@ -79,6 +86,8 @@ class BatchPolicy:
     ``default_queue_policy``. ``latency_target_us > 0`` switches on the adaptive mode
     (:mod:`zinfer.broker.adaptive`), which then ignores ``max_queue_delay_us``; ``instances`` is the
     number of model instances, which the adaptive mode uses to estimate utilisation.
+    ``max_batch_bytes > 0`` bounds the input bytes of one batch (the server's ``--max-batch-bytes``): a
+    batch closes before the request that would pass it, and a request passing it alone is refused.
     """
 
     max_batch_size: int  # 0 = no batching
@@ -90,9 +99,11 @@ class BatchPolicy:
     priority_queue_policy: Mapping[int, QueuePolicy] = field(default_factory=empty_map)
     latency_target_us: int = 0  # zinfer_latency_target_microseconds; 0 = off
     instances: int = 1
+    max_batch_bytes: int = 0  # input bytes of one batch; 0 = no limit
 
     def __post_init__(self) -> None:
         max_size = _require_count("max_batch_size", self.max_batch_size)
+        _require_count("max_batch_bytes", self.max_batch_bytes)
         _require_count("max_queue_delay_us", self.max_queue_delay_us)
         _require_count("latency_target_us", self.latency_target_us)
         if _require_count("instances", self.instances) < 1:
@@ -139,8 +150,11 @@ class BatchPolicy:
         return self.priority_queue_policy.get(level, self.default_queue_policy)
 
     @classmethod
-    def from_config(cls, config: ModelConfig, instances: int | None = None) -> BatchPolicy:
-        """The policy of a model config; ``instances`` defaults to the sum of its instance group counts.
+    def from_config(
+        cls, config: ModelConfig, instances: int | None = None, max_batch_bytes: int = 0
+    ) -> BatchPolicy:
+        """The policy of a model config; ``instances`` defaults to the sum of its instance group counts;
+        ``max_batch_bytes`` is the server's limit on one batch's input bytes (0: none).
 
         Without ``dynamic_batching`` a batching model gets Triton's default scheduler: every request is
         executed on its own (preferred size 1, no delay), and no priorities or queue policies apply.
@@ -149,7 +163,7 @@ class BatchPolicy:
         db = config.dynamic_batching
         if db is None:
             preferred = (1,) if config.max_batch_size > 0 else ()
-            return cls(config.max_batch_size, preferred, instances=count)
+            return cls(config.max_batch_size, preferred, instances=count, max_batch_bytes=max_batch_bytes)
         return cls(
             max_batch_size=config.max_batch_size,
             preferred_batch_sizes=tuple(db.preferred_batch_size),
@@ -160,6 +174,7 @@ class BatchPolicy:
             priority_queue_policy=db.priority_queue_policy,
             latency_target_us=db.zinfer_latency_target_microseconds,
             instances=count,
+            max_batch_bytes=max_batch_bytes,
         )
 
 
@@ -178,6 +193,7 @@ class QueuedRequest(Generic[T]):
     arrival: float  # seconds on the caller's monotonic clock
     priority: int = 0
     timeout_us: int = 0
+    nbytes: int = 0  # input bytes, counted against max_batch_bytes
 
 
 @dataclass(frozen=True, slots=True)

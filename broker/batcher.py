@@ -13,7 +13,8 @@ queue timeouts with REJECT/DELAY, ``max_queue_size``). Batch formation follows T
   instance is busy and the next batch is larger.
 * The queue is walked in service order (level 1 first, FIFO within a level) from its head. The first
   request fixes the shape key; a request with another shape key cuts the batch (it is never skipped
-  over); a request that would push the batch past ``max_batch_size`` ends it. The largest preferred size
+  over); a request that would push the batch past ``max_batch_size``, or its input bytes past
+  ``max_batch_bytes``, ends it (and goes first in the next batch). The largest preferred size
   reached during the walk wins; if the batch would pass the largest preferred size before any preferred
   size was reached it is saturated and goes with what it has.
 * The queue delay is measured from the oldest request of the walk, not from when the batch was started.
@@ -33,13 +34,22 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from .adaptive import AdaptiveController, AdaptiveStats
-from .batch_policy import Batch, BatchPolicy, BatchReason, InvalidPriority, QueuedRequest, QueueFull
+from .batch_policy import (
+    Batch,
+    BatchPolicy,
+    BatchReason,
+    BatchTooLarge,
+    InvalidPriority,
+    QueuedRequest,
+    QueueFull,
+)
 from .priority_queue import PriorityQueue
 
 __all__ = [
     "Batch",
     "BatchPolicy",
     "BatchReason",
+    "BatchTooLarge",
     "BatcherStats",
     "DynamicBatcher",
     "InvalidPriority",
@@ -84,6 +94,7 @@ class DynamicBatcher(Generic[T]):
     def __init__(self, policy: BatchPolicy) -> None:
         self._policy = policy
         self._max = policy.max_batch_size
+        self._max_bytes = policy.max_batch_bytes
         self._preferred = frozenset(policy.preferred_batch_sizes)
         self._max_preferred = max(policy.preferred_batch_sizes, default=0)
         self._delay_s = policy.max_queue_delay_us / _US_PER_S
@@ -115,14 +126,20 @@ class DynamicBatcher(Generic[T]):
         """Queue a request; the queue delay and timeout run from ``request.arrival``.
 
         Raises :class:`QueueFull` when its level holds ``max_queue_size`` requests,
-        :class:`InvalidPriority` for a priority outside ``[0, priority_levels]``, ``ValueError`` for a
-        bad ``batch_size`` or ``timeout_us``. A refused request is not queued.
+        :class:`InvalidPriority` for a priority outside ``[0, priority_levels]``, :class:`BatchTooLarge`
+        when its ``nbytes`` alone pass ``max_batch_bytes``, ``ValueError`` for a bad ``batch_size`` or
+        ``timeout_us``. A refused request is not queued.
         """
         size: object = request.batch_size
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"request batch_size must be an int >= 1, got {size!r}")
         if self._max > 0 and size > self._max:
             raise ValueError(f"request batch_size {size} exceeds max_batch_size {self._max}")
+        if self._max_bytes and request.nbytes > self._max_bytes:
+            raise BatchTooLarge(
+                f"the request's inputs of {request.nbytes} bytes are over the {self._max_bytes} byte "
+                "limit of one batch (--max-batch-bytes)"
+            )
         try:
             self._queue.push(request)
         except QueueFull:
@@ -250,7 +267,7 @@ class DynamicBatcher(Generic[T]):
     def _walk(self) -> _Scan:
         entries = iter(self._queue)
         head = next(entries).request
-        size, count, oldest = head.batch_size, 1, head.arrival
+        size, count, oldest, nbytes = head.batch_size, 1, head.arrival, head.nbytes
         pref_size, pref_count = (size, 1) if size in self._preferred else (0, 0)
         sat_count = 0
         cut: BatchReason | None = None
@@ -263,6 +280,10 @@ class DynamicBatcher(Generic[T]):
             if new_size > self._max:
                 cut = BatchReason.MAX_SIZE
                 break
+            if self._max_bytes and nbytes + req.nbytes > self._max_bytes:
+                cut = BatchReason.MAX_BYTES
+                break
+            nbytes += req.nbytes
             if new_size > self._max_preferred and not pref_count and not sat_count:
                 sat_count = count  # saturated: no preferred size is reachable any more
             size, count, oldest = new_size, count + 1, min(oldest, req.arrival)

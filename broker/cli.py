@@ -146,6 +146,12 @@ def _parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentPa
     )
     s.add_argument("--max-tensor-bytes", type=int, default=1 << 32, help="largest tensor accepted, in bytes")
     s.add_argument(
+        "--max-batch-bytes",
+        type=int,
+        default=0,
+        help="largest total of input bytes in one batch (default 0: twice --max-tensor-bytes)",
+    )
+    s.add_argument(
         "--drain-timeout",
         type=float,
         default=30.0,
@@ -245,6 +251,7 @@ def server_options(args: argparse.Namespace, repo: Path) -> ServerOptions:
         runtime_dir=Path(os.path.abspath(args.runtime_dir or default_runtime_dir())),
         tcp=args.tcp,
         max_tensor_bytes=args.max_tensor_bytes,
+        max_batch_bytes=args.max_batch_bytes or 2 * args.max_tensor_bytes,
         exit_timeout_s=args.exit_timeout,
         drain_timeout_s=args.drain_timeout,
         log_level=args.log_level,

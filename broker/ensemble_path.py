@@ -166,7 +166,8 @@ class EnsemblePath:
             b = self.path.b
             checked = check_request(req, frames, target.signature, self.regions, p.client,
                                     b.options.max_tensor_bytes)  # fmt: skip
-            sp = Pending(self.path.new_seq(), p.client, req, frames, inputs, outputs, checked.batch_size, now)
+            sp = Pending(self.path.new_seq(), p.client, req, frames, inputs, outputs, checked.batch_size, now,
+                         input_bytes=checked.input_bytes)  # fmt: skip
             sp.on_done = lambda reply, out_frames: self._step_done(run, i, reply, out_frames)
             run.outstanding[i] = (target, sp)
             try:

@@ -60,7 +60,9 @@ class ModelControl:
         self.broker.registry.known.add(name)
         if any(p.name == name for p in self.pending):
             raise Unavailable(f"model '{name}' is already being loaded")
-        prepared, error = self.broker.registry.prepare(load_model_entry(model_dir))
+        prepared, error = self.broker.registry.prepare(
+            load_model_entry(model_dir), self.broker.options.max_batch_bytes
+        )
         if error is not None:
             self.broker.registry.fail(name, error)
             log.error("event=model_load_failed model=%s error=%r", name, error)

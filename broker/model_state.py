@@ -42,6 +42,7 @@ class Pending:
     sequence: dict[str, Any] | None = None  # a sequence request: {"id", "start", "end"} for the worker
     # an ensemble step's request: its reply goes to this callback instead of to ``client``
     on_done: Callable[[Reply, list[Frame]], None] | None = None
+    input_bytes: int = 0  # counted against the server's max_batch_bytes
 
 
 @dataclass
@@ -161,14 +162,16 @@ def instance_groups(config: ModelConfig, instances: int) -> list[InstanceGroup |
 
 
 class ModelState:
-    def __init__(self, config: ModelConfig, version: int, version_dir: Path, instances: int) -> None:
+    def __init__(
+        self, config: ModelConfig, version: int, version_dir: Path, instances: int, max_batch_bytes: int = 0
+    ) -> None:
         self.config = config
         self.signature = Signature.of(config)
         self.name = config.name
         self.version = version
         self.version_dir = version_dir
         self.expected_instances = instances
-        policy = BatchPolicy.from_config(config, max(instances, 1))  # an ensemble has none
+        policy = BatchPolicy.from_config(config, max(instances, 1), max_batch_bytes)  # an ensemble has none
         self.batcher: DynamicBatcher[Pending] = DynamicBatcher(policy)
         db = config.dynamic_batching
         # with preserve_ordering, responses leave in arrival order: (request, reply, frames) by request seq

@@ -73,8 +73,11 @@ class ModelRegistry:
         self.known: set[str] = set()  # every model folder of the repository seen so far
         self._generations = itertools.count(1)
 
-    def prepare(self, entry: ModelEntry) -> tuple[list[tuple[ModelState, list[str]]], str | None]:
-        """New states for every version of ``entry`` with their devices, or the reason it cannot load."""
+    def prepare(
+        self, entry: ModelEntry, max_batch_bytes: int = 0
+    ) -> tuple[list[tuple[ModelState, list[str]]], str | None]:
+        """New states for every version of ``entry`` with their devices, or the reason it cannot load;
+        ``max_batch_bytes`` bounds the input bytes of one of their batches (0: no limit)."""
         if entry.error is not None or entry.config is None:
             return [], entry.error or "invalid model"
         if entry.config.platform == "ensemble" or entry.config.ensemble_scheduling is not None:
@@ -90,7 +93,9 @@ class ModelRegistry:
         generation = next(self._generations)
         prepared = []
         for version in entry.versions:
-            state = ModelState(entry.config, version, entry.path / str(version), len(devices))
+            state = ModelState(
+                entry.config, version, entry.path / str(version), len(devices), max_batch_bytes
+            )
             state.generation = generation
             prepared.append((state, devices))
         return prepared, None

@@ -20,13 +20,14 @@ from zinfer.client.errors import (
     Cancelled,
     DeadlineExceeded,
     InvalidArgument,
+    ResourceExhausted,
     ServerError,
     Status,
     Unavailable,
 )
 from zinfer.client.protocol import Command, Frame, Reply
 
-from .batcher import Batch, InvalidPriority, QueuedRequest, QueueFull
+from .batcher import Batch, BatchTooLarge, InvalidPriority, QueuedRequest, QueueFull
 from .cache_path import CachePath
 from .ensemble_path import EnsemblePath
 from .limited_dispatch import LimitedDispatch
@@ -73,13 +74,19 @@ class RequestPath:
             reason = state.error or "no instance is ready yet"
             raise Unavailable(f"model '{state.name}' version {state.version} is not ready: {reason}")
         checked = check_request(req, frames, state.signature, b.regions, identity, b.options.max_tensor_bytes)
+        if checked.input_bytes > b.options.max_batch_bytes:  # no batch could hold it: refused before queueing
+            raise ResourceExhausted(
+                f"the request's inputs of {checked.input_bytes} bytes are over the "
+                f"{b.options.max_batch_bytes} byte limit of one batch (--max-batch-bytes)"
+            )
         now = time.monotonic()
         outputs = header["outputs"] if req.outputs is not None else [
             protocol.output_to_wire(o) for o in checked.outputs
         ]  # fmt: skip
         p = Pending(
-            next(self._seq), identity, req, frames, header["inputs"], outputs, checked.batch_size, now
-        )
+            next(self._seq), identity, req, frames, header["inputs"], outputs, checked.batch_size, now,
+            input_bytes=checked.input_bytes,
+        )  # fmt: skip
         self.enqueue(state, p, checked.shape_key, now)
         state.metrics.bytes(checked.input_bytes, 0)
 
@@ -97,7 +104,9 @@ class RequestPath:
                 state.order.submit(p.seq)
             self.ensembles.start(state, p, now)
             return
-        queued = QueuedRequest(p, p.batch_size, shape_key, now, p.request.priority, p.request.timeout_us)
+        queued = QueuedRequest(
+            p, p.batch_size, shape_key, now, p.request.priority, p.request.timeout_us, p.input_bytes
+        )
         try:
             state.batcher.add(queued, now)
         except QueueFull as exc:
@@ -105,6 +114,8 @@ class RequestPath:
             raise Unavailable(str(exc)) from None
         except InvalidPriority as exc:
             raise InvalidArgument(str(exc)) from None
+        except BatchTooLarge as exc:
+            raise ResourceExhausted(str(exc)) from None
         if state.order is not None:
             state.order.submit(p.seq)
 

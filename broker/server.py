@@ -71,6 +71,7 @@ class ServerOptions:
     runtime_dir: Path
     tcp: str | None = None
     max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES
+    max_batch_bytes: int = 2 * DEFAULT_MAX_TENSOR_BYTES  # input bytes of one batch
     exit_timeout_s: float = 5.0
     drain_timeout_s: float = 30.0
     heartbeat_interval_s: float = 1.0  # workers and broker heartbeat each other this often
@@ -100,6 +101,7 @@ class Broker:
             options.heartbeat_interval_s,
             options.heartbeat_liveness,
             client_endpoint(options.runtime_dir),
+            max_frame_bytes=protocol.frame_limit(options.max_tensor_bytes),
         )
         self.worker_model: dict[bytes, ModelState] = {}
         self.path = RequestPath(self)
@@ -132,7 +134,8 @@ class Broker:
         self.frontend = self._router(client_endpoint(rt))
         if self.options.tcp:
             o = self.options
-            self.tcp = TcpFrontend(self._ctx, o.tcp, o.curve_secret_key, o.curve_allow)  # type: ignore[arg-type]
+            self.tcp = TcpFrontend(self._ctx, o.tcp, o.curve_secret_key, o.curve_allow,  # type: ignore[arg-type]
+                                   protocol.frame_limit(o.max_tensor_bytes))  # fmt: skip
         self.backend = self._router(worker_endpoint(rt))
         os.chmod(rt / SOCKET_NAME, 0o600)
         os.chmod(rt / WORKER_SOCKET_NAME, 0o600)
@@ -149,7 +152,8 @@ class Broker:
         sock: zmq.Socket[bytes] = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, -1)
+        # no frame over a tensor's size limit is ever buffered: libzmq drops a peer that announces one
+        sock.setsockopt(zmq.MAXMSGSIZE, protocol.frame_limit(self.options.max_tensor_bytes))
         sock.bind(endpoint)
         return sock
 

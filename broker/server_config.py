@@ -240,6 +240,7 @@ KEYS: dict[str, Key] = {
     "curve_secret_key": Key(_path, "--curve-secret-key", "curve_secret_key"),
     "curve_allow": Key(_path, "--curve-allow", "curve_allow"),
     "max_tensor_bytes": Key(_integer(1), "--max-tensor-bytes", "max_tensor_bytes"),
+    "max_batch_bytes": Key(_integer(0), "--max-batch-bytes", "max_batch_bytes"),
     "max_region_bytes": Key(_integer(0), None, "max_region_bytes"),
     "drain_timeout_s": Key(_seconds(False), "--drain-timeout", "drain_timeout"),
     "exit_timeout_s": Key(_seconds(False), "--exit-timeout", "exit_timeout"),

@@ -79,8 +79,10 @@ class Supervisor:
         heartbeat_s: float = 1.0,
         liveness: int = 5,
         server_url: str | None = None,
+        max_frame_bytes: int = -1,
     ) -> None:
         self.server_url = server_url
+        self.max_frame_bytes = max_frame_bytes  # the workers' MAXMSGSIZE (-1: none)
         self.heartbeat_s = heartbeat_s
         self.liveness = liveness
         self._procs: dict[bytes, WorkerProc] = {}
@@ -123,6 +125,8 @@ class Supervisor:
             cmd += ["--cpus", spec.cpus]
         if self.server_url:
             cmd += ["--server-url", self.server_url]
+        if self.max_frame_bytes >= 0:
+            cmd += ["--max-frame-bytes", str(self.max_frame_bytes)]
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, close_fds=True)
         wp = WorkerProc(spec, identity, proc, time.monotonic(), incarnation)
         self._procs[identity] = wp

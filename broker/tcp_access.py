@@ -34,7 +34,12 @@ class TcpFrontend:
     """A ROUTER on ``tcp://address``, CURVE-authenticated when a secret certificate is given."""
 
     def __init__(
-        self, ctx: zmq.Context[Any], address: str, secret_cert: Path | None, allow_dir: Path | None
+        self,
+        ctx: zmq.Context[Any],
+        address: str,
+        secret_cert: Path | None,
+        allow_dir: Path | None,
+        max_frame_bytes: int = -1,
     ) -> None:
         host = address.rpartition(":")[0]
         if secret_cert is None and not is_loopback(host):
@@ -50,6 +55,7 @@ class TcpFrontend:
         self.sock: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)  # a larger frame is dropped, never buffered
         if secret_cert is not None and allow_dir is not None:
             public, secret = _load_secret(secret_cert)
             if not allow_dir.is_dir():

@@ -28,6 +28,14 @@ MAX_DIMS = 16
 MAX_TENSORS = 256
 MAX_NAME = 256
 
+
+def frame_limit(max_tensor_bytes: int) -> int:
+    """The largest frame a server's socket takes in (``zmq.MAXMSGSIZE``): a tensor of ``max_tensor_bytes``
+    or a header, whichever is larger, plus a header's worth of room. libzmq checks each frame's announced
+    size before buffering it and drops a peer that sends a larger one."""
+    return max(max_tensor_bytes, MAX_HEADER_BYTES) + MAX_HEADER_BYTES
+
+
 Frame = bytes | memoryview
 
 

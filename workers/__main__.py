@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heartbeat-liveness", type=int, default=5)
     p.add_argument("--server-url", default=None, help="the server's client socket, for BLS")
     p.add_argument("--cpus", default=None, help="pin this worker to these CPUs, e.g. 0,1,2,3")
+    p.add_argument("--max-frame-bytes", type=int, default=-1, help="largest frame sent or received")
     a = p.parse_args(argv)
     if a.cpus:  # before any model code, so thread pools size themselves to the mask
         os.sched_setaffinity(0, {int(c) for c in a.cpus.split(",")})
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             a.heartbeat_interval,
             a.heartbeat_liveness,
             a.server_url,
+            a.max_frame_bytes,
         )
     )
 

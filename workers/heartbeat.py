@@ -32,6 +32,7 @@ class Heartbeat:
         self._sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.IDENTITY, identity + protocol.HEARTBEAT_SUFFIX)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_HEADER_BYTES)  # heartbeats only: small
         self._sock.connect(endpoint)
         self._thread = threading.Thread(target=self._run, name="zinfer-heartbeat", daemon=True)
 

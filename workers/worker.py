@@ -28,13 +28,13 @@ import zmq
 from zinfer.broker.model_config import load_model_config
 from zinfer.broker.signature import Signature
 from zinfer.client import protocol
-from zinfer.client.errors import ConfigError, ProtocolError
+from zinfer.client.errors import ConfigError, ProtocolError, ResourceExhausted
 from zinfer.client.protocol import Command, Frame, Message
 from zinfer.client.transport import send_frames
 
 from . import bls
 from .batch import BatchRequest, run_batch
-from .batch_io import request_arrays
+from .batch_io import error_result, request_arrays
 from .device import CPU, Device, open_device, prefetch_wanted
 from .heartbeat import Heartbeat
 from .loader import load_model
@@ -61,6 +61,7 @@ class WorkerArgs:
     heartbeat_s: float = 1.0
     liveness: int = 5
     server_url: str | None = None  # the server's client socket, for BLS calls
+    max_frame_bytes: int = -1  # MAXMSGSIZE of the broker's sockets: no frame over it is sent or received
 
 
 class Worker:
@@ -77,6 +78,8 @@ class Worker:
         self.sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, args.identity)
         self.sock.setsockopt(zmq.LINGER, 2000)
+        # an EXECUTE's inline frames are the requests' own tensors, each within the broker's tensor limit
+        self.sock.setsockopt(zmq.MAXMSGSIZE, args.max_frame_bytes)
         self.sock.connect(args.endpoint)
         self.heartbeat = Heartbeat(self._ctx, args.endpoint, args.identity, args.heartbeat_s, args.liveness)
         self.heartbeat.start()
@@ -86,6 +89,20 @@ class Worker:
 
     def send(self, command: Command, header: dict[str, Any], frames: list[Frame] | None = None) -> None:
         send_frames(self.sock, protocol.encode(command, header, frames or ()))
+
+    def send_result(self, header: dict[str, Any], frames: list[Frame]) -> None:
+        """A RESULT; one whose inline outputs pass the broker's frame limit (which would drop this worker's
+        connection) fails its requests instead, with ResourceExhausted."""
+        limit = self.args.max_frame_bytes
+        big = max((memoryview(f).nbytes for f in frames), default=0)
+        if 0 <= limit < big:
+            error = ResourceExhausted(
+                f"an output of {big} bytes is over the {limit} byte frame limit; raise --max-tensor-bytes, "
+                "or give the output a shared-memory slot"
+            )
+            header = {**header, "results": [error_result(r["id"], error) for r in header["results"]]}
+            frames = []
+        self.send(Command.W_RESULT, header, frames)
 
     def load(self) -> tuple[Signature, AnyModel] | None:
         a = self.args
@@ -210,15 +227,12 @@ class Worker:
             batch_id = header["batch"]
 
             def partial(result: dict[str, Any], out_frames: list[Frame]) -> None:
-                self.send(
-                    Command.W_RESULT, {"batch": batch_id, "results": [result], "partial": True}, out_frames
-                )
+                self.send_result({"batch": batch_id, "results": [result], "partial": True}, out_frames)
 
             outcome = run_stream(model, sig, requests, frames, self.regions, partial)
         else:
             outcome = run_batch(model, sig, requests, frames, self.regions, self.device, self.states)
-        self.send(
-            Command.W_RESULT,
+        self.send_result(
             {
                 "batch": header["batch"],
                 "results": outcome.results,

@@ -31,6 +31,7 @@ socket_group = "zinfer-clients"
 curve_secret_key = "keys/server.key_secret"
 curve_allow = "/etc/zinfer/keys/clients"
 max_tensor_bytes = 1_048_576
+max_batch_bytes = 3_145_728
 max_region_bytes = 8_589_934_592
 drain_timeout_s = 12
 exit_timeout_s = 2.5
@@ -60,6 +61,7 @@ EXPECTED: dict[str, Any] = {
     "curve_secret_key": Path("keys/server.key_secret"),
     "curve_allow": Path("/etc/zinfer/keys/clients"),
     "max_tensor_bytes": 1 << 20,
+    "max_batch_bytes": 3 << 20,
     "max_region_bytes": 8 << 30,
     "drain_timeout_s": 12.0,
     "exit_timeout_s": 2.5,
@@ -111,6 +113,7 @@ def test_the_file_fills_server_options(tmp_path: Path) -> None:
     assert opts.curve_secret_key == tmp_path / "keys/server.key_secret"
     assert opts.curve_allow == Path("/etc/zinfer/keys/clients")
     assert opts.max_tensor_bytes == 1 << 20
+    assert opts.max_batch_bytes == 3 << 20
     assert (opts.drain_timeout_s, opts.exit_timeout_s) == (12.0, 2.5)
     assert opts.log_level == "DEBUG" and args.log_level == "DEBUG"
     assert opts.model_control_mode == "explicit"
@@ -142,6 +145,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         "--curve-secret-key", "/k/s.key_secret",
         "--curve-allow", "/k/allowed",
         "--max-tensor-bytes", "99",
+        "--max-batch-bytes", "150",
         "--drain-timeout", "1",
         "--exit-timeout", "0.5",
         "--log-level", "ERROR",
@@ -153,6 +157,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     assert (opts.tcp, opts.metrics, opts.socket_group) == ("127.0.0.1:7001", "127.0.0.1:7002", "staff")
     assert (opts.curve_secret_key, opts.curve_allow) == (Path("/k/s.key_secret"), Path("/k/allowed"))
     assert opts.max_tensor_bytes == 99
+    assert opts.max_batch_bytes == 150
     assert (opts.drain_timeout_s, opts.exit_timeout_s) == (1.0, 0.5)
     assert (opts.log_level, opts.model_control_mode) == ("ERROR", "none")
     assert opts.load_models == ("linear",)  # the flags replace the file's list; they do not add to it
@@ -163,7 +168,8 @@ def test_every_flag_key_is_overridden_by_its_flag(capsys: pytest.CaptureFixture[
     with_flags = {k for k, key in KEYS.items() if key.flag}
     assert with_flags == {
         "model_repository", "runtime_dir", "tcp", "metrics", "socket_group", "curve_secret_key",
-        "curve_allow", "max_tensor_bytes", "drain_timeout_s", "exit_timeout_s", "log_level",
+        "curve_allow", "max_tensor_bytes", "max_batch_bytes", "drain_timeout_s", "exit_timeout_s",
+        "log_level",
         "model_control_mode", "load_models",
     }  # fmt: skip
     with pytest.raises(SystemExit):
