@@ -2,9 +2,11 @@
 
 (a) latency of ``add`` at concurrency 1 vs a bare ZeroMQ round trip through one ROUTER hop;
 (b) throughput of ``add`` at concurrency 1/8/32/64 (one Client per thread) vs the bare pipelined rate;
-(c) a 16 MiB tensor through ``identity``, copied and zero-copy, vs memcpy into /dev/shm.
+(c) a 16 MiB and a 4 MiB tensor through ``identity``, copied and zero-copy, vs memcpy into shared memory;
+(d) registering one arena segment (hand-off of its descriptor + REGISTER) vs the bare round trip.
 
-Usage: ``.venv/bin/python bench/bench_serving.py [--quick]``. Results go to bench/results/bench_serving.json.
+Usage: ``.venv/bin/python bench/bench_serving.py [--quick] [--big-only]`` (``--big-only``: (c) and (d) only,
+more repetitions). Results go to bench/results/bench_serving.json (bench_serving_big.json for --big-only).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from zinfer.client import protocol
 from zinfer.client.client import Client
 from zinfer.client.paths import client_endpoint
 from zinfer.client.protocol import Command, InferRequest, OutputRequest, TensorRef
+from zinfer.client.shm import Segment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import baseline  # noqa: E402
@@ -42,6 +45,10 @@ import baseline  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "bench_serving.json"
 BIG_SHAPE = (1, 4 << 20)  # 16 MiB of fp32
+MID_SHAPE = (1, 1 << 20)  # 4 MiB of fp32
+SIZES = {"16MiB": BIG_SHAPE, "4MiB": MID_SHAPE}
+FORMS = ("copied", "zero_copy")
+BIG_ONLY = {"lat_n": 2000, "big_n": 60, "reg_n": 200}
 FULL = {"warmup": 1000, "lat_n": 5000, "step_s": 5.0, "step_max": 200_000, "rate_n": 50_000, "big_n": 30}
 QUICK = {"warmup": 500, "lat_n": 500, "step_s": 1.0, "step_max": 20_000, "rate_n": 5_000, "big_n": 15}
 CONCURRENCY = (1, 8, 32, 64)
@@ -238,10 +245,10 @@ def throughput_step(url: str, conc: int, duration_s: float, cap: int) -> dict[st
 # ------------------------------------------------------------------------------------------ (c) 16 MiB
 
 
-def big_tensor(url: str, n: int, zero_copy: bool) -> dict[str, float]:
+def big_tensor(url: str, n: int, zero_copy: bool, shape: tuple[int, int] = BIG_SHAPE) -> dict[str, float]:
     with Client(url, timeout=TIMEOUT_S) as c:
-        x = c.empty(BIG_SHAPE, np.float32) if zero_copy else np.empty(BIG_SHAPE, np.float32)
-        x[...] = np.arange(BIG_SHAPE[1], dtype=np.float32)
+        x = c.empty(shape, np.float32) if zero_copy else np.empty(shape, np.float32)
+        x[...] = np.arange(shape[1], dtype=np.float32)
         for _ in range(3):  # warm-up: arena growth, page faults in the worker
             c.infer("identity", {"INPUT0": x}).as_numpy("OUTPUT0")
         before = model_stats(c, "identity")
@@ -256,6 +263,68 @@ def big_tensor(url: str, n: int, zero_copy: bool) -> dict[str, float]:
     keys = ("compute_input", "compute_infer", "compute_output")
     split = {k: timing_ns(before, after, k) / 1e9 for k in keys}
     return {"n": len(times), "e2e_s": statistics.median(times), "kernel_s": split["compute_infer"], **split}
+
+
+# ------------------------------------------------------------------------------------------ (d) registration
+
+
+def registration_us(url: str, n: int, seg_bytes: int = 1 << 20) -> list[float]:
+    """Register and unregister one fresh arena segment ``n`` times; the registration times (µs). Works on
+    older checkouts too (named /dev/shm segments and a bare REGISTER there)."""
+    make = getattr(Segment, "create_sealed", Segment.create)
+    out: list[float] = []
+    with Client(url, timeout=TIMEOUT_S) as c:
+        for _ in range(n):
+            seg = make(seg_bytes)
+            try:
+                t0 = time.perf_counter()
+                c._on_new_segment(seg)
+                out.append((time.perf_counter() - t0) * 1e6)
+                c._call(Command.UNREGISTER, {"name": seg.name})
+            finally:
+                seg.close()
+    return out
+
+
+def run_big(p: dict[str, Any]) -> dict[str, Any]:
+    """(c) and (d) alone."""
+    frames = bare_frames()
+    with baseline.bare_hop() as ep:
+        bare_lat = baseline.bare_latency_us(ep, frames, p["lat_n"])
+    memcpy = {label: baseline.shm_memcpy_s(int(np.prod(shape)) * 4) for label, shape in SIZES.items()}
+    with zinfer_server() as url:
+        reg = registration_us(url, p["reg_n"])
+        big = {
+            label: {form: big_tensor(url, p["big_n"], form == "zero_copy", shape) for form in FORMS}
+            for label, shape in SIZES.items()
+        }
+    for label, forms in big.items():
+        for b in forms.values():
+            b["overhead_over_memcpy"] = (b["e2e_s"] - b["kernel_s"]) / memcpy[label]
+    return {
+        "machine": machine(),
+        "params": p,
+        "big": {label: {"memcpy_s": memcpy[label], **forms} for label, forms in big.items()},
+        "registration": {"zinfer_p50_us": pct(reg, 50), "bare_p50_us": pct(bare_lat, 50),
+                         "ratio_p50": pct(reg, 50) / pct(bare_lat, 50), "n": len(reg)},
+    }  # fmt: skip
+
+
+def report_big(r: dict[str, Any]) -> None:
+    m = r["machine"]
+    print(f"zinfer serving bench (c, d)  {m['date']}  cpus={m['cpu_count']} python={m['python']}")
+    for label, forms in r["big"].items():
+        print(f"\n(c) identity, {label} fp32; memcpy to shared memory {forms['memcpy_s'] * 1e3:.2f} ms")
+        cols = f"{'e2e ms':>8}{'input ms':>10}{'kernel ms':>10}{'output ms':>10}{'(e2e-k)/memcpy':>15}"
+        print(f"  {'form':10}{cols}")
+        for form in FORMS:
+            b = forms[form]
+            print(f"  {form:10}{b['e2e_s'] * 1e3:8.2f}{b['compute_input'] * 1e3:10.2f}"
+                  f"{b['kernel_s'] * 1e3:10.2f}{b['compute_output'] * 1e3:10.2f}"
+                  f"{b['overhead_over_memcpy']:15.2f}")  # fmt: skip
+    g = r["registration"]
+    print(f"\n(d) registering a 1 MiB segment: p50 {g['zinfer_p50_us']:.1f} us; bare round trip "
+          f"{g['bare_p50_us']:.1f} us; ratio {g['ratio_p50']:.2f}  (n={g['n']})")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -329,7 +398,18 @@ def report(r: dict[str, Any]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small counts and durations (smoke test, < 30 s)")
+    ap.add_argument("--big-only", action="store_true", help="only (c) and (d), with more repetitions")
     args = ap.parse_args()
+    if args.big_only:
+        t0 = time.perf_counter()
+        big = run_big(BIG_ONLY)
+        big["wall_s"] = time.perf_counter() - t0
+        out = RESULTS.with_name("bench_serving_big.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(big, indent=2) + "\n")
+        report_big(big)
+        print(f"\nwrote {out.relative_to(ROOT)} in {big['wall_s']:.1f} s")
+        return 0
     params = dict(QUICK if args.quick else FULL, quick=args.quick)
     t0 = time.perf_counter()
     results = run(params)

@@ -1,7 +1,8 @@
 """Soak: sustained load while workers are killed every few seconds and clients connect and die.
 
 Reports requests sent, succeeded, failed with a clear error, and lost (no answer at all: must be 0), plus the
-broker's RSS and the count of /dev/shm entries at start and end (both should stay flat).
+broker's RSS, its open descriptors (one per registered region: dying clients' must be released by their
+connections) and the count of /dev/shm entries at start and end (all should stay flat).
 
 Usage: ``.venv/bin/python bench/bench_soak.py [--seconds N]`` (default 120; bounded in time and count).
 Results go to bench/results/bench_soak.json.
@@ -125,6 +126,7 @@ def main() -> int:
         server = next(p for p in psutil.Process().children() if "serve" in " ".join(_cmd(p)))
         time.sleep(1.0)
         rss_start = server.memory_info().rss
+        fds_start = server.num_fds()
         tally, stop, kills, spawned = Tally(), threading.Event(), [], []
         threads = [threading.Thread(target=loader, args=(url, stop, tally, i)) for i in range(args.loaders)]
         threads.append(threading.Thread(target=killer, args=(server.pid, stop, args.kill_every, kills)))
@@ -141,11 +143,13 @@ def main() -> int:
             t.join(60)
         time.sleep(3.0)  # let the broker reap the last dead clients' regions
         rss_end = server.memory_info().rss
+        fds_end = server.num_fds()
         shm_server_end = shm_entries()
     result: dict[str, Any] = {
         "machine": machine(), "seconds": args.seconds, **tally.counts, "errors": tally.errors,
         "workers_killed": len(kills), "dying_clients": len(spawned),
         "broker_rss_start": rss_start, "broker_rss_end": rss_end,
+        "broker_fds_start": fds_start, "broker_fds_end": fds_end,
         "shm_entries_start": shm_start, "shm_entries_end_server_up": shm_server_end,
         "shm_entries_end": shm_entries(),
     }  # fmt: skip

@@ -40,12 +40,18 @@ def test_sigterm_stops_everything_and_leaves_nothing(server_factory: Callable[..
         assert len(workers) == len(ready) - len(ensembles) >= 3  # an ensemble has no worker of its own
         assert _add(client) == 2.0
         client.infer("identity", {"INPUT0": np.ones((1, 1 << 20), np.float32)})
-        assert zinfer_segments() - before, "the client should own a segment while open"
+        assert client._arena is not None and client._arena.segments, "the client should own a segment"
+        fd = client._arena.segments[0].fd
+        assert os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:")  # a memory file, not in /dev/shm
+        broker_memfds = [os.readlink(f"/proc/{server.proc.pid}/fd/{n}") for n in os.listdir(
+            f"/proc/{server.proc.pid}/fd")]  # fmt: skip
+        assert any(link.startswith("/memfd:zinfer-c") for link in broker_memfds), "the broker holds it"
     assert zinfer_segments() == before
     assert server.stop(signal.SIGTERM) == 0
     assert not [p for p in workers if p.is_running() and p.status() != "zombie"]
     assert not (server.runtime_dir / "zinfer.sock").exists()
     assert not (server.runtime_dir / "workers.sock").exists()
+    assert not (server.runtime_dir / "zinfer-regions.sock").exists()
     assert "event=stopped" in server.log()
 
 
@@ -305,25 +311,25 @@ def test_client_survives_a_server_restart(server_factory: Callable[..., ServerPr
 
 
 def test_dead_clients_regions_are_reaped(server_factory: Callable[..., ServerProcess]) -> None:
-    """Scenario 7: a client killed without closing: its segments are unregistered and unlinked."""
+    """Scenario 7: a client exits without closing: nothing is left in /dev/shm (its segments are memory
+    files, gone with their last descriptor), and the broker, finding the connection gone, drops its regions
+    and closes its descriptors, which frees the memory."""
     server = server_factory()
     code = (
         "import numpy as np, os, sys\n"
         "from zinfer.client import Client\n"
         f"c = Client({server.url!r}, timeout=30, inline_threshold=-1)\n"
         "c.infer('add', {'INPUT_A': np.ones((1, 1), np.float32), 'INPUT_B': np.ones((1, 1), np.float32)})\n"
-        "print(os.getpid(), flush=True)\n"
-        "os._exit(0)  # no close(): the segment stays behind\n"
+        "os._exit(0)  # no close()\n"
     )
-    before = zinfer_segments()
+    broker_fds = lambda: len(os.listdir(f"/proc/{server.proc.pid}/fd"))  # noqa: E731
+    before, shm_before = broker_fds(), zinfer_segments()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    pid = done.stdout.strip()
-    left = [n for n in zinfer_segments() - before if n.startswith(f"zinfer-c{pid}-")]
-    assert left, "the dead client should have left a segment"
-    wait_for(lambda: not any(n.startswith(f"zinfer-c{pid}-") for n in zinfer_segments()), 15,
-             "the server to reap the dead client's segment")  # fmt: skip
-    assert "event=region_reaped" in server.log()
+    assert zinfer_segments() == shm_before
+    wait_for(lambda: "event=regions_reaped reason=connection_gone" in server.log(), 15,
+             "the server to drop the dead client's regions")  # fmt: skip
+    assert broker_fds() <= before
 
 
 def test_cpu_affinity_and_region_limit_from_a_config_file(
