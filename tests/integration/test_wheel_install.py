@@ -1,0 +1,114 @@
+"""A packaged install serves every bundled model: build the wheel, install it in a fresh virtual
+environment (not editable, nothing from the checkout on the path), serve its bundled repository.
+
+The wheel is built with pip the way ``pip install .`` builds it (build isolation, setuptools from the
+package index); pip's cache makes the dependencies of the fresh environment a copy, not a download.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import MODELS, ROOT, wait_for
+from zinfer.client import Client
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+# pip output that means the build could not get its tools (no index reachable), not that the project is broken
+_NO_INDEX = ("No matching distribution found for setuptools", "Could not find a version that satisfies")
+
+
+def _env() -> dict[str, str]:
+    """The environment without anything that would put the checkout on a child's path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh venv with zinfer installed from the wheel just built; yields its ``bin`` folder."""
+    work = tmp_path_factory.mktemp("wheel")
+    src = work / "src"
+    # build from a copy of the checkout without what git ignores (.venv, build outputs, caches)
+    listing = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+    files = subprocess.run(listing, cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(work / "dist"), str(src)],
+        capture_output=True, text=True, env=_env(), timeout=180,
+    )  # fmt: skip
+    if built.returncode != 0:
+        if any(s in built.stdout + built.stderr for s in _NO_INDEX):
+            pytest.skip(f"cannot build the wheel here: no package index for its build tools\n{built.stderr}")
+        raise AssertionError(f"pip wheel failed:\n{built.stdout}\n{built.stderr}")
+    (wheel,) = (work / "dist").glob("zinfer-*.whl")
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=_env())
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],
+        capture_output=True, text=True, env=_env(), timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, f"installing the wheel failed:\n{done.stdout}\n{done.stderr}"
+    yield venv / "bin"
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_wheel_holds_every_bundled_model_folder(installed: Path) -> None:
+    """Every version folder of configs/models is in the install, the ones holding only .gitkeep too."""
+    code = "import zinfer.configs, os; print(os.path.dirname(zinfer.configs.__file__))"
+    where = subprocess.run(
+        [str(installed / "python"), "-c", code],
+        capture_output=True, text=True, check=True, cwd=installed, env=_env(), timeout=60,
+    ).stdout.strip()  # fmt: skip
+    assert where.startswith(str(installed.parent)), f"zinfer imported from {where}, not from the fresh venv"
+    packaged_models = Path(where) / "models"
+    shipped = {p.relative_to(MODELS) for p in MODELS.glob("*/*") if p.is_dir()}
+    packaged = {p.relative_to(packaged_models) for p in packaged_models.glob("*/*") if p.is_dir()}
+    assert shipped <= packaged, f"missing from the wheel: {sorted(map(str, shipped - packaged))}"
+
+
+def test_a_packaged_install_serves_every_bundled_model(installed: Path, tmp_path: Path) -> None:
+    runtime = tmp_path / "rt"
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            [str(installed / "zinfer"), "serve", "--runtime-dir", str(runtime), "--metrics", "127.0.0.1:0"],
+            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path, env=_env(),
+        )  # fmt: skip
+    try:
+        wait_for(lambda: "event=ready" in log_path.read_text() or proc.poll() is not None, 90, "readiness")
+        assert proc.poll() is None, log_path.read_text()
+        models = sorted(p.name for p in MODELS.iterdir() if (p / "config.pbtxt").is_file())
+        with Client(f"ipc://{runtime / 'zinfer.sock'}", timeout=30) as client:
+            states = {r["name"]: (r["state"], r["reason"]) for r in client.repository_index()}
+            not_ready = {m: states.get(m) for m in models if states.get(m, ("", ""))[0] != "READY"}
+            assert not not_ready, f"bundled models not ready from the wheel: {not_ready}"
+            assert all(client.is_model_ready(m) for m in models)
+            assert client.is_server_ready()
+            # the README's first call, on the packaged models
+            a = np.array([[1.0], [2.0]], np.float32)
+            out = client.infer("add", {"INPUT_A": a, "INPUT_B": a}).as_numpy("OUTPUT_SUM")
+            assert out.tolist() == [[2.0], [4.0]]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait(5)
+    assert code == 0, log_path.read_text()
+    assert "event=model_load_failed" not in log_path.read_text()
