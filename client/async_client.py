@@ -18,6 +18,7 @@ from .async_connection import AsyncConnection
 from .base import _ClientBase, _ModelInfo, _Prepared
 from .connection import CurveKeys
 from .errors import ClientError, RequestTimeout, Status, from_status
+from .link_watch import HEARTBEAT_INTERVAL_S
 from .protocol import Command, Frame, Reply
 from .result import InferResult
 from .shm import Segment
@@ -45,6 +46,7 @@ class AsyncClient(_ClientBase):
         inline_threshold: int = 4096,
         curve: CurveKeys | None = None,
         server_uid: int | None = None,
+        heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
     ) -> None:
         super().__init__(
             url,
@@ -55,7 +57,11 @@ class AsyncClient(_ClientBase):
             inline_threshold=inline_threshold,
         )
         self._conn = AsyncConnection(
-            self.url, on_late_reply=self._late_reply, curve=curve, server_uid=server_uid
+            self.url,
+            on_late_reply=self._late_reply,
+            curve=curve,
+            server_uid=server_uid,
+            heartbeat_interval=heartbeat_interval,
         )
         self._unregistered: list[Segment] = []  # segments the server has not been told of yet
         self._register_lock = asyncio.Lock()

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -23,6 +24,7 @@ import zmq.asyncio
 from . import protocol
 from .connection import CurveKeys
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
+from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
 from .paths import check_server_socket
 from .protocol import Command, Frame, Reply, is_final
 
@@ -32,6 +34,8 @@ _REPLY_ONLY = frozenset({Command.REPLY})
 _SERVER_CHECK_S = 0.5  # while requests wait, how often to check that a local server is still there
 _DRAIN = 256  # replies handled before the reader lets other tasks run
 
+_Item = tuple[Reply, list[Frame]]
+
 
 class AsyncConnection:
     def __init__(
@@ -40,9 +44,11 @@ class AsyncConnection:
         on_late_reply: Callable[[str], None] | None = None,
         curve: CurveKeys | None = None,
         server_uid: int | None = None,
+        heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
     ) -> None:
         self.url = url
         self.server_uid = server_uid
+        self.heartbeat_interval = heartbeat_interval
         self._on_late = on_late_reply
         # An asyncio socket owning its handle (a shadow of a plain socket would leave that one to close the
         # handle a second time when it is collected, by then perhaps another socket's).
@@ -50,13 +56,17 @@ class AsyncConnection:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 0)  # thousands in flight: queue them, never refuse
         self._sock.setsockopt(zmq.RCVHWM, 0)  # and read every reply off the server's queue at once
+        apply_heartbeats(self._sock, heartbeat_interval)
         if curve is not None:
             curve.apply(self._sock)
+        self._link = LinkWatch(self._sock, url, self._lost)
+        self._link_fd = -1  # watched by the event loop once one runs this connection
         self._sock.connect(url)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: dict[str, asyncio.Future[tuple[Reply, list[Frame]]]] = {}
-        self._streams: dict[str, asyncio.Queue[tuple[Reply, list[Frame]]]] = {}  # decoupled models
+        self._streams: dict[str, asyncio.Queue[_Item | ClientError]] = {}  # decoupled models
+        self._sending: set[str] = set()  # ids whose send waits for a connection: not lost with one
         self._late: set[str] = set()
         self._background: set[asyncio.Future[Any]] = set()  # sends still queued in the socket
         self._ids = itertools.count(1)
@@ -83,24 +93,25 @@ class AsyncConnection:
     ) -> tuple[Reply, list[Frame]]:
         """Send one message and wait up to ``timeout`` seconds for its reply (see ``send`` and ``wait``)."""
         rid = header.setdefault("id", self.new_id())
-        fut = await self.send(command, header, frames)
+        fut = await self.send(command, header, frames, timeout)
         return await self.wait(rid, fut, timeout)
 
     async def send(
-        self, command: Command, header: dict[str, Any], frames: Sequence[Frame]
+        self, command: Command, header: dict[str, Any], frames: Sequence[Frame], timeout: float = math.inf
     ) -> asyncio.Future[tuple[Reply, list[Frame]]]:
         """Send ``header`` (its ``id`` set) and the future its reply will resolve. When this raises, the
-        message was not sent."""
+        message was not sent (``ConnectionFailed``: no server connected within ``connect_wait``)."""
         if self._closed:
             raise ClientError("the client is closed")
         self.check_server()
         loop = self._start()
         rid: str = header["id"]
         fut: asyncio.Future[tuple[Reply, list[Frame]]] = loop.create_future()
+        self._link.poll()  # a loss reported before this request must not fail it
         self._waiters[rid] = fut
         msg = protocol.encode(command, header, frames)
         try:
-            await self._send(msg)
+            await self._send(msg, rid, timeout)
         except BaseException:
             self._waiters.pop(rid, None)
             raise
@@ -132,16 +143,20 @@ class AsyncConnection:
         self.check_server()
         self._start()
         rid: str = header.setdefault("id", self.new_id())
-        queue: asyncio.Queue[tuple[Reply, list[Frame]]] = asyncio.Queue()
+        queue: asyncio.Queue[_Item | ClientError] = asyncio.Queue()
+        self._link.poll()
         self._streams[rid] = queue
         done = False
         try:
-            await self._send(protocol.encode(command, header, frames))
+            await self._send(protocol.encode(command, header, frames), rid, timeout)
             while not done:
                 try:
-                    reply, rframes = await asyncio.wait_for(queue.get(), timeout)
+                    item = await asyncio.wait_for(queue.get(), timeout)
                 except asyncio.TimeoutError:
                     raise RequestTimeout("no response from the server within the timeout") from None
+                if isinstance(item, ClientError):
+                    raise item
+                reply, rframes = item
                 done = is_final(reply)
                 yield reply, rframes
         finally:
@@ -155,7 +170,8 @@ class AsyncConnection:
             return
         header.setdefault("id", self.new_id())
         self._start()
-        sent = asyncio.ensure_future(self._sock.send_multipart(protocol.encode(command, header)))
+        msg = protocol.encode(command, header)
+        sent = asyncio.ensure_future(self._sock.send_multipart(msg, flags=zmq.NOBLOCK))  # or dropped
         self._background.add(sent)  # kept alive while the socket holds it
         sent.add_done_callback(self._sent)
 
@@ -164,10 +180,20 @@ class AsyncConnection:
         if not sent.cancelled() and sent.exception() is not None:
             log.debug("event=send_failed error=%r", str(sent.exception()))
 
-    async def _send(self, msg: list[Frame]) -> None:
+    async def _send(self, msg: list[Frame], rid: str, timeout: float) -> None:
         # Every send and receive goes through the asyncio socket: a send that bypassed it could consume
         # the edge of the file descriptor's readiness and leave the reader asleep with replies queued.
-        await self._sock.send_multipart(msg, copy=protocol.send_copy(msg))
+        sent = asyncio.ensure_future(self._sock.send_multipart(msg, copy=protocol.send_copy(msg)))
+        if sent.done():  # connected: libzmq took it at once
+            sent.result()
+            return
+        self._sending.add(rid)
+        try:
+            await asyncio.wait_for(sent, connect_wait(self.heartbeat_interval, timeout))
+        except asyncio.TimeoutError:
+            raise ConnectionFailed(f"no connection to a zinfer server at {self.url}") from None
+        finally:
+            self._sending.discard(rid)
 
     # ------------------------------------------------------------------------------------ reader
 
@@ -176,6 +202,9 @@ class AsyncConnection:
         if self._loop is None:
             self._loop = loop
             self._tasks.append(loop.create_task(self._read()))
+            self._link.poll()  # losses before this loop ran concern no request
+            self._link_fd = self._link.fd
+            loop.add_reader(self._link_fd, self._link.poll)
             if self.url.startswith("ipc://"):
                 self._tasks.append(loop.create_task(self._watch()))
         elif loop is not self._loop:
@@ -234,10 +263,18 @@ class AsyncConnection:
             if self._on_late is not None:
                 self._on_late(rid)
 
-    def _fail_all(self, exc: Exception) -> None:
-        for fut in list(self._waiters.values()):
-            if not fut.done():
+    def _fail_all(self, exc: ClientError, spare: set[str] | frozenset[str] = frozenset()) -> None:
+        """Fail every request waiting for a reply (and every stream), except those in ``spare``."""
+        for rid, fut in list(self._waiters.items()):
+            if not fut.done() and rid not in spare:
                 fut.set_exception(exc)
+        for rid, queue in list(self._streams.items()):
+            if rid not in spare:
+                queue.put_nowait(exc)
+
+    def _lost(self, exc: ConnectionFailed) -> None:
+        """The connection dropped (``LinkWatch``): what went out on it will not be answered."""
+        self._fail_all(exc, self._sending)
 
     # ------------------------------------------------------------------------------------ closing
 
@@ -247,6 +284,9 @@ class AsyncConnection:
             return
         self._closed = True
         self._fail_all(ClientError("the client is closed"))
+        if self._link_fd >= 0 and self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._link_fd)
+        self._link.close()
         for task in self._tasks:
             task.cancel()
         for pending in self._background:

@@ -14,6 +14,7 @@ from typing import Any
 from .base import _ClientBase, _ModelInfo, _Prepared
 from .connection import Connection, CurveKeys
 from .errors import ClientError, RequestTimeout, Status, from_status
+from .link_watch import HEARTBEAT_INTERVAL_S
 from .protocol import Command, Frame, Reply
 from .result import InferResult
 from .shm import Segment
@@ -30,6 +31,8 @@ class Client(_ClientBase):
     client's shared-memory arena when the server is local (``ipc://``), inline in the message otherwise;
     tensors of at most ``inline_threshold`` bytes travel inline anyway, where a copy is cheaper than a
     shared-memory slot (set it to -1 to send everything through shared memory).
+    A server that dies or freezes fails the calls waiting on it with ``ConnectionFailed`` within about two
+    ``heartbeat_interval`` seconds (see ``link_watch``).
     """
 
     def __init__(
@@ -43,6 +46,7 @@ class Client(_ClientBase):
         inline_threshold: int = 4096,
         curve: CurveKeys | None = None,
         server_uid: int | None = None,
+        heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
     ) -> None:
         super().__init__(
             url,
@@ -52,7 +56,13 @@ class Client(_ClientBase):
             max_arena_bytes=max_arena_bytes,
             inline_threshold=inline_threshold,
         )
-        self._conn = Connection(self.url, on_late_reply=self._late_reply, curve=curve, server_uid=server_uid)
+        self._conn = Connection(
+            self.url,
+            on_late_reply=self._late_reply,
+            curve=curve,
+            server_uid=server_uid,
+            heartbeat_interval=heartbeat_interval,
+        )
 
     # ------------------------------------------------------------------------------------ lifecycle
 

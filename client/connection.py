@@ -21,15 +21,17 @@ import zmq
 
 from . import protocol
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
+from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
 from .paths import check_server_socket
 from .protocol import Command, Frame, Reply, is_final
-from .transport import send_frames
+from .transport import NOBLOCK, send_frames
 
 log = logging.getLogger(__name__)
 
 _POLL_SLICE_S = 0.001  # receive slice while other threads are waiting to send
 _REPLY_ONLY = frozenset({Command.REPLY})
 _SERVER_CHECK_S = 0.5  # while waiting, how often to check that a local server is still there
+_CONNECT_SLICE_MS = 10  # while a send waits for a connection, how long it holds the socket at a time
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ class _Waiter:
     reply: Reply | None = None
     frames: list[Frame] = field(default_factory=list)
     stream: deque[tuple[Reply, list[Frame]]] | None = None  # several replies (decoupled models)
+    sent: bool = False  # only a request that went out can be lost with the connection
+    error: ConnectionFailed | None = None  # the connection was lost while this waited
 
 
 class Connection:
@@ -75,20 +79,24 @@ class Connection:
         on_late_reply: Callable[[str], None] | None = None,
         curve: CurveKeys | None = None,
         server_uid: int | None = None,
+        heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
     ) -> None:
         self.url = url
         self.server_uid = server_uid
+        self.heartbeat_interval = heartbeat_interval
         self._on_late = on_late_reply
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        apply_heartbeats(self._sock, heartbeat_interval)
         if curve is not None:
             curve.apply(self._sock)
+        self._waiters_lock = threading.Lock()
+        self._waiters: dict[str, _Waiter] = {}
+        self._link = LinkWatch(self._sock, url, self._lost)
         self._sock.connect(url)
         self._sock_lock = threading.Lock()
         self._recv_lock = threading.Lock()
-        self._waiters_lock = threading.Lock()
-        self._waiters: dict[str, _Waiter] = {}
         self._late: set[str] = set()
         self._senders = 0
         self._ids = itertools.count(1)
@@ -97,6 +105,7 @@ class Connection:
 
     def close(self) -> None:
         self._closed = True
+        self._link.close()
         self._sock.close(linger=0)
 
     def new_id(self) -> str:
@@ -116,15 +125,20 @@ class Connection:
         rid = header.setdefault("id", self.new_id())
         waiter = _Waiter()
         msg = protocol.encode(command, header, frames)
+        self._link.poll()  # a loss reported before this request must not fail it
         with self._waiters_lock:
             self._waiters[rid] = waiter
             self._senders += 1
         try:
-            with self._sock_lock:
-                send_frames(self._sock, msg)
+            self._send(msg, timeout)
+        except BaseException:
+            with self._waiters_lock:
+                self._waiters.pop(rid, None)  # nothing was sent
+            raise
         finally:
             with self._waiters_lock:
                 self._senders -= 1
+                waiter.sent = True
         try:
             self._wait(waiter, time.monotonic() + timeout)
         except (RequestTimeout, ConnectionFailed):
@@ -144,10 +158,17 @@ class Connection:
         self.check_server()
         rid = header.setdefault("id", self.new_id())
         waiter = _Waiter(stream=deque())
+        self._link.poll()
         with self._waiters_lock:
             self._waiters[rid] = waiter
-        with self._sock_lock:
-            send_frames(self._sock, protocol.encode(command, header, frames))
+        try:
+            self._send(protocol.encode(command, header, frames), timeout)
+        except BaseException:
+            with self._waiters_lock:
+                self._waiters.pop(rid, None)
+            raise
+        with self._waiters_lock:
+            waiter.sent = True
         try:
             while True:
                 while waiter.stream:
@@ -170,14 +191,42 @@ class Connection:
             check_server_socket(self.url[6:], self.server_uid)
 
     def send_only(self, command: Command, header: dict[str, Any]) -> None:
-        """Send without waiting for the answer (which is then dropped)."""
+        """Send without waiting for the answer (which is then dropped); dropped too while no server is
+        connected."""
         header.setdefault("id", self.new_id())
         with self._sock_lock:
-            send_frames(self._sock, protocol.encode(command, header))
+            try:
+                send_frames(self._sock, protocol.encode(command, header), NOBLOCK)
+            except zmq.Again:
+                log.debug("event=send_dropped reason=not_connected")
+
+    def _send(self, msg: Sequence[Frame], timeout: float) -> None:
+        """Send ``msg`` once a server is connected; ``ConnectionFailed`` (nothing sent) when none is
+        within ``connect_wait``. While connected a send never waits: libzmq queues it."""
+        deadline = time.monotonic() + connect_wait(self.heartbeat_interval, timeout)
+        while True:
+            with self._sock_lock:
+                try:
+                    send_frames(self._sock, msg, NOBLOCK)  # libzmq takes every frame once the first is in
+                    return
+                except zmq.Again:
+                    pass
+                if time.monotonic() >= deadline:
+                    raise ConnectionFailed(f"no connection to a zinfer server at {self.url}")
+                self._sock.poll(_CONNECT_SLICE_MS, zmq.POLLOUT)
+            self.check_server()
+
+    def _lost(self, exc: ConnectionFailed) -> None:
+        """The connection dropped: every call waiting for a reply fails (``LinkWatch``)."""
+        with self._waiters_lock:
+            waiters = [w for w in self._waiters.values() if w.sent]
+        for waiter in waiters:
+            waiter.error = exc
+            waiter.event.set()
 
     def _wait(self, waiter: _Waiter, deadline: float) -> None:
         next_check = time.monotonic() + _SERVER_CHECK_S
-        while not waiter.event.is_set():
+        while not waiter.event.is_set() and waiter.error is None:
             now = time.monotonic()
             remaining = deadline - now
             if remaining <= 0:
@@ -191,8 +240,11 @@ class Connection:
             try:
                 if not waiter.event.is_set():
                     self._receive(min(remaining, _POLL_SLICE_S if self._senders else 0.05))
+                    self._link.poll()
             finally:
                 self._recv_lock.release()
+        if waiter.error is not None and waiter.reply is None:
+            raise waiter.error
 
     def _receive(self, wait_s: float) -> None:
         got: list[list[zmq.Frame]] = []

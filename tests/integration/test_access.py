@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import MODELS, ServerProcess
 from zinfer.client import Client, CurveKeys
-from zinfer.client.errors import RequestTimeout
+from zinfer.client.errors import ConnectionFailed
 
 pytestmark = pytest.mark.integration
 
@@ -85,9 +85,10 @@ def test_curve_admits_only_allowed_clients(
     url = f"tcp://127.0.0.1:{port}"
     with Client(url, timeout=30, curve=CurveKeys.from_files(server_pub, allowed_sec)) as alice:
         assert alice.infer("add", {"INPUT_A": ONE, "INPUT_B": ONE}).as_numpy("OUTPUT_SUM")[0, 0] == 2
+    # refused at the handshake, they are never connected: nothing is sent, nothing waits for a reply
     with Client(url, timeout=1.0, curve=CurveKeys.from_files(server_pub, stranger_sec)) as mallory:
-        with pytest.raises(RequestTimeout):
+        with pytest.raises(ConnectionFailed, match="no connection"):
             mallory.is_server_live()
     with Client(url, timeout=1.0) as plain:
-        with pytest.raises(RequestTimeout):
+        with pytest.raises(ConnectionFailed, match="no connection"):
             plain.is_server_live()
