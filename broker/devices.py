@@ -16,11 +16,13 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 30.0
+DEVICE_ENV = "ZINFER_DEVICE"  # tells a worker its CUDA_VISIBLE_DEVICES was narrowed to its GPU
 
 _PROBE = (
     "import json, cupy\n"
@@ -54,7 +56,8 @@ def probe_gpus(timeout: float = PROBE_TIMEOUT_S) -> GpuProbe:
         visible = os.environ["CUDA_VISIBLE_DEVICES"]
         return GpuProbe((), reason=f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU")
     if importlib.util.find_spec("cupy") is None:
-        return GpuProbe((), reason="CuPy is not installed (pip install 'zinfer[gpu]')")
+        hint = "pip install 'zinfer[gpu-cuda12]' or 'zinfer[gpu-cuda13]'"
+        return GpuProbe((), reason=f"CuPy is not installed ({hint})")
     try:
         done = subprocess.run(
             [sys.executable, "-c", _PROBE],
@@ -96,3 +99,25 @@ def gpu_probe() -> GpuProbe:
 def gpu_ids() -> list[int]:
     """The indices of the usable GPUs (cached after the first call)."""
     return list(gpu_probe().ids)
+
+
+def worker_environment(device: str, environ: Mapping[str, str]) -> dict[str, str] | None:
+    """The environment of a worker for ``device``, or None to inherit the server's as it is.
+
+    A ``gpu:N`` worker sees only that GPU: ``CUDA_VISIBLE_DEVICES`` is the N-th entry of the server's own
+    (an index, a ``GPU-``/``MIG-`` UUID), or ``N`` where the server has none, and ``ZINFER_DEVICE`` says
+    so, so the worker uses CUDA device 0 under its own number. CuPy's current device is per thread, so
+    without this a model's threads and libraries such as torch would default to GPU 0 and make a context
+    there. An index past the server's list is left alone (the worker's load reports it)."""
+    if not device.startswith("gpu:") or not device[4:].isdigit():
+        return None
+    index = int(device[4:])
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        narrowed = str(index)
+    else:
+        entries = [e.strip() for e in visible.split(",")]
+        if index >= len(entries) or not entries[index]:
+            return None
+        narrowed = entries[index]
+    return {**environ, "CUDA_VISIBLE_DEVICES": narrowed, DEVICE_ENV: device}

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .devices import worker_environment
+
 log = logging.getLogger(__name__)
 
 
@@ -127,7 +129,8 @@ class Supervisor:
             cmd += ["--server-url", self.server_url]
         if self.max_frame_bytes >= 0:
             cmd += ["--max-frame-bytes", str(self.max_frame_bytes)]
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, close_fds=True)
+        env = worker_environment(spec.device, os.environ)  # a GPU worker sees its own GPU only
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, close_fds=True, env=env)
         wp = WorkerProc(spec, identity, proc, time.monotonic(), incarnation)
         self._procs[identity] = wp
         log.info("event=worker_spawned model=%s version=%d instance=%d generation=%d pid=%d", *key, proc.pid)

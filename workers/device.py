@@ -34,8 +34,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-WaitHook = Callable[[Callable[[], bool]], None]
-"""Run while a device waits for its batch; its argument says whether the device has finished."""
+class DeviceWait(Protocol):
+    """What a device waits for: ``fd`` turns readable once it may be done (poll it beside a socket, never
+    spin); ``done()`` says whether it is."""
+
+    fd: int
+
+    def done(self) -> bool: ...
+
+
+WaitHook = Callable[[DeviceWait], None]
+"""Run while a device waits for its batch, with what it waits for."""
 
 PREFETCH_PARAMETER = "gpu_prefetch"
 _SWITCH = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False,

@@ -2,15 +2,26 @@
 
 Imported only by a worker started with ``--device gpu:N``; nothing else in zinfer imports CuPy.
 
-- Streams: the model and every output copy run on the instance's compute stream (made CuPy's current
-  stream, so a model's own CuPy calls land there too); input copies run on a copy stream of its own. Each
-  batch array's copies end in a CUDA event the compute stream waits on, so compute never reads an input
-  before it has landed, and the copies never wait for compute.
+- Streams: the model and every output copy run on the instance's compute stream, so a model's own CuPy
+  calls land there too; input copies run on a copy stream of its own. Each batch array's copies end in a
+  CUDA event the compute stream waits on, so compute never reads an input before it has landed, and the
+  copies never wait for compute. CuPy's current stream is per thread, and ``Stream.use()`` does not push
+  on CuPy's stream stack: leaving any ``with stream:`` block (ours around input allocations, a model's,
+  CuPy's own ``get()`` of a non-contiguous array) makes the top of that stack current. So the compute
+  stream is *pushed* once (entered, never left) when the device opens, is made current again at each
+  batch's start, and ``synchronize`` checks that it is still current after the model ran: a model that
+  left another stream current fails its batch (its kernels were not ordered with the copies), and the
+  compute stream is current again for the next one. The compute stream is a *blocking* stream: work a
+  model or a library issues on the legacy null stream (from another thread, say, where CuPy's current
+  stream is the null stream) is ordered with it both ways; the copy stream is non-blocking, so it overlaps.
 - Inputs: each request's rows are copied host-to-device straight from the mapped region (or the inline
   frame) into one device buffer per input, so the host never concatenates. The buffers are allocated
-  while the copy stream is current, from its arena of CuPy's memory pool, and held until the batch's
-  ``synchronize``: at most two sets are alive, the running batch's and the staged next one's (double
-  buffering without fixed buffers, so a model may keep an input array as long as it likes).
+  while the copy stream is current, from its arena of CuPy's memory pool (a block compute freed is never
+  reused for a copy), and held until the batch's ``synchronize``: at most two sets are alive, the running
+  batch's and the staged next one's. *A model must not keep an input array past its ``execute``* (copy
+  it, ``x.copy()``, if it needs it later): CuPy returns a freed block to the arena of the stream that
+  allocated it, so an input dropped during a later batch goes back to the copy stream's arena at once,
+  and the next batch's staged copy can overwrite it while a kernel of the current batch still reads it.
 - Outputs: each request's piece is copied device-to-host straight into the request's output slot on the
   compute stream (after the compute that produced it); ``synchronize`` waits for them before the reply.
 - Client regions are registered with ``cudaHostRegister`` when first mapped (unregistered before they are
@@ -18,6 +29,13 @@ Imported only by a worker started with ``--device gpu:N``; nothing else in zinfe
   a region that cannot be registered is used pageable (its copy still overlaps compute, but the host
   waits for it).
 - Data types CuPy has no kernels for (``BYTES`` as object arrays, ``BF16``) stay NumPy arrays on the host.
+- Outputs of other libraries: a CUDA array with ``__dlpack__`` (taken with the compute stream as the
+  consumer stream, so the producer orders its work before it) or ``__cuda_array_interface__`` (a
+  zero-copy view) is used in place; anything else goes through NumPy.
+- Device: a worker the supervisor started sees only its own GPU (``CUDA_VISIBLE_DEVICES`` set to it, and
+  ``ZINFER_DEVICE`` to its spec), which is then CUDA device 0 in the process; ``id`` stays the server's
+  number for it. A warm-up at open runs a GEMM (cuBLAS) and an elementwise kernel (compiled by NVRTC) and
+  checks the result, so missing or mismatched CUDA libraries fail the load, not the first request.
 
 What overlaps, and when. The batch runner runs one batch to the end: gather (H2D copies), model, wait,
 scatter (D2H copies), wait, reply. ``synchronize`` runs the ``on_wait`` hook before each wait, that is
@@ -29,19 +47,25 @@ current batch computes, and while its outputs are copied back (H2D and D2H use s
 When that batch starts, :meth:`take_staged` hands the staged arrays to ``batch``, and its compute only
 waits on their events. If the next EXECUTE comes in after the current batch's last wait, nothing is
 staged and it copies as usual. Nothing else overlaps: a batch's outputs are back in the host slots
-before its reply is sent, and the next batch's compute starts after that.
+before its reply is sent, and the next batch's compute starts after that. The host never spins: the
+hook sleeps in ``poll`` on its socket and on a pipe that a waiter thread writes to once a blocking-sync
+CUDA event after the batch's work has completed, and the final wait is on that event (the host thread
+sleeps) before the stream is synchronized.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import queue
+import threading
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from zinfer.client.errors import ConfigError
+from zinfer.client.errors import ConfigError, InternalError
 from zinfer.client.shm import Segment
 
 from .device import WaitHook
@@ -51,6 +75,13 @@ log = logging.getLogger(__name__)
 
 _DEVICE_KINDS = "biuf"  # bool, signed, unsigned, float: what CuPy computes on
 HOST_REGISTER_DEFAULT = 0
+DEVICE_ENV = "ZINFER_DEVICE"  # set by the supervisor, with CUDA_VISIBLE_DEVICES narrowed to that GPU
+_DLPACK_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged
+INSTALL_HINT = (
+    "install CuPy for the CUDA major of the driver (nvidia-smi): pip install 'zinfer[gpu-cuda12]' or "
+    "'zinfer[gpu-cuda13]'; where CuPy is already installed, install its CUDA libraries instead "
+    "(pip install 'cupy-cuda12x[ctk]' or 'cupy-cuda13x[ctk]', the one installed) rather than a second CuPy"
+)
 
 PieceKey = tuple[tuple[int, tuple[int, ...], tuple[int, ...], str], ...]
 
@@ -76,6 +107,70 @@ class _Copied(NamedTuple):
     event: Any
 
 
+class _Wait:
+    """What the look-ahead hook waits on: ``fd`` becomes readable once ``event`` has completed (it may
+    also wake for an earlier wait's event: ``done`` tells)."""
+
+    def __init__(self, fd: int, event: Any) -> None:
+        self.fd = fd
+        self._event = event
+
+    def done(self) -> bool:
+        return bool(self._event.done)
+
+
+class _Waiter:
+    """A thread that sleeps in blocking-sync CUDA events, one after another, and writes a byte to a pipe
+    when each has completed: the look-ahead polls that pipe beside its socket instead of spinning."""
+
+    def __init__(self, ordinal: int, cupy: Any) -> None:
+        self._ordinal, self._cp = ordinal, cupy
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, event: Any) -> _Wait:
+        self._drain()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="zinfer-gpu-wait", daemon=True)
+            self._thread.start()
+        self._events.put(event)
+        return _Wait(self._read, event)
+
+    def _drain(self) -> None:
+        try:
+            while os.read(self._read, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _run(self) -> None:
+        self._cp.cuda.Device(self._ordinal).use()
+        while (event := self._events.get()) is not None:
+            try:
+                event.synchronize()
+            except Exception as exc:  # the batch's own wait reports it
+                log.debug("event=gpu_wait_failed error=%r", exc)
+            try:
+                os.write(self._write, b"\0")
+            except OSError:
+                return
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._events.put(None)
+            self._thread.join(timeout=5.0)  # an event stuck on a hung GPU must not hold the exit
+        os.close(self._read)
+        os.close(self._write)
+
+
+def _ordinal(index: int) -> int:
+    """The CUDA device number of ``gpu:<index>`` in this process: 0 where the supervisor narrowed
+    ``CUDA_VISIBLE_DEVICES`` to that GPU (``ZINFER_DEVICE`` says which), else ``index``."""
+    return 0 if os.environ.get(DEVICE_ENV) == f"gpu:{index}" else index
+
+
 class GpuDevice:
     kind = "GPU"
     is_host = False
@@ -85,25 +180,28 @@ class GpuDevice:
             import cupy
         except Exception as exc:  # ImportError, or a CUDA library that fails to load
             raise ConfigError(
-                f"device gpu:{index}: CuPy cannot be imported ({type(exc).__name__}: {exc}); "
-                "install it with: pip install 'zinfer[gpu]'"
+                f"device gpu:{index}: CuPy cannot be imported ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
             ) from None
         try:
             count = int(cupy.cuda.runtime.getDeviceCount())
         except Exception as exc:
             raise ConfigError(f"device gpu:{index}: no usable CUDA device ({exc})") from None
-        if not 0 <= index < count:
+        ordinal = _ordinal(index)
+        if not 0 <= ordinal < count:
             raise ConfigError(f"device gpu:{index}: only {count} GPU(s) are visible to this process")
         self.cp: Any = cupy
         self.xp: ModuleType = cupy
         self.id = index
+        self.ordinal = ordinal  # the CUDA device number in this process
         self.spec = f"gpu:{index}"
-        self.device = cupy.cuda.Device(index)
+        self.device = cupy.cuda.Device(ordinal)
         self.device.use()
-        self.stream = cupy.cuda.Stream(non_blocking=True)  # compute, and the copies back to the host
-        self.stream.use()  # the instance's own stream: every CuPy call of this worker runs on it
+        # compute, and the copies back to the host; blocking, so null-stream work is ordered with it
+        self.stream = cupy.cuda.Stream(non_blocking=False)
+        self.stream.__enter__()  # pushed for good: leaving any ``with`` block comes back to it
         self.copy_stream = cupy.cuda.Stream(non_blocking=True)  # host-to-device copies only
         self.on_wait: WaitHook | None = None  # run by synchronize before it blocks (the worker's look-ahead)
+        self.stray_streams = 0  # batches whose model left another stream current
         self.staged_batches = 0  # batches whose inputs were staged ahead
         self.staged_hits = 0  # batch arrays served from a staged copy
         self._staged: tuple[object, dict[PieceKey, list[_Copied]]] = (None, {})
@@ -112,6 +210,36 @@ class GpuDevice:
         self._pinned: dict[str, int] = {}
         self._keep: list[Any] = []  # device temporaries read by copies still in flight
         self._pin_failed = False
+        self._waiter = _Waiter(ordinal, cupy)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """A small GEMM (cuBLAS) and elementwise kernel (NVRTC) on the compute stream, checked: CUDA
+        libraries that are missing, or of another CUDA major than CuPy's, fail here, at load."""
+        cp = self.cp
+        a = np.arange(16, dtype=np.float32).reshape(4, 4) / 16
+        want = np.maximum(a @ a - 0.5, 0)
+        try:
+            x = cp.asarray(a)
+            got = cp.maximum(cp.subtract(cp.matmul(x, x), 0.5), 0).get(stream=self.stream)
+        except Exception as exc:
+            raise ConfigError(
+                f"device {self.spec}: CUDA cannot run a kernel ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
+            ) from None
+        if not np.allclose(got, want, rtol=1e-3, atol=1e-3):
+            raise ConfigError(f"device {self.spec}: a warm-up GEMM gave a wrong result (GPU unusable)")
+        self.stream.synchronize()
+
+    def _current(self) -> Any:
+        return self.cp.cuda.get_current_stream()
+
+    def _compute_current(self) -> Any:
+        """Make the compute stream current again; the stream that was current instead, or None."""
+        stray = self._current()
+        if stray == self.stream:
+            return None
+        self.stream.use()
+        return stray
 
     def module_of(self, a: Any) -> ModuleType:
         return self.xp if isinstance(a, self.cp.ndarray) else np
@@ -150,6 +278,10 @@ class GpuDevice:
         return _Copied(out, self._event(self.copy_stream))
 
     def batch(self, pieces: Sequence[Array]) -> Array:
+        if not self._in_use:  # the first input of a batch: its kernels run on the compute stream
+            stray = self._compute_current()
+            if stray is not None:
+                log.warning("event=stray_stream device=%s stream=%r at=batch_start", self.spec, stray)
         first = pieces[0]
         if not self.on_device(first.dtype):
             return first if len(pieces) == 1 else np.concatenate(pieces, axis=0)
@@ -189,8 +321,19 @@ class GpuDevice:
         return bool(self._ready)
 
     def as_output(self, value: Any) -> Array:
-        if isinstance(value, self.cp.ndarray):
+        cp = self.cp
+        if isinstance(value, cp.ndarray):
             return value  # type: ignore[no-any-return]
+        if not isinstance(value, np.ndarray):
+            dlpack_device = getattr(value, "__dlpack_device__", None)
+            if dlpack_device is not None and hasattr(value, "__dlpack__"):
+                if int(dlpack_device()[0]) in _DLPACK_CUDA:
+                    with self.stream:  # the consumer stream the producer orders its work before
+                        out: Array = cp.from_dlpack(value)
+                    return out
+            if hasattr(value, "__cuda_array_interface__"):
+                view: Array = cp.asarray(value)  # zero-copy; CuPy waits for a stream the producer names
+                return view
         return np.asarray(value)
 
     def copy_to_host(self, a: Array, dst: Array) -> None:
@@ -208,17 +351,32 @@ class GpuDevice:
         return np.ascontiguousarray(a)
 
     def synchronize(self) -> None:
-        """Wait for the compute stream (the batch and its copies back); staged copies keep running."""
+        """Wait for the compute stream (the batch and its copies back); staged copies keep running.
+
+        Raises InternalError when the model left another stream current (its kernels ran unordered with
+        the copies): that stream's work is waited for too, and the compute stream is current again."""
+        stray = self._compute_current()
+        if stray is not None:
+            self.stream.wait_event(stray.record())
+            self.stray_streams += 1
         hook = self.on_wait
+        done = self.cp.cuda.Event(block=True, disable_timing=True)  # the host sleeps in its synchronize
+        done.record(self.stream)
         if hook is not None:
-            done = self._event(self.stream)
             try:
-                hook(lambda: bool(done.done))
+                hook(self._waiter.watch(done))
             except Exception:  # the look-ahead is an optimisation: it never fails the batch
                 log.exception("event=look_ahead_failed device=%s", self.spec)
-        self.stream.synchronize()
+        done.synchronize()
+        self.stream.synchronize()  # already done: returns at once
         self._keep.clear()
         self._in_use.clear()
+        if stray is not None:
+            log.error("event=stray_stream device=%s stream=%r", self.spec, stray)
+            raise InternalError(
+                f"the model left CUDA stream {stray!r} current: its kernels must run on the instance's "
+                "compute stream (use `with stream:` blocks, which restore it, not Stream.use())"
+            )
 
     def pin(self, seg: Segment) -> None:
         if seg.size == 0 or seg.name in self._pinned:
@@ -249,6 +407,7 @@ class GpuDevice:
             self.copy_stream.synchronize()
             self.stream.synchronize()
         finally:
+            self._waiter.close()
             self._keep.clear()
             self._in_use.clear()
             self._ready = {}

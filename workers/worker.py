@@ -18,7 +18,6 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from zinfer.client.transport import send_frames
 from . import bls
 from .batch import BatchRequest, run_batch
 from .batch_io import error_result, request_arrays
-from .device import CPU, Device, open_device, prefetch_wanted
+from .device import CPU, Device, DeviceWait, open_device, prefetch_wanted
 from .heartbeat import Heartbeat
 from .loader import load_model
 from .model import AnyModel
@@ -180,19 +179,22 @@ class Worker:
             log.error("event=bad_message error=%r", str(exc))
             return None
 
-    def _look_ahead(self, device_done: Callable[[], bool]) -> None:
-        """The device's ``on_wait``: read the socket until the device is done; stage a batch that came."""
+    def _look_ahead(self, wait: DeviceWait) -> None:
+        """The device's ``on_wait``: read the socket until the device is done, asleep in ``poll`` on the
+        socket and the device's wake-up descriptor (never spinning); stage a batch that came."""
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(wait.fd, zmq.POLLIN)
         while True:
             if self._pending:
                 self._stage(self._pending[0])
                 return
-            if self.sock.poll(0, zmq.POLLIN):
+            if wait.done():
+                return
+            if self.sock in dict(poller.poll(POLL_MS)):
                 received = self._receive()
                 if received is not None:
                     self._pending.append(received)
-                continue
-            if device_done():
-                return
 
     def _stage(self, msg: Message) -> None:
         """Map an EXECUTE's inputs and start their copies to the device (each batch once). A batch that
