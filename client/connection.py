@@ -192,7 +192,9 @@ class Connection:
 
     def send_only(self, command: Command, header: dict[str, Any]) -> None:
         """Send without waiting for the answer (which is then dropped); dropped too while no server is
-        connected."""
+        connected, or once the connection is closed (a stream abandoned after ``close``)."""
+        if self._closed:
+            return
         header.setdefault("id", self.new_id())
         with self._sock_lock:
             try:
