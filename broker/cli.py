@@ -16,8 +16,9 @@ from typing import Any
 
 import zmq
 
-from zinfer.client.errors import ZinferError
+from zinfer.client.errors import ConfigError, ZinferError
 from zinfer.client.paths import default_runtime_dir
+from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
 
 from .rate_limiter import normalize_resources
 from .sd_notify import Notifier
@@ -27,6 +28,8 @@ from .server_config import FILE_ONLY_KEYS, KEYS, ConfigFileError, flag_defaults,
 log = logging.getLogger("zinfer.serve")
 
 NOTIFY_TICK_S = 0.05  # how often the main loop reports to systemd (READY, STATUS, WATCHDOG)
+MAX_SOCKET_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+EXIT_CONFIG = 2  # a configuration error: systemd's RestartPreventExitStatus=2 keeps it from restarting
 
 
 def bundled_models() -> Path:
@@ -43,6 +46,21 @@ def _host_port(value: str) -> str:
 
 def _metrics_address(value: str) -> str:
     return value if value == "off" else _host_port(value)
+
+
+def _number(kind: Callable[[str], float], minimum: float, strict: bool = False) -> Callable[[str], Any]:
+    """An argparse type: a ``kind`` number >= ``minimum`` (> when ``strict``), else a usage error (exit 2)."""
+
+    def convert(value: str) -> Any:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+        if number < minimum or (strict and number == minimum):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {minimum:g}, got {value}")
+        return number
+
+    return convert
 
 
 def _parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
@@ -95,7 +113,7 @@ def _parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentPa
     s.add_argument(
         "--cache-bytes",
         dest="cli_cache_bytes",
-        type=int,
+        type=_number(int, 0),
         default=None,
         metavar="N",
         help="response cache size in bytes for models with response_cache { enable: true } (0: off)",
@@ -111,7 +129,7 @@ def _parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentPa
     s.add_argument(
         "--heartbeat-interval",
         dest="cli_heartbeat_interval",
-        type=float,
+        type=_number(float, 0, strict=True),
         default=None,
         metavar="S",
         help="seconds between heartbeats of the broker and its workers (default 1)",
@@ -119,7 +137,7 @@ def _parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentPa
     s.add_argument(
         "--heartbeat-liveness",
         dest="cli_heartbeat_liveness",
-        type=int,
+        type=_number(int, 1),
         default=None,
         metavar="N",
         help="intervals of silence after which a worker is declared dead (default 5)",
@@ -144,20 +162,24 @@ def _parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentPa
         metavar="DIR",
         help="folder of client public certificates allowed to connect over TCP",
     )
-    s.add_argument("--max-tensor-bytes", type=int, default=1 << 32, help="largest tensor accepted, in bytes")
+    s.add_argument(
+        "--max-tensor-bytes", type=_number(int, 1), default=1 << 32, help="largest tensor accepted, in bytes"
+    )
     s.add_argument(
         "--max-batch-bytes",
-        type=int,
+        type=_number(int, 0),
         default=0,
         help="largest total of input bytes in one batch (default 0: twice --max-tensor-bytes)",
     )
     s.add_argument(
         "--drain-timeout",
-        type=float,
+        type=_number(float, 0),
         default=30.0,
         help="on SIGTERM or Ctrl-C, seconds to finish queued and running requests (twice: stop now)",
     )
-    s.add_argument("--exit-timeout", type=float, default=5.0, help="seconds to wait for workers on shutdown")
+    s.add_argument(
+        "--exit-timeout", type=_number(float, 0), default=5.0, help="seconds to wait for workers on shutdown"
+    )
     s.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     s.add_argument(
         "--model-control-mode",
@@ -243,12 +265,21 @@ def server_options(args: argparse.Namespace, repo: Path) -> ServerOptions:
     if getattr(args, "cli_rate_limits", None):
         extra["rate_limit_resources"] = tuple(_resource(text) for text in args.cli_rate_limits)
     if "rate_limit_resources" in extra:
-        extra["rate_limit_resources"] = normalize_resources(extra["rate_limit_resources"])
+        try:
+            extra["rate_limit_resources"] = normalize_resources(extra["rate_limit_resources"])
+        except ValueError as exc:
+            raise ConfigError(f"--rate-limit-resource: {exc}") from None
+    runtime_dir = Path(os.path.abspath(args.runtime_dir or default_runtime_dir()))
+    if len(str(runtime_dir / HANDOFF_SOCKET_NAME)) > MAX_SOCKET_PATH:
+        raise ConfigError(
+            f"runtime dir {runtime_dir}: its socket paths would be longer than {MAX_SOCKET_PATH} characters "
+            "(the limit of a Unix socket address); give a shorter --runtime-dir"
+        )
     load_models = args.load_model if args.load_model is not None else getattr(args, "config_load_models", ())
     return ServerOptions(
         model_repository=repo,
         # absolute, not resolved: a runtime dir that is a symbolic link must be seen as one (and refused)
-        runtime_dir=Path(os.path.abspath(args.runtime_dir or default_runtime_dir())),
+        runtime_dir=runtime_dir,
         tcp=args.tcp,
         max_tensor_bytes=args.max_tensor_bytes,
         max_batch_bytes=args.max_batch_bytes or 2 * args.max_tensor_bytes,
@@ -269,7 +300,7 @@ def _resource(text: str) -> tuple[str, int, str | None]:
     name, _, rest = text.partition(":")
     count, _, device = rest.partition(":")
     if not name or not count.isdigit():
-        raise SystemExit(f"zinfer serve: --rate-limit-resource expects NAME:COUNT[:DEVICE], got {text!r}")
+        raise ConfigError(f"--rate-limit-resource expects NAME:COUNT[:DEVICE], got {text!r}")
     return name, int(count), device or None
 
 
@@ -325,8 +356,14 @@ def serve(args: argparse.Namespace) -> int:
     if not repo.is_dir():
         log.error("event=bad_repository path=%s error='not a folder'", repo)
         notifier.send(f"STATUS=model repository {repo} is not a folder")
-        return 2
-    options = server_options(args, repo)
+        return EXIT_CONFIG
+    try:
+        options = server_options(args, repo)
+    except ConfigError as exc:
+        log.error("event=bad_config error=%r", str(exc))
+        notifier.send(f"STATUS=configuration error: {' '.join(str(exc).split())}")
+        notifier.close()
+        return EXIT_CONFIG
     stop = {"signal": 0, "count": 0}
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -339,11 +376,15 @@ def serve(args: argparse.Namespace) -> int:
     try:
         broker.start()
     except (ZinferError, OSError, zmq.ZMQError) as exc:
-        log.error("event=start_failed runtime_dir=%s error=%r", options.runtime_dir, str(exc))
+        # a configuration error (untrusted runtime dir, unknown --socket-group, TCP without CURVE, CURVE
+        # files) exits 2, which no restart fixes; anything else (a server already running, ...) exits 1
+        config = isinstance(exc, ConfigError)
+        log.error("event=start_failed runtime_dir=%s config_error=%s error=%r", options.runtime_dir,
+                  str(config).lower(), str(exc))  # fmt: skip
         notifier.send(f"STATUS=failed to start: {' '.join(str(exc).split())}")
         broker.close()
         notifier.close()
-        return 1
+        return EXIT_CONFIG if config else 1
     log.info("event=starting repository=%s runtime_dir=%s", repo, options.runtime_dir)
     try:
         broker.run(_reporting(notifier, broker, stop))
@@ -382,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
     except ConfigFileError as exc:
         print(f"zinfer serve: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     if args.command == "serve":
         return serve(args)
     if args.command == "keys":

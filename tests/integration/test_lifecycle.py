@@ -221,8 +221,8 @@ def test_unusable_runtime_dir_fails_with_a_clear_error(tmp_path: Path) -> None:
          "--runtime-dir", str(too_long)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert done.returncode == 1
-    assert "event=start_failed" in done.stderr and "longer than" in done.stderr
+    assert done.returncode == 2  # a configuration error
+    assert "event=bad_config" in done.stderr and "longer than" in done.stderr
 
 
 def test_missing_repository_fails_with_a_clear_error(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ def test_runtime_dir_writable_by_others_is_refused_and_left_unchanged(tmp_path: 
     rt.mkdir()
     os.chmod(rt, 0o777)
     done = _serve(rt)
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 2, done.stderr
     assert "event=start_failed" in done.stderr and "writable by group or others" in done.stderr
     assert _mode(rt) == 0o777
     assert os.listdir(rt) == []  # no lock file, no socket
@@ -57,7 +57,7 @@ def test_runtime_dir_of_another_user_is_refused_and_left_unchanged(tmp_path: Pat
     rt.mkdir(mode=0o700)
     os.chown(rt, NOBODY, NOBODY)
     done = _serve(rt)
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 2, done.stderr
     assert f"owned by uid {NOBODY}" in done.stderr
     st = os.lstat(rt)
     assert (st.st_uid, st.st_gid, _mode(rt)) == (NOBODY, NOBODY, 0o700)
@@ -71,7 +71,7 @@ def test_runtime_dir_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_p
     link = tmp_path / "rt"
     link.symlink_to(target)
     done = _serve(link)
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 2, done.stderr
     assert "is a symbolic link" in done.stderr
     assert _mode(target) == 0o755
     assert os.listdir(target) == []
