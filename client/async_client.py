@@ -256,13 +256,16 @@ class AsyncClient(_ClientBase):
     def _on_new_segment(self, seg: Segment) -> None:
         self._unregistered.append(seg)  # no I/O inside the arena: registered before the next send
 
+    async def _handoff_async(self, seg: Segment) -> dict[str, Any]:
+        return await asyncio.to_thread(self._handoff, seg, min(self.timeout, 10.0))
+
     async def _register_new(self) -> None:
         if not self._unregistered:
             return
         async with self._register_lock:
             while self._unregistered:
                 seg = self._unregistered[0]
-                await self._call(Command.REGISTER, {"name": seg.name})
+                await self._call(Command.REGISTER, await self._handoff_async(seg))
                 self._unregistered.remove(seg)
 
     async def _register_all(self) -> None:
@@ -270,7 +273,7 @@ class AsyncClient(_ClientBase):
             return
         async with self._register_lock:
             for seg in self._arena.segments:
-                await self._call(Command.REGISTER, {"name": seg.name})
+                await self._call(Command.REGISTER, await self._handoff_async(seg))
                 if seg in self._unregistered:
                     self._unregistered.remove(seg)
 

@@ -251,7 +251,7 @@ class Client(_ClientBase):
     # ------------------------------------------------------------------------------------ shm
 
     def _on_new_segment(self, seg: Segment) -> None:
-        self._call(Command.REGISTER, {"name": seg.name})
+        self._call(Command.REGISTER, self._handoff(seg, min(self.timeout, 10.0)))
 
     def _register_all(self) -> None:
         if self._arena is not None:
