@@ -55,6 +55,7 @@ class RequestPath:
         self.caching = CachePath(opts.cache_bytes)
         self.cache = self.caching.cache
         self.readers = self.caching.readers  # client regions mapped read-only, for the cache
+        self.readers.open_client = broker.regions.map_readonly
         self.limited = LimitedDispatch(self, opts.rate_limit_resources)
         self.limiter = self.limited.limiter
         self.ensembles = EnsemblePath(self)
@@ -259,10 +260,14 @@ class RequestPath:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("event=batch model=%s size=%d requests=%d reason=%s worker=%s", state.name, batch.size,
                       len(batch.items), batch.reason.value, worker.decode())  # fmt: skip
-        header, frames = execute_header(batch_id, batch.items, state.controls)
+        header, frames = execute_header(batch_id, batch.items, state.controls, self._region_wire)
         self.inflight[batch_id] = InFlight(batch_id, worker, state, list(batch.items), time.monotonic_ns())
         if not self.b.send_worker(worker, Command.W_EXECUTE, header, frames):
             self.fail_batch(self.inflight.pop(batch_id), "the instance could not be reached")
+
+    def _region_wire(self, name: str) -> list[int] | None:
+        region = self.b.regions.get(name)
+        return None if region is None else region.wire()
 
     def _sequences_done(self, state: ModelState, requests: list[Pending]) -> None:
         """The requests of a batch finished: their sequences may send the next one (or close)."""
@@ -291,7 +296,6 @@ class RequestPath:
             f"the model's execution limit (execution_timeout_ms {limit_ms}); the instance is being restarted"
         )
         self.fail_batch(batch, "execution limit", error)
-
 
     def fail_worker(self, worker: bytes, why: str) -> None:
         for bid, batch in list(self.inflight.items()):
