@@ -12,8 +12,12 @@
 (d) host-to-device and device-to-host bandwidth from a mapped /dev/shm segment, page-locked with
     cudaHostRegister (as a GPU worker does) and pageable.
 
+Every output zinfer returns (through the server and in-process) is checked against ``cupy.matmul`` of the
+same operands; a wrong result stops the bench. It first checks that /dev/shm has room for the client arena
+and the regions (about 1.5 GiB at the default sizes; containers default to 64 MiB) and says so if not.
+
 Usage: ``python bench/bench_gpu.py [--quick] [--m 4096 --k 8192 --n 8192 --dtype fp16]``. Needs CuPy and a
-GPU. Results go to bench/results/bench_gpu.json.
+GPU. Results go to bench/results/bench_gpu.json (``--out`` for elsewhere).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import shutil
 import sys
@@ -50,6 +55,42 @@ def _cupy() -> Any:
         return cupy
     except Exception as exc:
         sys.exit(f"bench_gpu needs CuPy and a GPU: {exc}")
+
+
+SHM = "/dev/shm"
+
+
+def check_shm(need: int) -> None:
+    """Exit with a clear message when /dev/shm cannot hold ``need`` bytes."""
+    try:
+        st = os.statvfs(SHM)
+    except OSError as exc:
+        sys.exit(f"bench_gpu: {SHM} is not usable ({exc}); it needs about {need / 2**30:.1f} GiB there")
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        sys.exit(
+            f"bench_gpu: {SHM} has {free / 2**20:.0f} MiB free, the bench needs about {need / 2**30:.1f} GiB "
+            "(the client arena and the shared-memory regions live there). Containers default to 64 MiB: "
+            "docker run --shm-size=4g, or in Kubernetes mount an emptyDir with medium: Memory at /dev/shm; "
+            "or run with smaller --m/--k/--n."
+        )
+
+
+def shm_needed(x: np.ndarray, w: np.ndarray) -> int:
+    """The most /dev/shm one phase of the bench holds at once, with a margin."""
+    y_bytes = x.shape[0] * w.shape[1] * x.itemsize
+    arena = 8 * (x.nbytes + y_bytes) + (64 << 20)
+    return int(max(arena, 2 * x.nbytes + y_bytes, 256 << 20) * 1.1)
+
+
+def check_output(label: str, got: np.ndarray, want: np.ndarray) -> None:
+    """zinfer's GEMM output against cupy.matmul's: FP16 sums of 8192 terms differ in the last bits."""
+    tol = 2e-2 if got.dtype == np.float16 else 1e-3
+    if got.shape != want.shape or not np.allclose(got.astype(np.float32), want.astype(np.float32),
+                                                  rtol=tol, atol=tol):  # fmt: skip
+        same = got.shape == want.shape
+        diff = np.abs(got.astype(np.float32) - want.astype(np.float32)).max() if same else -1
+        raise SystemExit(f"bench_gpu: {label}: zinfer's output differs from cupy.matmul (max |diff| {diff})")
 
 
 def _gpu_time_s(cp: Any, fn: Any, iters: int) -> float:
@@ -99,8 +140,11 @@ def _gemm_config(name: str, x: np.ndarray, w: np.ndarray, dtype: str, prefetch: 
     )
 
 
-def gemm_through_zinfer(x: np.ndarray, w: np.ndarray, iters: int, dtype: str) -> dict[str, dict[str, float]]:
-    """The GEMM through a server: model ``gemm`` one batch at a time, ``gemm_ahead`` with gpu_prefetch."""
+def gemm_through_zinfer(
+    x: np.ndarray, w: np.ndarray, iters: int, dtype: str, want: np.ndarray
+) -> dict[str, dict[str, float]]:
+    """The GEMM through a server: model ``gemm`` one batch at a time, ``gemm_ahead`` with gpu_prefetch;
+    outputs checked against ``want`` (cupy.matmul alone), the first ones and the concurrent ones."""
     flops = 2.0 * x.shape[0] * x.shape[1] * w.shape[1]
     repo = Path(tempfile.mkdtemp(prefix="zbg-"))
     for name, prefetch in (("gemm", False), ("gemm_ahead", True)):
@@ -117,7 +161,7 @@ def gemm_through_zinfer(x: np.ndarray, w: np.ndarray, iters: int, dtype: str) ->
             for model in ("gemm", "gemm_ahead"):
                 out = results[model] = {}
                 for _ in range(3):
-                    client.infer(model, {"X": xs})
+                    check_output(model, client.infer(model, {"X": xs}).as_numpy("Y"), want)
                 for conc in (1, 4):
                     n = iters * conc
                     t0 = time.perf_counter()
@@ -128,6 +172,10 @@ def gemm_through_zinfer(x: np.ndarray, w: np.ndarray, iters: int, dtype: str) ->
                         with ThreadPoolExecutor(conc) as pool:
                             list(pool.map(lambda _, m=model: client.infer(m, {"X": xs}), range(n)))
                     elapsed = (time.perf_counter() - t0) / n
+                    with ThreadPoolExecutor(conc) as pool:  # and the results of concurrent requests
+                        for y in pool.map(lambda _, m=model: client.infer(m, {"X": xs}).as_numpy("Y"),
+                                          range(conc)):  # fmt: skip
+                            check_output(f"{model} c{conc}", y, want)
                     out[f"c{conc}_ms_per_request"] = elapsed * 1e3
                     out[f"c{conc}_tflops"] = flops / elapsed / 1e12
                 stats = client.statistics(model)["model_stats"][0]["inference_stats"]
@@ -143,7 +191,9 @@ def gemm_through_zinfer(x: np.ndarray, w: np.ndarray, iters: int, dtype: str) ->
     return results
 
 
-def overlap_in_process(x: np.ndarray, w: np.ndarray, iters: int, dtype: str) -> dict[str, float]:
+def overlap_in_process(
+    x: np.ndarray, w: np.ndarray, iters: int, dtype: str, want: np.ndarray
+) -> dict[str, float]:
     """Back-to-back batches through ``run_batch`` on a ``GpuDevice``: one at a time, then each batch's
     inputs staged on the copy stream (from a page-locked region) while the batch before computes."""
     from zinfer.broker.model_config import parse_model_config
@@ -197,8 +247,14 @@ def overlap_in_process(x: np.ndarray, w: np.ndarray, iters: int, dtype: str) -> 
             device.on_wait = None
             return (time.perf_counter() - t0) / iters
 
+        def output() -> np.ndarray:
+            count = x.shape[0] * w.shape[1]
+            return np.frombuffer(seg.buf, x.dtype, count=count, offset=2 * x.nbytes).reshape(x.shape[0], -1)
+
         serial = run(look_ahead=False)
+        check_output("in-process serial", output(), want)
         overlapped = run(look_ahead=True)
+        check_output("in-process look-ahead", output(), want)
         return {
             "serial_ms_per_batch": serial * 1e3,
             "look_ahead_ms_per_batch": overlapped * 1e3,
@@ -251,21 +307,24 @@ def main() -> int:
     p.add_argument("--k", type=int, default=8192)
     p.add_argument("--n", type=int, default=8192)
     p.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16")
+    p.add_argument("--out", type=Path, default=RESULTS, help="where the JSON results go")
     a = p.parse_args()
-    cp = _cupy()
     iters = 5 if a.quick else 20
     dtype = np.float16 if a.dtype == "fp16" else np.float32
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((a.m, a.k)) / np.sqrt(a.k)).astype(dtype)
     w = (rng.standard_normal((a.k, a.n)) / np.sqrt(a.k)).astype(dtype)
+    check_shm(shm_needed(x, w))
+    cp = _cupy()
+    want = cp.matmul(cp.asarray(x), cp.asarray(w)).get()  # the reference every zinfer output must match
     props = cp.cuda.runtime.getDeviceProperties(0)
     result: dict[str, Any] = {
         "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"gpu": props["name"].decode(errors="replace"), "python": platform.python_version()},
         "gemm": {"m": a.m, "k": a.k, "n": a.n, "dtype": a.dtype},
         "cupy_alone": gemm_alone(cp, x, w, iters),
-        "zinfer": gemm_through_zinfer(x, w, iters, a.dtype),
-        "overlap_in_process": overlap_in_process(x, w, max(iters, 10), a.dtype),
+        "zinfer": gemm_through_zinfer(x, w, iters, a.dtype, want),
+        "overlap_in_process": overlap_in_process(x, w, max(iters, 10), a.dtype, want),
         "shm_copies_256MiB": shm_bandwidth(cp, 256 << 20, iters),
     }
     alone, plain, ahead = result["cupy_alone"], result["zinfer"]["gemm"], result["zinfer"]["gemm_ahead"]
@@ -276,8 +335,9 @@ def main() -> int:
         "prefetch_c4_vs_h2d_matmul_d2h": ahead["c4_tflops"] / alone["h2d_matmul_d2h_tflops"],
         "look_ahead_vs_serial_in_process": result["overlap_in_process"]["speedup"],
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    result["outputs_checked"] = "every zinfer output matched cupy.matmul"
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
 

@@ -408,6 +408,8 @@ class GpuDevice:
             self.stream.synchronize()
         finally:
             self._waiter.close()
+            if self._current() == self.stream:  # pushed at open: popped, so a later device starts clean
+                self.stream.__exit__(None, None, None)
             self._keep.clear()
             self._in_use.clear()
             self._ready = {}

@@ -293,3 +293,142 @@ def test_a_server_instance_with_gpu_prefetch_serves_concurrent_clients_exactly(
         )
     log = server.log()
     assert "event=gpu_prefetch model=add_ahead" in log and "event=gpu_prefetch model=mlp_ahead" in log, log
+
+
+# ------------------------------------------------------------------ issue 19: big GEMMs, the compute stream
+
+BIG = 4096  # M = K = N: the GEMM takes milliseconds, far longer than Python's overhead, so a copy or a
+# reply not ordered after it would read or send unfinished results
+
+
+def _big_gemm_config(name: str, prefetch: bool) -> str:
+    return (
+        f'name: "{name}"\nbackend: "zinfer"\nmax_batch_size: {BIG}\n'
+        f'input [ {{ name: "X" data_type: TYPE_FP32 dims: [ {BIG} ] }} ]\n'
+        f'output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ {BIG} ] }} ]\n'
+        "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]\n"
+        'parameters [ { key: "kernel" value: { string_value: "linear" } },\n'
+        f'             {{ key: "gpu_prefetch" value: {{ string_value: "{str(prefetch).lower()}" }} }} ]\n'
+    )
+
+
+def test_a_4096_cubed_gemm_through_zinfer_matches_cupy_matmul_alone(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Three different 4096x4096 inputs, back to back, through a worker's batch runner with each next
+    batch staged on the copy stream while the current one computes, then through a real server with
+    gpu_prefetch: every output equals ``cupy.matmul`` of the same operands run alone, and the kernels
+    stayed on the compute stream (no stray stream, the compute stream current after each batch)."""
+    import cupy
+
+    rng = np.random.default_rng(19)
+    w = (rng.standard_normal((BIG, BIG)) / np.sqrt(BIG)).astype(np.float32)
+    xs = [rng.standard_normal((BIG, BIG)).astype(np.float32) for _ in range(3)]
+    wd = cupy.asarray(w)
+    alone = [cupy.matmul(cupy.asarray(x), wd).get() for x in xs]
+    del wd
+    cupy.get_default_memory_pool().free_all_blocks()
+
+    np.save(tmp_path / "W.npy", w)
+    device = open_device("gpu:0")
+    config = parse_model_config(_big_gemm_config("g", False), source="t", model_name="g")
+    model, sig = load_model(config, tmp_path, device), Signature.of(config)
+    nbytes = BIG * BIG * 4
+    seg, regions = Segment.create(4 * nbytes), RegionCache(device)
+    try:
+        for k, x in enumerate(xs):
+            np.frombuffer(seg.buf, np.float32, count=x.size, offset=k * nbytes)[:] = x.reshape(-1)
+        reqs = [
+            [BatchRequest(k, (TensorRef("X", "FP32", (BIG, BIG), shm=ShmRef(seg.name, k * nbytes, nbytes)),),
+                          (OutputRequest("Y", ShmRef(seg.name, 3 * nbytes, nbytes)),))]
+            for k in range(3)
+        ]  # fmt: skip
+        running = [0]
+
+        def stage_next(wait: Any) -> None:
+            k = running[0] + 1
+            if k < len(reqs):
+                device.stage(k, [[request_arrays(reqs[k][0], [], regions)["X"]]])  # type: ignore[attr-defined]
+
+        device.on_wait = stage_next
+        for k in range(3):
+            running[0] = k
+            device.take_staged(k)  # type: ignore[attr-defined]
+            out = run_batch(model, sig, reqs[k], [], regions, device)
+            assert out.results[0]["status"] == 0, out.results
+            assert cupy.cuda.get_current_stream() == device.stream  # type: ignore[attr-defined]
+            got = np.frombuffer(seg.buf, np.float32, count=BIG * BIG, offset=3 * nbytes).reshape(BIG, BIG)
+            np.testing.assert_allclose(got, alone[k], rtol=1e-4, atol=1e-4)
+        assert device.staged_hits == 2 and device.stray_streams == 0  # type: ignore[attr-defined]
+    finally:
+        device.on_wait = None
+        regions.close()
+        seg.close()
+        device.close()
+
+    repo = tmp_path / "repo"
+    (repo / "big" / "1").mkdir(parents=True)
+    (repo / "big" / "config.pbtxt").write_text(_big_gemm_config("big", True))
+    np.save(repo / "big" / "1" / "W.npy", w)
+    server = server_factory(repo)
+    with Client(server.url, timeout=120, arena_bytes=8 * nbytes) as client:
+
+        def one(k: int) -> np.ndarray:
+            y: np.ndarray = client.infer("big", {"X": xs[k]}).as_numpy("Y")
+            return y
+
+        with ThreadPoolExecutor(3) as pool:
+            for k, y in enumerate(pool.map(one, [0, 1, 2, 0, 1, 2])):
+                np.testing.assert_allclose(y, alone[k % 3], rtol=1e-4, atol=1e-4)
+    assert "stray_stream" not in server.log()
+
+
+def test_kernels_run_on_the_compute_stream_and_a_stray_stream_fails_the_batch(tmp_path: Path) -> None:
+    """On real CuPy: a model opening its own ``with stream:`` leaves the compute stream current (CuPy's
+    stack); one that calls ``Stream.use()`` fails its batch, and the next batch runs on the compute stream."""
+    import cupy
+
+    device = open_device("gpu:0")
+    assert not device.stream.is_non_blocking  # type: ignore[attr-defined]  # ordered with the null stream
+    config = parse_model_config(
+        'name: "m"\nbackend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n',
+        source="t",
+        model_name="m",
+    )
+    sig = Signature.of(config)
+    mode = ["with"]
+
+    class Model:
+        def execute(self, inputs: dict[str, Any]) -> dict[str, Any]:
+            x = inputs["X"]
+            assert cupy.cuda.get_current_stream() == device.stream  # type: ignore[attr-defined]
+            if mode[0] == "with":
+                side = cupy.cuda.Stream(non_blocking=True)
+                side.wait_event(cupy.cuda.get_current_stream().record())
+                with side:
+                    y = x * 2
+                cupy.cuda.get_current_stream().wait_event(side.record())
+                return {"Y": y}
+            cupy.cuda.Stream(non_blocking=True).use()
+            return {"Y": x * 2}
+
+    seg, regions = Segment.create(1 << 16), RegionCache(device)
+    try:
+        np.frombuffer(seg.buf, np.float32, count=8)[:] = np.arange(8, dtype=np.float32)
+        req = BatchRequest(1, (TensorRef("X", "FP32", (2, 4), shm=ShmRef(seg.name, 0, 32)),),
+                           (OutputRequest("Y", ShmRef(seg.name, 4096, 32)),))  # fmt: skip
+        for m, ok in (("with", True), ("use", False), ("with", True)):
+            mode[0] = m
+            out = run_batch(Model(), sig, [req], [], regions, device)  # type: ignore[arg-type]
+            assert (out.results[0]["status"] == 0) is ok, out.results
+            assert cupy.cuda.get_current_stream() == device.stream  # type: ignore[attr-defined]
+            if ok:
+                got = np.frombuffer(seg.buf, np.float32, count=8, offset=4096)
+                np.testing.assert_array_equal(got, np.arange(8, dtype=np.float32) * 2)
+        assert device.stray_streams == 1  # type: ignore[attr-defined]
+    finally:
+        regions.close()
+        seg.close()
+        device.close()

@@ -27,14 +27,17 @@ import atexit, json, os, sys
 from tests.gpu import fake_cupy
 
 fake_cupy.COMPUTE_S = 0.003  # every batch "computes" for 3 ms, long enough for the next one to arrive
-sys.modules["cupy"] = fake_cupy.module(1)
+sys.modules["cupy"] = fake_cupy.module(int(os.environ.get("FAKE_GPUS", "1")))
 
 
 def _report():
     path = os.path.join(os.environ["FAKE_CUPY_REPORTS"], f"{os.getpid()}.json")
     sets = sum(op.kind == "set" for op in fake_cupy.OPS)
     with open(path, "w") as f:
-        json.dump({"argv": sys.argv, "hazards": fake_cupy.HAZARDS, "sets": sets}, f)
+        devices = fake_cupy.calls("device")
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        json.dump({"argv": sys.argv, "hazards": fake_cupy.HAZARDS, "sets": sets, "visible": visible,
+                   "devices": devices}, f)
 
 
 atexit.register(_report)
@@ -87,3 +90,43 @@ def test_a_gpu_prefetch_instance_gets_and_stages_a_second_batch_while_one_runs(
     found = [json.loads(p.read_text()) for p in reports.glob("*.json")]
     workers = [r for r in found if "--endpoint" in r["argv"]]  # not the broker's GPU probe
     assert len(workers) == 1 and workers[0]["sets"] > 0 and workers[0]["hazards"] == [], workers
+
+
+def test_each_gpu_worker_is_started_seeing_only_its_own_gpu(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two (fake) GPUs, one instance on each: each worker process starts with CUDA_VISIBLE_DEVICES set
+    to its GPU and uses CUDA device 0, while its model still hears its own number (``gpu:1``)."""
+    (tmp_path / "shim" / "cupy").mkdir(parents=True)
+    (tmp_path / "shim" / "cupy" / "__init__.py").write_text(SHIM)
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'shim'}{os.pathsep}{ROOT}")
+    monkeypatch.setenv("FAKE_CUPY_REPORTS", str(reports))
+    monkeypatch.setenv("FAKE_GPUS", "2")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    repo = tmp_path / "repo"
+    (repo / "where" / "1").mkdir(parents=True)
+    (repo / "where" / "config.pbtxt").write_text(
+        'name: "where"\nbackend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "GPU" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 1 ] } ]\n"
+    )
+    (repo / "where" / "1" / "model.py").write_text(
+        "import numpy as np\n\n\nclass Model:\n"
+        "    def initialize(self, config):\n        self.id = config['device_id']\n\n"
+        "    def execute(self, inputs):\n"
+        "        return {'GPU': np.full((inputs['X'].shape[0], 1), self.id, np.int32)}\n"
+    )
+    server = server_factory(repo)
+    with Client(server.url, timeout=30, arena_bytes=1 << 20) as client:
+        got = client.infer("where", {"X": np.zeros((2, 1), np.float32)}).as_numpy("GPU")
+    assert got.tolist() == [[1], [1]]
+    assert server.stop() == 0
+    found = [json.loads(p.read_text()) for p in reports.glob("*.json")]
+    workers = [r for r in found if "--endpoint" in r["argv"]]
+    assert len(workers) == 1 and "gpu:1" in workers[0]["argv"], workers
+    assert workers[0]["visible"] == "1" and workers[0]["devices"][:1] == [0], workers
+    probes = [r for r in found if "--endpoint" not in r["argv"]]
+    assert all(r["visible"] is None for r in probes)  # the broker's probe saw both
