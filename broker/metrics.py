@@ -324,7 +324,7 @@ class ServerMetrics:
         return self._nvml is not None
 
     def render(self) -> bytes:
-        """The exposition text (Prometheus text format 0.0.4, ``CONTENT_TYPE``)."""
+        """The exposition text (Prometheus text format, ``CONTENT_TYPE``)."""
         text = generate_latest(self.registry)
         for name in _BARE_COUNTERS:  # prometheus_client names every counter family <name>_total
             for kind in (b"HELP", b"TYPE"):
