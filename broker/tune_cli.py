@@ -14,12 +14,15 @@ reloads the model (``Client.load_model``: needs ``--model-control-mode explicit`
 perf`` engine measures it. The best point is the one with the highest throughput whose p99 latency is
 within the budget; it is printed and written as a ``config.pbtxt``. The original file is always put back
 (and reloaded), on errors and Ctrl-C too. ``--time-limit`` and ``--max-points`` bound the sweep.
+A range not given on the command line gets a default derived from the model's config, the latency budget
+and the machine (``DEFAULTS_HELP``); every point tried is printed as a table row.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import re
 import signal
 import sys
@@ -34,7 +37,8 @@ from zinfer.client import Client
 from zinfer.client.errors import ConfigError, Unsupported, ZinferError
 
 from . import perf_cli
-from .model_config import CONFIG_FILENAME, parse_model_config
+from .config_base import InstanceKind
+from .model_config import CONFIG_FILENAME, ModelConfig, parse_model_config
 from .perf_load import Step, Tally, run_sync
 from .perf_report import StepResult, summarize
 
@@ -250,11 +254,44 @@ def _preferred_list(text: str) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(out))
 
 
+DEFAULTS_HELP = """\
+default ranges (for each range not given; the sweep is every combination, bounded by --max-points and
+--time-limit, and a table row is printed for each point tried):
+  --max-batch-size      the config's max_batch_size, half and a quarter of it (not swept when it is 0)
+  --preferred-batch-size  none (Triton's default: max_batch_size), plus the config's own list if it has one
+  --max-queue-delay-us  0, 5% and 20% of the latency budget, plus the config's own delay
+  --instance-count      KIND_GPU models: 1 and 2 per GPU; others: 1, 2, 4, ... up to half the CPU cores
+                        (at least 1); plus the config's own count
+"""
+
+
+def default_ranges(config: ModelConfig, budget_us: float, cpus: int) -> dict[str, list[Any]]:
+    """The ranges ``zinfer tune`` sweeps when none is given (see ``DEFAULTS_HELP``)."""
+    m = config.max_batch_size
+    dyn = config.dynamic_batching
+    out: dict[str, list[Any]] = {}
+    if m > 0:
+        out["max_batch_size"] = sorted({max(1, m // 4), max(1, m // 2), m})
+        own = dyn.preferred_batch_size if dyn is not None else ()
+        out["preferred_batch_size"] = list(dict.fromkeys([(), *([own] if own and own != (m,) else [])]))
+        delays = {0, round(budget_us * 0.05), round(budget_us * 0.2)}
+        out["max_queue_delay_us"] = sorted(delays | ({dyn.max_queue_delay_microseconds} if dyn else set()))
+    counts = {g.count for g in config.instance_group} or {1}
+    if any(g.kind is InstanceKind.KIND_GPU for g in config.instance_group):
+        choices = {1, 2}
+    else:
+        choices = {1 << i for i in range(8) if 1 << i <= max(1, cpus // 2)}
+    out["instance_count"] = sorted(choices | counts)
+    return out
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="zinfer tune",
         description="Sweep a model's batching and instance settings on a server with explicit model "
         "control; write the best configuration within a p99 latency budget.",
+        epilog=DEFAULTS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("-m", "--model-name", dest="model", required=True, help="the model to tune")
     p.add_argument(
@@ -299,14 +336,29 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _points(args: argparse.Namespace) -> list[Point]:
-    axes: list[list[Any]] = [
-        args.max_batch_size or [None],
-        args.preferred_batch_size or [None],
-        args.max_queue_delay_us or [None],
-        args.instance_count or [None],
-    ]
-    return [Point(*combo) for combo in itertools.product(*axes)]
+def _points(args: argparse.Namespace, config: ModelConfig) -> list[Point]:
+    """Every combination of the ranges (given, else default); none whose preferred sizes pass its
+    max_batch_size."""
+    defaults = default_ranges(config, args.latency_budget_ms * 1e3, os.cpu_count() or 1)
+    names = ("max_batch_size", "preferred_batch_size", "max_queue_delay_us", "instance_count")
+    axes = [getattr(args, n) or defaults.get(n) or [None] for n in names]
+    taken = [n for n in names if not getattr(args, n) and defaults.get(n)]
+    if taken:
+        shown = "; ".join(f"{n} {_show(defaults[n])}" for n in taken)
+        print(f"zinfer tune: default ranges (zinfer tune --help): {shown}", flush=True)
+    points = []
+    for mbs, pref, delay, count in itertools.product(*axes):
+        limit = mbs if mbs is not None else config.max_batch_size
+        if pref and max(pref) > limit:
+            continue
+        points.append(Point(mbs, pref, delay, count))
+    return points
+
+
+def _show(values: list[Any]) -> str:
+    return ",".join(
+        "none" if v == () else ":".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in values
+    )
 
 
 # ---------------------------------------------------------------------------------------------- measuring
@@ -415,11 +467,11 @@ def main(argv: list[str] | None = None) -> int:
     path = args.model_repository / args.model / CONFIG_FILENAME
     try:
         original = path.read_text(encoding="utf-8")
-        parse_model_config(original, source=str(path), model_name=args.model)
+        config = parse_model_config(original, source=str(path), model_name=args.model)
     except (OSError, ConfigError) as exc:
         print(f"zinfer tune: {exc}", file=sys.stderr)
         return 2
-    points = _points(args)
+    points = _points(args, config)
     if len(points) > args.max_points:
         print(f"zinfer tune: {len(points)} points, measuring the first {args.max_points} (--max-points)")
     previous = _sigterm_as_interrupt()
@@ -462,6 +514,11 @@ def _restore(client: Client, args: argparse.Namespace, path: Path, original: str
 def _conclude(args: argparse.Namespace, outcomes: list[Outcome]) -> int:
     budget_us = args.latency_budget_ms * 1e3
     chosen = best(outcomes, budget_us)
+    if outcomes:
+        print(f"\ntried {len(outcomes)} point(s), highest throughput first:\n{_header()}")
+        ranked = sorted(outcomes, key=lambda o: -(o.result.throughput_infer_s if o.result else -1.0))
+        for o in ranked:
+            print(_row(outcomes.index(o) + 1, o, budget_us) + ("  <- best" if o is chosen else ""))
     if chosen is None or chosen.result is None:
         print(f"\nno configuration kept p99 within {args.latency_budget_ms:g} ms; nothing written")
         return 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from tests.conftest import MODELS, ServerProcess
 from zinfer.broker.model_config import parse_model_config
-from zinfer.broker.tune_cli import Point, apply_point, main
+from zinfer.broker.tune_cli import Point, apply_point, default_ranges, main
 
 pytestmark = pytest.mark.integration
 
@@ -65,3 +66,40 @@ def test_without_explicit_model_control_it_says_so_and_changes_nothing(
     assert "--model-control-mode explicit" in capsys.readouterr().err
     assert (repo / "add" / "config.pbtxt").read_text() == original
     assert not (tmp_path / "best.pbtxt").exists()
+
+
+def test_default_ranges_come_from_the_config_the_budget_and_the_machine() -> None:
+    text = (MODELS / "add" / "config.pbtxt").read_text()  # max_batch_size 16, delay 0, one CPU instance
+    config = parse_model_config(text, source="t", model_name="add")
+    ranges = default_ranges(config, budget_us=5000, cpus=8)
+    assert ranges == {
+        "max_batch_size": [4, 8, 16],
+        "preferred_batch_size": [()],
+        "max_queue_delay_us": [0, 250, 1000],
+        "instance_count": [1, 2, 4],
+    }
+    gpu_text = apply_point(text, Point(instance_count=3)).replace("KIND_CPU", "KIND_GPU")
+    gpu = parse_model_config(gpu_text, source="t", model_name="add")
+    assert default_ranges(gpu, 5000, cpus=2)["instance_count"] == [1, 2, 3]
+    no_batching = apply_point(text, Point(max_batch_size=0))
+    no_batching = no_batching.replace("dynamic_batching { max_queue_delay_microseconds: 0 }", "")
+    unbatched = parse_model_config(no_batching, source="t", model_name="add")
+    assert set(default_ranges(unbatched, 5000, cpus=1)) == {"instance_count"}
+
+
+def test_without_ranges_it_sweeps_the_defaults_and_prints_the_table(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's command (no ranges) sweeps several points, prints each, and writes the best."""
+    repo = _repo(tmp_path)
+    server = server_factory(repo, "--model-control-mode", "explicit", "--load-model", "add")
+    out = tmp_path / "best.pbtxt"
+    code = main(["-m", "add", "--model-repository", str(repo), "--url", server.url,
+                 "--latency-budget-ms", "1000", "--concurrency", "2", "--measurement-interval", "0.3",
+                 "--max-points", "3", "--output", str(out)])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "default ranges" in printed and "max_batch_size 4,8,16" in printed
+    rows = [line for line in printed.splitlines() if re.match(r"\s+\d+\s+mbs=", line)]
+    assert len(rows) == 2 * 3, printed  # three points, as measured and again in the final table
+    assert "tried 3 point(s)" in printed and "<- best" in printed and out.is_file()
