@@ -19,7 +19,7 @@ SUBCOMMANDS = ("serve", "perf", "tune", "status", "models", "load", "unload", "k
 # flags of other programs the docs name: systemctl, the bench/ scripts, mypy
 OTHER_TOOLS = {"--now", "--quick", "--strict"}
 # a flag that the docs name but zinfer does not have; each entry must still be in the docs (remove it then)
-KNOWN_WRONG = {"--max-region-bytes": "docs/reliability.md: max_region_bytes is a configuration-file key only"}
+KNOWN_WRONG: dict[str, str] = {}  # flag -> why the docs may name it although no --help lists it
 
 
 def _text(doc: Path) -> str:
