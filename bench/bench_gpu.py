@@ -196,9 +196,9 @@ def overlap_in_process(
 ) -> dict[str, float]:
     """Back-to-back batches through ``run_batch`` on a ``GpuDevice``: one at a time, then each batch's
     inputs staged on the copy stream (from a page-locked region) while the batch before computes."""
-    from zinfer.broker.model_config import parse_model_config
-    from zinfer.broker.signature import Signature
     from zinfer.client.protocol import OutputRequest, ShmRef, TensorRef
+    from zinfer.modelconfig.model_config import parse_model_config
+    from zinfer.modelconfig.signature import Signature
     from zinfer.workers.batch import BatchRequest, run_batch
     from zinfer.workers.batch_io import request_arrays
     from zinfer.workers.gpu import GpuDevice

@@ -2,7 +2,7 @@
 
 Pure data, no I/O. :class:`BatchPolicy` carries Triton's ``dynamic_batching`` knobs (triton-features.md
 §1.2) plus zinfer's adaptive latency target; :meth:`BatchPolicy.from_config` builds it from a
-:class:`~zinfer.broker.model_config.ModelConfig`. Exceptions a caller reports to the client::
+:class:`~zinfer.modelconfig.model_config.ModelConfig`. Exceptions a caller reports to the client::
 
     ValueError
     ├── QueueFull        the request's priority level holds max_queue_size requests already
@@ -17,10 +17,11 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from .config_records import QueuePolicy, empty_map, frozen_map
+from zinfer.modelconfig.record_base import empty_map, frozen_map
+from zinfer.modelconfig.scheduling import QueuePolicy
 
 if TYPE_CHECKING:
-    from .model_config import ModelConfig
+    from zinfer.modelconfig.model_config import ModelConfig
 
 __all__ = [
     "Batch",

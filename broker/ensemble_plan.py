@@ -15,8 +15,7 @@ from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 
 from zinfer.client.errors import ConfigError
-
-from .model_config import ModelConfig
+from zinfer.modelconfig.model_config import ModelConfig
 
 __all__ = ["EnsemblePlan", "PlanStep", "build_plan"]
 

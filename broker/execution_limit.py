@@ -7,7 +7,8 @@ A model may bound how long one batch runs on an instance with the ``parameters``
 
 The clock of a batch starts when the broker sends it to the instance. A batch still running past the
 limit fails, every request with ``DeadlineExceeded``, and its worker is killed and restarted (a model stuck
-in a loop keeps heartbeating, so nothing else would notice). For a decoupled (streaming) model the limit
+in a loop keeps heartbeating, so nothing else would notice).
+The parameter is read and checked by ``zinfer.modelconfig.parameters.execution_limit_ns``. For a decoupled (streaming) model the limit
 bounds the whole stream of a batch, from the start to its final response, not the gap between responses.
 
 Pure: the clock (monotonic nanoseconds) is passed in; ``WorkerWatch`` acts on the answers.
@@ -18,31 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from zinfer.client.errors import ConfigError
-
-from .model_config import ModelConfig
-
 if TYPE_CHECKING:
     from .model_state import InFlight
 
-__all__ = ["EXECUTION_TIMEOUT_PARAMETER", "busy_since", "execution_limit_ns", "overdue"]
-
-EXECUTION_TIMEOUT_PARAMETER = "execution_timeout_ms"
-_MAX_DIGITS = 12  # up to about 31 years: enough, and never a huge number to parse
-
-
-def execution_limit_ns(config: ModelConfig) -> int | None:
-    """The model's execution limit in nanoseconds, None without one; a bad value is a ConfigError."""
-    raw = config.parameters.get(EXECUTION_TIMEOUT_PARAMETER)
-    if raw is None:
-        return None
-    text = raw.strip()
-    if not (text.isascii() and text.isdigit() and len(text) <= _MAX_DIGITS) or int(text) == 0:
-        raise ConfigError(
-            f"model '{config.name}': parameter {EXECUTION_TIMEOUT_PARAMETER} must be a positive whole "
-            f"number of milliseconds, got {raw!r}"
-        )
-    return int(text) * 1_000_000
+__all__ = ["busy_since", "overdue"]
 
 
 def _running(batches: Iterable[InFlight]) -> dict[bytes, InFlight]:

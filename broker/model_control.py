@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from zinfer.client.errors import InvalidArgument, NotFound, ServerError, Status, Unavailable, Unsupported
 from zinfer.client.protocol import Command, Reply
+from zinfer.modelconfig.repository import load_model_entry
 
 from .model_state import ModelState
-from .repository import load_model_entry
 
 if TYPE_CHECKING:
     from .server import Broker

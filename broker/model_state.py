@@ -10,16 +10,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zinfer.client.protocol import Frame, InferRequest, Reply
+from zinfer.modelconfig.instances import InstanceGroup
+from zinfer.modelconfig.model_config import ModelConfig
+from zinfer.modelconfig.parameters import execution_limit_ns
+from zinfer.modelconfig.sequence_batching import control_specs
+from zinfer.modelconfig.signature import Signature
 
 from .batcher import BatchPolicy, DynamicBatcher
-from .config_records import InstanceGroup
-from .execution_limit import execution_limit_ns
 from .latency_window import LatencyWindow, log_bin
 from .metrics import ModelMetrics
-from .model_config import ModelConfig
 from .ordering import ResponseOrder
-from .sequence_batcher import SequenceBatcher, SequencePolicy, control_specs
-from .signature import Signature
+from .sequence_batcher import SequenceBatcher, SequencePolicy
 
 if TYPE_CHECKING:
     from .ensemble_plan import EnsemblePlan

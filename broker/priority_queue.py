@@ -26,8 +26,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from zinfer.modelconfig.scheduling import TimeoutAction
+
 from .batch_policy import BatchPolicy, InvalidPriority, QueuedRequest, QueueFull, QueuePolicy
-from .config_records import TimeoutAction
 
 __all__ = ["Entry", "PriorityQueue"]
 

@@ -22,7 +22,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from .config_records import InstanceGroup
+from zinfer.modelconfig.instances import InstanceGroup
 
 __all__ = ["Need", "RateLimiter", "ResourceSpec", "needs_of", "normalize_device", "normalize_resources"]
 

@@ -12,12 +12,12 @@ import logging
 from collections.abc import Iterator
 
 from zinfer.client.errors import ConfigError, NotFound, Unavailable
+from zinfer.modelconfig.model_config import ModelConfig
+from zinfer.modelconfig.repository import ModelEntry, load_model_entry
 
 from .devices import GpuProbe, gpu_probe
 from .ensemble_plan import build_plan
-from .model_config import ModelConfig
 from .model_state import ModelState
-from .repository import ModelEntry, load_model_entry
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ carries ``sequence_start`` / ``sequence_end``. :class:`SequenceBatcher` keeps th
   An instance waits up to the strategy's ``max_queue_delay_microseconds`` (from its oldest waiting head)
   for every one of its sequences to have a request ready; 0 sends what is ready.
 
-:func:`control_specs` and :func:`control_value` give the control inputs (START, END, READY, CORRID) the
-model receives with each row.
+The control inputs (START, END, READY, CORRID) the model receives with each row come from
+``zinfer.modelconfig.sequence_batching`` (``control_specs``, ``control_value``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from zinfer.modelconfig.sequence_batching import SequenceBatching
+
 from .batch_policy import BatchReason
-from .config_records import ControlKind, SequenceBatching
 
 __all__ = [
     "SequenceBatch",
@@ -38,8 +39,6 @@ __all__ = [
     "SequenceError",
     "SequencePolicy",
     "SequenceRequest",
-    "control_specs",
-    "control_value",
     "parse_sequence",
 ]
 
@@ -332,51 +331,3 @@ class SequenceBatcher(Generic[T, I]):
 
     def observe_execution(self, batch_size: int, seconds: float, now: float) -> None:
         """For the DynamicBatcher interface; sequence batching does not adapt."""
-
-
-# ---------------------------------------------------------------------------------------- control inputs
-
-_CONTROL_NAMES = {
-    ControlKind.CONTROL_SEQUENCE_START: "START",
-    ControlKind.CONTROL_SEQUENCE_END: "END",
-    ControlKind.CONTROL_SEQUENCE_READY: "READY",
-    ControlKind.CONTROL_SEQUENCE_CORRID: "CORRID",
-}
-
-
-def control_specs(sb: SequenceBatching) -> list[dict[str, Any]]:
-    """The control inputs as the worker builds them: name, kind, config data type, false and true values."""
-    specs: list[dict[str, Any]] = []
-    for ci in sb.control_input:
-        for c in ci.control:
-            kind = _CONTROL_NAMES[c.kind]
-            if kind == "CORRID":
-                specs.append({"name": ci.name, "kind": kind, "data_type": c.data_type or "TYPE_UINT64"})
-            elif c.int32_false_true:
-                specs.append({"name": ci.name, "kind": kind, "data_type": "TYPE_INT32",
-                              "values": [int(v) for v in c.int32_false_true]})  # fmt: skip
-            elif c.fp32_false_true:
-                specs.append({"name": ci.name, "kind": kind, "data_type": "TYPE_FP32",
-                              "values": [float(v) for v in c.fp32_false_true]})  # fmt: skip
-            else:
-                specs.append({"name": ci.name, "kind": kind, "data_type": "TYPE_BOOL",
-                              "values": [bool(v) for v in c.bool_false_true or (False, True)]})  # fmt: skip
-    return specs
-
-
-def control_value(spec: dict[str, Any], sequence: dict[str, Any]) -> Any:
-    """The value of one control input for one request (``sequence``: its id, start and end)."""
-    kind = spec["kind"]
-    if kind == "CORRID":
-        sid = sequence.get("id", 0)
-        if spec["data_type"] == "TYPE_STRING":
-            return str(sid).encode()
-        if not isinstance(sid, int):
-            return 0
-        bits = 32 if spec["data_type"] in ("TYPE_UINT32", "TYPE_INT32") else 64
-        sid &= (1 << bits) - 1  # 32-bit types truncate, as in Triton
-        if spec["data_type"].startswith("TYPE_INT") and sid >= 1 << (bits - 1):
-            sid -= 1 << bits
-        return sid
-    flag = {"START": sequence.get("start", False), "END": sequence.get("end", False), "READY": True}[kind]
-    return spec["values"][1 if flag else 0]

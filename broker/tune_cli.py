@@ -35,10 +35,10 @@ from typing import Any
 
 from zinfer.client import Client
 from zinfer.client.errors import ConfigError, Unsupported, ZinferError
+from zinfer.modelconfig.instances import InstanceKind
+from zinfer.modelconfig.model_config import CONFIG_FILENAME, ModelConfig, parse_model_config
 
 from . import perf_cli
-from .config_base import InstanceKind
-from .model_config import CONFIG_FILENAME, ModelConfig, parse_model_config
 from .perf_load import Step, Tally, run_sync
 from .perf_report import StepResult, summarize
 

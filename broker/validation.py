@@ -9,8 +9,7 @@ from typing import Protocol
 from zinfer.client import dtypes
 from zinfer.client.errors import InvalidArgument
 from zinfer.client.protocol import Frame, InferRequest, OutputRequest, ShmRef, TensorRef
-
-from .signature import Signature
+from zinfer.modelconfig.signature import Signature
 
 DEFAULT_MAX_TENSOR_BYTES = 1 << 32
 

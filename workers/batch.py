@@ -13,9 +13,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zinfer.broker.signature import Signature, TensorSpec
 from zinfer.client.errors import InternalError, ServerError
 from zinfer.client.protocol import Frame
+from zinfer.modelconfig.signature import Signature, TensorSpec
 
 from .batch_io import (
     BatchOutcome,

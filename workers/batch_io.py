@@ -9,11 +9,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from zinfer.broker.sequence_batcher import control_value
-from zinfer.broker.signature import Signature
 from zinfer.client import dtypes
 from zinfer.client.errors import InternalError, ServerError
 from zinfer.client.protocol import Frame, OutputRequest, ShmRef, TensorRef
+from zinfer.modelconfig.sequence_batching import control_value
+from zinfer.modelconfig.signature import Signature
 
 from .device import CPU, Device
 from .model import Alloc, Array, no_alloc

@@ -29,8 +29,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from zinfer.broker.model_config import ModelConfig
 from zinfer.client.errors import ConfigError
+from zinfer.modelconfig.model_config import ModelConfig
 
 from .device import CPU, Device
 from .kernel_base import Kernel

@@ -30,7 +30,7 @@ from zinfer.client.shm import Segment
 from .model import AnyModel, Array, RequestModel
 
 if TYPE_CHECKING:
-    from zinfer.broker.model_config import ModelConfig
+    from zinfer.modelconfig.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 

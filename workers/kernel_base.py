@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from zinfer.broker.model_config import ModelConfig
 from zinfer.client.dtypes import config_to_wire, wire_to_numpy
+from zinfer.modelconfig.model_config import ModelConfig
 
 from .device import CPU, Device
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from zinfer.broker.model_config import ModelConfig
 from zinfer.client.errors import ConfigError
+from zinfer.modelconfig.model_config import ModelConfig
 
 from .dense import LinearKernel, MlpKernel
 from .device import CPU, Device

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zinfer.broker.model_config import ModelConfig
 from zinfer.client.errors import ConfigError
+from zinfer.modelconfig.model_config import ModelConfig
 
 from .device import CPU, Device
 from .kernels import load_kernel

@@ -25,8 +25,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from zinfer.broker.model_config import ModelConfig
 from zinfer.client.errors import ConfigError
+from zinfer.modelconfig.model_config import ModelConfig
 
 from . import triton_python_backend_utils
 from .device import Device

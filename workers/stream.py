@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from zinfer.broker.signature import Signature
 from zinfer.client.errors import InternalError, ServerError
 from zinfer.client.protocol import Frame
+from zinfer.modelconfig.signature import Signature
 
 from .batch_io import (
     BatchOutcome,

@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from zinfer.broker.model_config import ModelConfig
 from zinfer.client.errors import (
     AlreadyExists,
     Cancelled,
@@ -26,6 +25,7 @@ from zinfer.client.errors import (
     Unavailable,
     Unsupported,
 )
+from zinfer.modelconfig.model_config import ModelConfig
 
 from . import triton_python_backend_utils as pb
 from .device import Device

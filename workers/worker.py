@@ -24,12 +24,12 @@ from typing import Any
 
 import zmq
 
-from zinfer.broker.model_config import load_model_config
-from zinfer.broker.signature import Signature
 from zinfer.client import protocol
 from zinfer.client.errors import ConfigError, ProtocolError, ResourceExhausted
 from zinfer.client.protocol import Command, Frame, Message
 from zinfer.client.transport import send_frames
+from zinfer.modelconfig.model_config import load_model_config
+from zinfer.modelconfig.signature import Signature
 
 from . import bls
 from .batch import BatchRequest, run_batch

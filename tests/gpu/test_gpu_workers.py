@@ -19,11 +19,11 @@ import pytest
 
 from tests.conftest import ServerProcess
 from zinfer.broker.devices import gpu_ids, probe_gpus
-from zinfer.broker.model_config import parse_model_config
-from zinfer.broker.signature import Signature
 from zinfer.client import Client
 from zinfer.client.protocol import OutputRequest, ShmRef, TensorRef
 from zinfer.client.shm import Segment
+from zinfer.modelconfig.model_config import parse_model_config
+from zinfer.modelconfig.signature import Signature
 from zinfer.workers.batch import BatchOutcome, BatchRequest, run_batch
 from zinfer.workers.batch_io import request_arrays
 from zinfer.workers.device import open_device

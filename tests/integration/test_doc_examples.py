@@ -28,7 +28,7 @@ import pytest
 from pytest_codeblocks import CodeBlock, extract_from_file
 
 from tests.conftest import MODELS, ROOT, ServerProcess, start_server
-from zinfer.broker.model_config import parse_model_config
+from zinfer.modelconfig.model_config import parse_model_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -89,7 +89,7 @@ def _model_check(code: str, model: str) -> str:
 
 import numpy as np
 from pathlib import Path
-from zinfer.broker.model_config import parse_model_config
+from zinfer.modelconfig.model_config import parse_model_config
 from zinfer.client.dtypes import config_to_wire, wire_to_numpy
 
 path = Path({str(MODELS / model / "config.pbtxt")!r})

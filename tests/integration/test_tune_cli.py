@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MODELS, ServerProcess
-from zinfer.broker.model_config import parse_model_config
 from zinfer.broker.tune_cli import Point, apply_point, default_ranges, main
+from zinfer.modelconfig.model_config import parse_model_config
 
 pytestmark = pytest.mark.integration
 

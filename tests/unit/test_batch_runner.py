@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from zinfer.broker.model_config import parse_model_config
-from zinfer.broker.signature import Signature
 from zinfer.client.protocol import OutputRequest, ShmRef, TensorRef
 from zinfer.client.shm import Segment
+from zinfer.modelconfig.model_config import parse_model_config
+from zinfer.modelconfig.signature import Signature
 from zinfer.workers.batch import BatchRequest, run_batch
 from zinfer.workers.kernels import AddKernel
 from zinfer.workers.regions import RegionCache

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from zinfer.broker.ensemble_plan import build_plan
-from zinfer.broker.model_config import ModelConfig, parse_model_config
 from zinfer.client.errors import ConfigError
+from zinfer.modelconfig.model_config import ModelConfig, parse_model_config
 
 
 def model(name: str, ins: dict[str, str], outs: dict[str, str], mbs: int = 8) -> ModelConfig:

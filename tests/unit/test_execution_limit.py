@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from zinfer.broker.execution_limit import busy_since, execution_limit_ns, overdue
+from zinfer.broker.execution_limit import busy_since, overdue
 from zinfer.broker.metrics import ServerMetrics, WorkerRecord
-from zinfer.broker.model_config import ModelConfig, parse_model_config
 from zinfer.broker.model_state import InFlight, ModelState
-from zinfer.broker.repository import load_model_entry
 from zinfer.client.errors import ConfigError
+from zinfer.modelconfig.model_config import ModelConfig, parse_model_config
+from zinfer.modelconfig.parameters import execution_limit_ns
+from zinfer.modelconfig.repository import load_model_entry
 
 MS = 1_000_000
 

@@ -19,12 +19,12 @@ import pytest
 import zmq
 
 from tests.gpu import fake_cupy
-from zinfer.broker.model_config import ModelConfig, parse_model_config
-from zinfer.broker.signature import Signature
 from zinfer.client import protocol
 from zinfer.client.errors import ConfigError
 from zinfer.client.protocol import Command, OutputRequest, ShmRef, TensorRef
 from zinfer.client.shm import Segment
+from zinfer.modelconfig.model_config import ModelConfig, parse_model_config
+from zinfer.modelconfig.signature import Signature
 from zinfer.workers.batch import BatchOutcome, BatchRequest, run_batch
 from zinfer.workers.batch_io import request_arrays
 from zinfer.workers.device import CPU, open_device, prefetch_wanted

@@ -22,12 +22,12 @@ import zmq
 
 from tests.gpu import fake_cupy
 from zinfer.broker.devices import worker_environment
-from zinfer.broker.model_config import parse_model_config
-from zinfer.broker.signature import Signature
 from zinfer.client import protocol
 from zinfer.client.errors import ConfigError
 from zinfer.client.protocol import Command, OutputRequest, ShmRef, TensorRef
 from zinfer.client.shm import Segment
+from zinfer.modelconfig.model_config import parse_model_config
+from zinfer.modelconfig.signature import Signature
 from zinfer.workers.batch import BatchRequest, run_batch
 from zinfer.workers.batch_io import request_arrays
 from zinfer.workers.device import open_device

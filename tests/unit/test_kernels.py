@@ -13,12 +13,12 @@ import pytest
 
 from tests.gpu import fake_cupy
 from zinfer.broker.devices import GpuProbe, gpu_ids, probe_gpus
-from zinfer.broker.model_config import ModelConfig, parse_model_config
 from zinfer.broker.registry import place_instances
-from zinfer.broker.signature import Signature
 from zinfer.client.errors import ConfigError
 from zinfer.client.protocol import OutputRequest, ShmRef, TensorRef
 from zinfer.client.shm import Segment
+from zinfer.modelconfig.model_config import ModelConfig, parse_model_config
+from zinfer.modelconfig.signature import Signature
 from zinfer.workers.batch import BatchRequest, run_batch
 from zinfer.workers.dense import ACTIVATIONS, apply_activation
 from zinfer.workers.device import CPU, open_device, parse_device

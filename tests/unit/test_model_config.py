@@ -8,24 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from zinfer.broker.config_records import (
-    BatchInputKind,
-    ControlKind,
-    InputFormat,
-    InstanceKind,
-    ModelPriority,
-    QueuePolicy,
-    SequenceDirect,
-    TimeoutAction,
-    VersionPolicy,
-)
-from zinfer.broker.model_config import (
+from zinfer.client.errors import ConfigError
+from zinfer.modelconfig.instances import InstanceKind
+from zinfer.modelconfig.model_config import (
     ModelConfig,
     load_model_config,
     parse_model_config,
     unsupported_features,
 )
-from zinfer.client.errors import ConfigError
+from zinfer.modelconfig.optimization import ModelPriority
+from zinfer.modelconfig.scheduling import QueuePolicy, TimeoutAction
+from zinfer.modelconfig.sequence_batching import ControlKind, SequenceDirect
+from zinfer.modelconfig.tensors import BatchInputKind, InputFormat
+from zinfer.modelconfig.version_policy import VersionPolicy
 
 SRC = "models/add/config.pbtxt"
 
@@ -710,7 +705,7 @@ def test_unsupported_features(text: str, features: list[str]) -> None:
 
 
 def test_supported_set_is_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
-    from zinfer.broker import config_features
+    from zinfer.modelconfig import features as config_features
 
     c = cfg("max_batch_size: 2 sequence_batching { }")
     monkeypatch.setattr(

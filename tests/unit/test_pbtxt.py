@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from zinfer.broker.pbtxt import Field, Ident, Item, ListValue, Message, describe, parse
 from zinfer.client.errors import ConfigError
+from zinfer.modelconfig.pbtxt import Field, Ident, Item, ListValue, Message, describe, parse
 
 SRC = "models/add/config.pbtxt"
 

@@ -16,9 +16,9 @@ from zinfer.broker.batcher import (
     QueuedRequest,
     QueueFull,
 )
-from zinfer.broker.config_records import QueuePolicy, TimeoutAction
-from zinfer.broker.model_config import parse_model_config
 from zinfer.broker.simulate import ExecModel, SimRequest, simulate
+from zinfer.modelconfig.model_config import parse_model_config
+from zinfer.modelconfig.scheduling import QueuePolicy, TimeoutAction
 
 R = BatchReason
 MS = 1e-3

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from tests.gpu import fake_cupy
-from zinfer.broker.model_config import ModelConfig, load_model_config, parse_model_config
-from zinfer.broker.sequence_batcher import control_specs
-from zinfer.broker.signature import Signature
 from zinfer.client import dtypes
 from zinfer.client.errors import ConfigError
 from zinfer.client.protocol import OutputRequest, TensorRef
+from zinfer.modelconfig.model_config import ModelConfig, load_model_config, parse_model_config
+from zinfer.modelconfig.sequence_batching import control_specs
+from zinfer.modelconfig.signature import Signature
 from zinfer.workers import triton_python_backend_utils as pb
 from zinfer.workers.batch import BatchRequest, run_batch
 from zinfer.workers.device import open_device

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from zinfer.broker.model_config import parse_model_config
 from zinfer.broker.model_state import instance_groups
 from zinfer.broker.rate_limiter import Need, RateLimiter, needs_of, normalize_device, normalize_resources
+from zinfer.modelconfig.model_config import parse_model_config
 
 
 def limiter(*resources: Any) -> RateLimiter[str, str]:

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from zinfer.broker.config_records import VersionPolicy
-from zinfer.broker.repository import (
+from zinfer.client.errors import ConfigError
+from zinfer.modelconfig.repository import (
     ModelEntry,
     available_versions,
     load_model_entry,
     scan_repository,
     select_versions,
 )
-from zinfer.client.errors import ConfigError
+from zinfer.modelconfig.version_policy import VersionPolicy
 
 IO = """
 backend: "zinfer"

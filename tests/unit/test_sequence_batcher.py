@@ -7,22 +7,22 @@ import numpy as np
 import pytest
 
 from zinfer.broker.batch_policy import BatchReason
-from zinfer.broker.config_records import (
-    ControlInput,
-    ControlKind,
-    SequenceBatching,
-    SequenceControl,
-    SequenceOldest,
-)
 from zinfer.broker.rate_limiter import Need, RateLimiter
 from zinfer.broker.sequence_batcher import (
     SequenceBatcher,
     SequenceError,
     SequencePolicy,
     SequenceRequest,
+    parse_sequence,
+)
+from zinfer.modelconfig.sequence_batching import (
+    ControlInput,
+    ControlKind,
+    SequenceBatching,
+    SequenceControl,
+    SequenceOldest,
     control_specs,
     control_value,
-    parse_sequence,
 )
 from zinfer.workers.batch_io import BatchRequest, control_arrays
 

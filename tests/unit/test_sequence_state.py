@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zinfer.broker.model_config import ModelConfig, parse_model_config
 from zinfer.client.errors import ConfigError, InternalError
+from zinfer.modelconfig.model_config import ModelConfig, parse_model_config
 from zinfer.workers.batch_io import BatchRequest
 from zinfer.workers.sequence_state import ImplicitStates, state_specs
 

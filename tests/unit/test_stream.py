@@ -6,10 +6,10 @@ from typing import Any
 
 import numpy as np
 
-from zinfer.broker.model_config import parse_model_config
-from zinfer.broker.signature import Signature
 from zinfer.client import dtypes
 from zinfer.client.protocol import OutputRequest, TensorRef
+from zinfer.modelconfig.model_config import parse_model_config
+from zinfer.modelconfig.signature import Signature
 from zinfer.workers.batch_io import BatchRequest
 from zinfer.workers.regions import RegionCache
 from zinfer.workers.stream import run_stream

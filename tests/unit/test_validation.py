@@ -7,14 +7,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from zinfer.broker.model_config import parse_model_config
 from zinfer.broker.region_intake import HandedRegion
 from zinfer.broker.regions import RegionTable
-from zinfer.broker.signature import Signature
 from zinfer.broker.validation import check_request
 from zinfer.client.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
 from zinfer.client.protocol import InferRequest, OutputRequest, ShmRef, TensorRef
 from zinfer.client.shm import Segment
+from zinfer.modelconfig.model_config import parse_model_config
+from zinfer.modelconfig.signature import Signature
 
 CONFIG = parse_model_config(
     """

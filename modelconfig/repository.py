@@ -22,9 +22,9 @@ from pathlib import Path
 
 from zinfer.client.errors import ConfigError
 
-from .config_records import VersionPolicy
-from .execution_limit import execution_limit_ns
 from .model_config import CONFIG_FILENAME, ModelConfig, load_model_config, unsupported_features
+from .parameters import execution_limit_ns
+from .version_policy import VersionPolicy
 
 __all__ = ["ModelEntry", "available_versions", "load_model_entry", "scan_repository", "select_versions"]
 

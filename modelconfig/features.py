@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .config_records import InputFormat, Optimization, QueuePolicy
+from .optimization import Optimization
+from .scheduling import QueuePolicy
+from .tensors import InputFormat
 
 if TYPE_CHECKING:
     from .model_config import ModelConfig

@@ -1,7 +1,7 @@
-"""Enums and JSON helpers shared by the config records (``zinfer.broker.config_records``).
+"""What the config records of every group share: the enum base, read-only maps and the JSON form.
 
-The enums' values are the protobuf names, so ``InstanceKind("KIND_GPU") is InstanceKind.KIND_GPU`` and
-``InstanceKind.KIND_GPU == "KIND_GPU"``. ``record_to_dict`` turns a record into Triton's JSON form, guided
+Enums derive from :class:`ProtoEnum`; their values are the protobuf names, so
+``InstanceKind("KIND_GPU") is InstanceKind.KIND_GPU`` and ``InstanceKind.KIND_GPU == "KIND_GPU"``. ``record_to_dict`` turns a record into Triton's JSON form, guided
 by ``json_meta`` field metadata (a different JSON key, or ``{wrap: value}`` nesting).
 """
 
@@ -13,20 +13,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-__all__ = [
-    "BatchInputKind",
-    "BatchOutputKind",
-    "ControlKind",
-    "InputFormat",
-    "InstanceKind",
-    "ModelPriority",
-    "SecondaryDeviceKind",
-    "TimeoutAction",
-    "empty_map",
-    "frozen_map",
-    "json_meta",
-    "record_to_dict",
-]
+__all__ = ["ProtoEnum", "empty_map", "frozen_map", "json_meta", "record_to_dict"]
 
 _EMPTY: Mapping[Any, Any] = MappingProxyType({})
 
@@ -72,53 +59,5 @@ def record_to_dict(record: Any) -> dict[str, Any]:
     return out
 
 
-class _Named(str, Enum):
+class ProtoEnum(str, Enum):
     """An enum whose values are the protobuf names, so ``Kind("KIND_GPU") is Kind.KIND_GPU``."""
-
-
-class InstanceKind(_Named):
-    KIND_AUTO = "KIND_AUTO"
-    KIND_GPU = "KIND_GPU"
-    KIND_CPU = "KIND_CPU"
-    KIND_MODEL = "KIND_MODEL"
-
-
-class SecondaryDeviceKind(_Named):
-    KIND_NVDLA = "KIND_NVDLA"
-
-
-class TimeoutAction(_Named):
-    REJECT = "REJECT"
-    DELAY = "DELAY"
-
-
-class InputFormat(_Named):
-    FORMAT_NONE = "FORMAT_NONE"
-    FORMAT_NHWC = "FORMAT_NHWC"
-    FORMAT_NCHW = "FORMAT_NCHW"
-
-
-class ControlKind(_Named):
-    CONTROL_SEQUENCE_START = "CONTROL_SEQUENCE_START"
-    CONTROL_SEQUENCE_READY = "CONTROL_SEQUENCE_READY"
-    CONTROL_SEQUENCE_END = "CONTROL_SEQUENCE_END"
-    CONTROL_SEQUENCE_CORRID = "CONTROL_SEQUENCE_CORRID"
-
-
-class BatchInputKind(_Named):
-    BATCH_ELEMENT_COUNT = "BATCH_ELEMENT_COUNT"
-    BATCH_ACCUMULATED_ELEMENT_COUNT = "BATCH_ACCUMULATED_ELEMENT_COUNT"
-    BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO = "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO"
-    BATCH_MAX_ELEMENT_COUNT_AS_SHAPE = "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE"
-    BATCH_ITEM_SHAPE = "BATCH_ITEM_SHAPE"
-    BATCH_ITEM_SHAPE_FLATTEN = "BATCH_ITEM_SHAPE_FLATTEN"
-
-
-class BatchOutputKind(_Named):
-    BATCH_SCATTER_WITH_INPUT_SHAPE = "BATCH_SCATTER_WITH_INPUT_SHAPE"
-
-
-class ModelPriority(_Named):
-    PRIORITY_DEFAULT = "PRIORITY_DEFAULT"
-    PRIORITY_MAX = "PRIORITY_MAX"
-    PRIORITY_MIN = "PRIORITY_MIN"

@@ -19,7 +19,18 @@ from zinfer.client.errors import ConfigError
 
 from .pbtxt import Field, Ident, ListValue, Message, Scalar, Value, config_error, describe
 
-__all__ = ["INT32", "INT64", "UINT32", "UINT64", "Block"]
+__all__ = [
+    "INT32",
+    "INT64",
+    "UINT32",
+    "UINT64",
+    "Block",
+    "dim_check",
+    "nonnegative",
+    "read_dims",
+    "required_block",
+    "required_string",
+]
 
 E = TypeVar("E", bound=Enum)
 T = TypeVar("T")
@@ -238,3 +249,37 @@ class Block:
     def string_map(self, name: str) -> dict[str, str]:
         """A ``map<string, string>``."""
         return self.map(name, str, lambda entry, field: entry.string(field), "")
+
+
+# ------------------------------------------------------------------ shared checks
+
+
+def required_block(b: Block, name: str) -> Block:
+    block = b.block(name)
+    if block is None:
+        raise b.error("is required", name)
+    return block
+
+
+def required_string(b: Block, name: str) -> str:
+    value = b.string(name)
+    if not value:
+        raise b.error("is required and may not be empty", name)
+    return value
+
+
+def dim_check(value: int) -> str | None:
+    if value >= 1 or value == -1:
+        return None
+    return f"a dimension must be >= 1, or -1 for a variable size, got {value}"
+
+
+def nonnegative(value: int) -> str | None:
+    return None if value >= 0 else f"must be >= 0, got {value}"
+
+
+def read_dims(b: Block, name: str = "dims", *, required: bool = True) -> tuple[int, ...]:
+    dims = b.integers(name, INT64, dim_check)
+    if required and not dims:
+        raise b.error("is required and may not be empty", name)
+    return dims

@@ -15,7 +15,7 @@ Triton's defaults and normalisation are applied, so readers never see unset fiel
   ``count`` defaults to 1 and its ``name`` to ``<model>_<index>``;
 * ``optimization.input_pinned_memory``/``output_pinned_memory`` absent -> enabled.
 
-``unsupported_features`` (in ``zinfer.broker.config_features``) says which fields are set that zinfer
+``unsupported_features`` (in ``zinfer.modelconfig.features``) says which fields are set that zinfer
 does not implement yet.
 """
 
@@ -29,50 +29,40 @@ from typing import Any
 from zinfer.client.errors import ConfigError
 
 from . import pbtxt
-from .config_decode import (
-    decode_batch_input,
-    decode_batch_output,
-    decode_dynamic_batching,
-    decode_ensemble_scheduling,
-    decode_input,
-    decode_output,
-    decode_sequence_batching,
-    decode_version_policy,
-)
-from .config_extras import (
-    decode_instance_group,
-    decode_model_metrics,
-    decode_model_operations,
-    decode_optimization,
-    decode_repository_agents,
-    decode_warmup,
-)
-from .config_features import SUPPORTED_FEATURES, unsupported_features
-from .config_fields import INT32, Block
-from .config_records import (
-    BatchInput,
-    BatchOutput,
-    DynamicBatching,
-    EnsembleScheduling,
-    InputConfig,
-    InstanceGroup,
-    InstanceKind,
+from .block import INT32, Block
+from .ensemble import EnsembleScheduling, decode_ensemble_scheduling
+from .features import SUPPORTED_FEATURES, unsupported_features
+from .instances import InstanceGroup, InstanceKind, decode_instance_group
+from .model_options import (
     ModelMetrics,
     ModelOperations,
     ModelWarmup,
-    Optimization,
-    OutputConfig,
     RepositoryAgent,
     ResponseCache,
-    SequenceBatching,
-    TensorConfig,
     TransactionPolicy,
-    VersionPolicy,
-    empty_map,
-    frozen_map,
-    json_meta,
-    record_to_dict,
+    decode_model_metrics,
+    decode_model_operations,
+    decode_repository_agents,
+    decode_response_cache,
+    decode_transaction_policy,
+    decode_warmup,
 )
+from .optimization import Optimization, decode_optimization
+from .record_base import empty_map, frozen_map, json_meta, record_to_dict
+from .scheduling import DynamicBatching, decode_dynamic_batching
+from .sequence_batching import SequenceBatching, decode_sequence_batching
+from .tensors import (
+    BatchInput,
+    BatchOutput,
+    InputConfig,
+    OutputConfig,
+    TensorConfig,
+    decode_batch_input,
+    decode_batch_output,
+    decode_input,
+    decode_output,
+)
+from .version_policy import VersionPolicy, decode_version_policy
 
 __all__ = [
     "CONFIG_FILENAME",
@@ -210,9 +200,9 @@ def _decode(b: Block, model_name: str) -> ModelConfig:
         parameters=frozen_map(b.map("parameters", str, _parameter_value)),
         model_warmup=tuple(decode_warmup(w, max_batch_size) for w in b.blocks("model_warmup")),
         model_operations=None if operations is None else decode_model_operations(operations),
-        model_transaction_policy=_transaction_policy(b),
+        model_transaction_policy=decode_transaction_policy(b),
         model_repository_agents=() if agents is None else decode_repository_agents(agents),
-        response_cache=_response_cache(b),
+        response_cache=decode_response_cache(b),
         model_metrics=None if metrics is None else decode_model_metrics(metrics),
     )
     b.finish()
@@ -231,24 +221,6 @@ def _parameter_value(entry: Block, name: str) -> str:
     value = block.string("string_value")
     block.finish()
     return value
-
-
-def _transaction_policy(b: Block) -> TransactionPolicy:
-    block = b.block("model_transaction_policy")
-    if block is None:
-        return TransactionPolicy()
-    policy = TransactionPolicy(decoupled=block.boolean("decoupled"))
-    block.finish()
-    return policy
-
-
-def _response_cache(b: Block) -> ResponseCache:
-    block = b.block("response_cache")
-    if block is None:
-        return ResponseCache()
-    cache = ResponseCache(enable=block.boolean("enable"))
-    block.finish()
-    return cache
 
 
 def parse_model_config(text: str, *, source: str, model_name: str) -> ModelConfig:

@@ -1,7 +1,7 @@
 """A strict parser for the protobuf text format, as Triton's ``config.pbtxt`` files use it.
 
 The parser knows no schema: it turns text into a generic tree that keeps the line of every field, and
-``zinfer.broker.model_config`` gives that tree its meaning. Accepted syntax::
+``zinfer.modelconfig.model_config`` gives that tree its meaning. Accepted syntax::
 
     name: "add"                      # scalar field; comments run from '#' to the end of the line
     max_batch_size: 8;               # ',' or ';' may follow any field
