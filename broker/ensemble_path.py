@@ -161,7 +161,8 @@ class EnsemblePath:
             r = p.request
             header = {"id": r.request_id, "model": target.name, "version": target.version,
                       "inputs": inputs, "outputs": outputs, "priority": r.priority,
-                      "timeout_us": r.timeout_us, "parameters": dict(r.parameters)}  # fmt: skip
+                      "timeout_us": r.timeout_us, "parameters": dict(r.parameters),
+                      "caller_id": r.caller_id}  # fmt: skip
             req = protocol.infer_from_wire(header)
             b = self.path.b
             checked = check_request(req, frames, target.signature, self.regions, p.client,

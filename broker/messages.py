@@ -6,59 +6,72 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from zinfer.client.errors import InvalidArgument
-from zinfer.client.protocol import Frame
+from zinfer.client.protocol import Frame, OutputRequest, output_from_wire
+from zinfer.client.worker_protocol import Execute, ExecuteRequest, SequenceControl, SequenceFlags
 
 from .model_state import Pending
 
 
-def execute_header(
+def sequence_controls(specs: Sequence[dict[str, Any]]) -> tuple[SequenceControl, ...]:
+    """A model's control inputs (``sequence_batcher.control_specs``) as the EXECUTE records carry them."""
+    return tuple(
+        SequenceControl(c["name"], c["kind"], c["data_type"], tuple(c.get("values", ()))) for c in specs
+    )
+
+
+def _outputs(p: Pending) -> tuple[OutputRequest, ...]:
+    if p.request.outputs is not None:
+        return p.request.outputs
+    return tuple(output_from_wire(o) for o in p.wire_outputs)  # the broker's own: every output of the model
+
+
+def execute_message(
     batch_id: int,
     items: Sequence[Pending],
-    controls: Sequence[dict[str, Any]] = (),
+    controls: tuple[SequenceControl, ...] = (),
     region: Callable[[str], list[int] | None] | None = None,
-) -> tuple[dict[str, Any], list[Frame]]:
-    """The EXECUTE header for a batch, and its inline frames numbered across the whole batch.
+) -> tuple[Execute, list[Frame]]:
+    """The EXECUTE for a batch, and its inline frames numbered across the whole batch.
 
     Descriptors go on as the clients sent them (the broker checked them); only inline frame numbers change.
-    A sequence request's entry carries ``"sequence": {"id", "start", "end", "controls"}``: its flags and
-    the model's control inputs (``sequence_batcher.control_specs``), which the worker adds to the batch.
-    ``"regions"`` names, for each client region the batch touches, how the worker reaches and checks it
-    (``region(name)``: ``[fd, dev, ino]`` of the broker's descriptor, see ``regions.Region.wire``); regions
-    absent from it are the server's own.
+    Each request carries its client's id (``InferRequest.caller_id``); a sequence request its flags and the
+    model's control inputs (``controls``), which the worker adds to the batch. ``regions`` names, for each
+    client region the batch touches, how the worker reaches and checks it (``region(name)``: ``[fd, dev,
+    ino]`` of the broker's descriptor, see ``regions.Region.wire``); regions absent from it are the server's.
     """
-    requests: list[dict[str, Any]] = []
+    requests: list[ExecuteRequest] = []
     frames: list[Frame] = []
-    table: dict[str, list[int]] = {}
+    table: dict[str, tuple[int, int, int]] = {}
 
     def note(name: str) -> None:
         if region is not None and name not in table:
             wire = region(name)
             if wire is not None:
-                table[name] = wire
+                table[name] = (wire[0], wire[1], wire[2])
 
     for p in items:
-        for d in p.wire_inputs:
-            if "shm" in d:
-                note(d["shm"][0])
-        for o in p.wire_outputs:
-            if "slot" in o:
-                note(o["slot"][0])
-        inputs = p.wire_inputs
+        inputs = p.request.inputs
+        outputs = _outputs(p)
+        for t in inputs:
+            if t.shm is not None:
+                note(t.shm.region)
+        for o in outputs:
+            if o.slot is not None:
+                note(o.slot.region)
         if p.frames:
-            inputs = []
-            for d in p.wire_inputs:
-                if "frame" in d:
-                    frames.append(p.frames[d["frame"]])
-                    d = {**d, "frame": len(frames) - 1}
-                inputs.append(d)
-        entry: dict[str, Any] = {"id": p.seq, "inputs": inputs, "outputs": p.wire_outputs}
+            renumbered = []
+            for t in inputs:
+                if t.frame is not None:
+                    frames.append(p.frames[t.frame])
+                    t = t._replace(frame=len(frames) - 1)
+                renumbered.append(t)
+            inputs = tuple(renumbered)
+        sequence = None
         if p.sequence is not None:
-            entry["sequence"] = {**p.sequence, "controls": list(controls)}
-        requests.append(entry)
-    header: dict[str, Any] = {"batch": batch_id, "requests": requests}
-    if table:
-        header["regions"] = table
-    return header, frames
+            s = p.sequence
+            sequence = SequenceFlags(s["id"], bool(s["start"]), bool(s["end"]), controls)
+        requests.append(ExecuteRequest(p.seq, inputs, outputs, p.request.caller_id, sequence))
+    return Execute(batch_id, tuple(requests), table), frames
 
 
 def client_outputs(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from zinfer.client.errors import InvalidArgument, NotFound, ServerError, Status, Unavailable, Unsupported
 from zinfer.client.protocol import Command, Reply
+from zinfer.client.worker_protocol import Shutdown, empty_to_wire
 from zinfer.modelconfig.repository import load_model_entry
 
 from .model_state import ModelState
@@ -124,7 +125,7 @@ class ModelControl:
             if id(state) not in self._stopping:
                 self._stopping.add(id(state))
                 for identity in list(state.instances):
-                    broker.send_worker(identity, Command.W_SHUTDOWN, {})
+                    broker.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
                 state.instances.clear()
                 state.idle.clear()
             if not any(s is state for s in broker.worker_model.values()):

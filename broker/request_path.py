@@ -26,14 +26,15 @@ from zinfer.client.errors import (
     Unavailable,
 )
 from zinfer.client.protocol import Command, Frame, Reply
+from zinfer.client.worker_protocol import WorkerResult, execute_to_wire
 
-from .batching.batcher import Batch, BatchTooLarge, InvalidPriority, QueuedRequest, QueueFull
-from .batching.sequence_batcher import SequenceBatch, SequenceError, SequenceRequest, parse_sequence
+from .batcher import Batch, BatchTooLarge, InvalidPriority, QueuedRequest, QueueFull
 from .cache_path import CachePath
 from .ensemble_path import EnsemblePath
 from .limited_dispatch import LimitedDispatch
-from .messages import client_outputs, execute_header
+from .messages import client_outputs, execute_message, sequence_controls
 from .model_state import InFlight, ModelState, Pending
+from .sequence_batcher import SequenceBatch, SequenceError, SequenceRequest, parse_sequence
 from .validation import check_request
 
 if TYPE_CHECKING:
@@ -260,9 +261,10 @@ class RequestPath:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("event=batch model=%s size=%d requests=%d reason=%s worker=%s", state.name, batch.size,
                       len(batch.items), batch.reason.value, worker.decode())  # fmt: skip
-        header, frames = execute_header(batch_id, batch.items, state.controls, self._region_wire)
+        controls = sequence_controls(state.controls) if state.controls else ()
+        message, frames = execute_message(batch_id, batch.items, controls, self._region_wire)
         self.inflight[batch_id] = InFlight(batch_id, worker, state, list(batch.items), time.monotonic_ns())
-        if not self.b.send_worker(worker, Command.W_EXECUTE, header, frames):
+        if not self.b.send_worker(worker, Command.W_EXECUTE, execute_to_wire(message), frames):
             self.fail_batch(self.inflight.pop(batch_id), "the instance could not be reached")
 
     def _region_wire(self, name: str) -> list[int] | None:
@@ -310,31 +312,31 @@ class RequestPath:
                     self.finish_early(state, p, Unavailable(f"model '{state.name}' instance failed: {why}"))
 
     def on_result(
-        self, identity: bytes, state: ModelState, header: dict[str, Any], frames: list[Frame]
+        self, identity: bytes, state: ModelState, result: WorkerResult, frames: list[Frame]
     ) -> None:
-        if header.get("partial"):
-            self._on_partial(identity, state, header, frames)
+        if result.partial:
+            self._on_partial(identity, state, result, frames)
             return
-        batch = self.inflight.pop(int(header["batch"]), None)
+        batch = self.inflight.pop(result.batch, None)
         if batch is None or batch.worker != identity:
             log.warning("event=stale_result worker=%s", identity)
             return
         self.limiter.release(identity)
         by_seq = {p.seq: p for p in batch.requests}
-        timing = header.get("t", [0, 0, 0])
+        timing = result.timings
         stats, metrics, window = state.stats, state.metrics, state.window
-        stats.compute_input.add(int(timing[0]))
-        stats.compute_infer.add(int(timing[1]))
-        stats.compute_output.add(int(timing[2]))
+        stats.compute_input.add(timing[0])
+        stats.compute_infer.add(timing[1])
+        stats.compute_output.add(timing[2])
         now_ns = time.monotonic_ns()
         rows = sum(p.batch_size for p in batch.requests)
         state.batcher.observe_execution(rows, (now_ns - batch.sent_ns) / 1e9, now_ns / 1e9)
         state.batcher.observe_latencies((now_ns / 1e9 - p.arrival for p in batch.requests), now_ns / 1e9)
-        t_in, t_inf, t_out = (int(x) / 1000 for x in timing)
+        t_in, t_inf, t_out = (x / 1000 for x in timing)
         sent_s = batch.sent_ns / 1e9
         out_frames: list[Frame]
-        for res in header["results"]:
-            p = by_seq.pop(int(res["id"]), None)
+        for res in result.results:
+            p = by_seq.pop(res.id, None)
             if p is None:
                 continue
             duration = now_ns - int(p.arrival * 1e9)
@@ -342,14 +344,15 @@ class RequestPath:
             if p.cancelled:
                 metrics.cancelled()
                 reply, out_frames = Reply(rid, Status.CANCELLED, "Cancelled: the request was cancelled"), []
-            elif int(res.get("status", 0)) == 0:
+            elif res.status == Status.OK:
                 stats.record_success(duration)
                 stats.inference_count += p.batch_size
                 metrics.success(duration / 1000, (sent_s - p.arrival) * 1e6, p.batch_size, t_in, t_inf, t_out)
                 window.record(now_ns / 1e9, duration / 1e9)
+                wire = [protocol.tensor_to_wire(t) for t in res.outputs]
                 if p.cache_key is not None and self.cache is not None:
-                    self.caching.store(state, p.cache_key, res.get("outputs", []), frames)
-                outputs, out_frames = client_outputs(res.get("outputs", []), frames)
+                    self.caching.store(state, p.cache_key, wire, frames)
+                outputs, out_frames = client_outputs(wire, frames)
                 body = {"model": state.name, "version": state.version, "outputs": outputs}
                 if state.signature.decoupled:
                     body["final"] = True  # the last, empty response of a stream
@@ -357,7 +360,7 @@ class RequestPath:
             else:
                 stats.fail.add(duration)
                 metrics.failure("BACKEND")
-                reply, out_frames = Reply(rid, Status(int(res["status"])), str(res.get("error", ""))), []
+                reply, out_frames = Reply(rid, res.status, res.error), []
             self._reply(state, p, reply, out_frames)
         for p in by_seq.values():  # a worker that forgot a request must not leave its client hanging
             metrics.failure("OTHER")
@@ -369,18 +372,18 @@ class RequestPath:
             state.idle.append(identity)
 
     def _on_partial(
-        self, identity: bytes, state: ModelState, header: dict[str, Any], frames: list[Frame]
+        self, identity: bytes, state: ModelState, result: WorkerResult, frames: list[Frame]
     ) -> None:
         """One response of a decoupled model's stream: to the client at once; the request stays running."""
-        batch = self.inflight.get(int(header["batch"]))
+        batch = self.inflight.get(result.batch)
         if batch is None or batch.worker != identity:
             return
         by_seq = {p.seq: p for p in batch.requests}
-        for res in header["results"]:
-            p = by_seq.get(int(res["id"]))
+        for res in result.results:
+            p = by_seq.get(res.id)
             if p is None or p.cancelled:
                 continue
-            outputs, out_frames = client_outputs(res.get("outputs", []), frames)
+            outputs, out_frames = client_outputs([protocol.tensor_to_wire(t) for t in res.outputs], frames)
             body = {"model": state.name, "version": state.version, "outputs": outputs, "final": False}
             self.b.send_client(p.client, Reply(p.request.request_id, Status.OK, body=body), out_frames)
 

@@ -30,6 +30,16 @@ from zinfer.client.protocol import Command, Frame, Reply
 from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
 from zinfer.client.shm import reap_orphans
 from zinfer.client.transport import NOBLOCK, send_frames
+from zinfer.client.worker_protocol import (
+    DropRegion,
+    Heartbeat,
+    Shutdown,
+    drop_region_to_wire,
+    empty_to_wire,
+    load_failed_from_wire,
+    ready_from_wire,
+    result_from_wire,
+)
 
 from .handlers import ClientHandlers
 from .model_control import ModelControl
@@ -199,7 +209,7 @@ class Broker:
             self.path.fail_queued(Unavailable("the server is shutting down"))
         if self.backend is not None:
             for identity in list(self.worker_model):
-                self.send_worker(identity, Command.W_SHUTDOWN, {})
+                self.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
         self.supervisor.stop_all(self.options.exit_timeout_s)
         for sock in (self.frontend, self.backend):
             if sock is not None:
@@ -345,22 +355,23 @@ class Broker:
             worker = identity[: -len(protocol.HEARTBEAT_SUFFIX)]
             if worker in self.worker_model:
                 self.watch.heartbeat(worker, time.monotonic())
-                self.send_worker(identity, Command.W_HEARTBEAT, {})
+                self.send_worker(identity, Command.W_HEARTBEAT, empty_to_wire(Heartbeat()))
             return
         state = self.worker_model.get(identity)
         if state is None:
             log.warning("event=unknown_worker worker=%s", identity)
-            self.send_worker(identity, Command.W_SHUTDOWN, {})
+            self.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
             return
         try:
-            if msg.command == Command.W_READY and msg.header.get("slot", 1) != 1:
+            ready = ready_from_wire(msg.header) if msg.command == Command.W_READY else None
+            if ready is not None and ready.slot != 1:
                 # a GPU worker that stages the next batch's inputs while it computes (gpu_prefetch) asks
                 # for a second place; models whose batches must wait for the last one's result get none
                 if state.sequencer is None and not state.rate_limited and identity in state.instances:
                     state.idle.append(identity)
                     state.prefetching = True
                     log.info("event=instance_prefetch model=%s worker=%s", state.name, identity.decode())
-            elif msg.command == Command.W_READY:
+            elif ready is not None:
                 self.watch.ready(identity)
                 state.instances.add(identity)
                 state.idle.append(identity)
@@ -369,10 +380,10 @@ class Broker:
                     state.name,
                     state.version,
                     identity.decode(),
-                    msg.header.get("pid"),
+                    ready.pid,
                 )
             elif msg.command == Command.W_LOAD_FAILED:
-                state.error = str(msg.header.get("error", "unknown error"))
+                state.error = load_failed_from_wire(msg.header).error
                 log.error(
                     "event=model_load_failed model=%s version=%d error=%r",
                     state.name,
@@ -380,8 +391,8 @@ class Broker:
                     state.error,
                 )
             elif msg.command == Command.W_RESULT:
-                self.path.on_result(identity, state, msg.header, msg.frames)
-        except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+                self.path.on_result(identity, state, result_from_wire(msg.header), msg.frames)
+        except (ProtocolError, ServerError) as exc:
             log.error("event=bad_worker_message worker=%s error=%r", identity, str(exc))
 
     def send_worker(
@@ -432,5 +443,5 @@ class Broker:
         close the broker's descriptor (a worker that had not opened it yet fails that request cleanly)."""
         self.path.readers.drop(region.name)
         for identity in list(self.worker_model):
-            self.send_worker(identity, Command.W_DROP_REGION, {"name": region.name})
+            self.send_worker(identity, Command.W_DROP_REGION, drop_region_to_wire(DropRegion(region.name)))
         self.regions.release(region)

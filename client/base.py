@@ -215,6 +215,7 @@ class _ClientBase:
             priority=priority,
             timeout_us=timeout or 0,
             parameters=_sequence_parameters(*sequence),
+            caller_id=request_id or "",
         )
         return _Prepared(protocol.infer_to_wire(req), frames, slots, out_slots, request_id or "")
 

@@ -1,4 +1,4 @@
-"""The zinfer wire protocol: pure encode/decode functions, no sockets.
+"""The zinfer wire protocol: frames, limits, field checks and the client half's records; no sockets.
 
 A message is a list of ZeroMQ frames::
 
@@ -6,8 +6,60 @@ A message is a list of ZeroMQ frames::
 
 ``PROTOCOL`` names the protocol and its version, so a peer can reject a message from anything else. The
 header is a msgpack map decoded with hard limits (``MAX_HEADER_BYTES`` and per-container caps); pickle is
-never used. Records are frozen dataclasses; ``*_to_wire``/``*_from_wire`` turn them into header maps and
-back, checking every field's type, because every field that arrives from a peer is hostile until checked.
+never used. Records are frozen dataclasses or NamedTuples; ``*_to_wire``/``*_from_wire`` turn them into
+header maps and back, checking every field's type, because every field that arrives from a peer is hostile
+until checked (a ``*_from_wire`` raises ``ProtocolError``, never ``KeyError`` or ``TypeError``). The
+broker<->worker records live in ``zinfer.client.worker_protocol`` (this file holds the framing and the
+client half). ``?`` marks a key that may be absent; ``tensor`` is ``{name, datatype, shape, shm?:
+[region, offset, nbytes] | frame?: n}``. Every command's frames:
+
+Client -> broker (DEALER -> ROUTER); each is answered by one REPLY with the same ``id``, but INFER of a
+decoupled model, answered by REPLYs with ``body.final`` false and a last one with ``final`` true::
+
+    INFER            {id, model, version, inputs: [tensor], outputs?: [{name, slot?: [region, offset,
+                      nbytes]}], priority?, timeout_us?, parameters?, caller_id?}  + inline input frames
+                                                                                               InferRequest
+    CANCEL           {id, target}                         body {state: queued|running|unknown}
+    REGISTER         {id, name, token}                    body {size}  (the segment handed over first)
+    UNREGISTER       {id, name}
+    SERVER_LIVE      {id}                                 body bool
+    SERVER_READY     {id}                                 body bool
+    MODEL_READY      {id, model, version?}                body bool
+    MODEL_METADATA   {id, model, version?}                body KServe v2 model metadata
+    MODEL_CONFIG     {id, model, version?}                body the config as a map
+    STATISTICS       {id, model?, version?}               body {model_stats: [...]}
+    REPOSITORY_INDEX {id}                                 body [{name, version, state, reason}]
+    LOAD             {id, model}                          answered once the model is ready or failed
+    UNLOAD           {id, model}                          body {model}
+    SERVER_STATUS    {id}                                 body the status table
+
+Broker -> client::
+
+    REPLY            {id, status, error?, body?}  + inline output frames                       Reply
+                     (``id`` PROBE_ID: unasked, to learn whether the connection is still there)
+
+Worker -> broker (DEALER -> ROUTER; heartbeats on a second DEALER whose identity ends HEARTBEAT_SUFFIX)::
+
+    W_READY          {model, version, instance, device, pid, slot?: 2}                         WorkerReady
+    W_LOAD_FAILED    {error}                                                                   LoadFailed
+    W_RESULT         {batch, results: [{id, status, error?, outputs?: [tensor], final?}],
+                      t?: [input_ns, infer_ns, output_ns], partial?: true}  + inline output frames
+                                                                                  WorkerResult, RequestResult
+    W_HEARTBEAT      {}                                                                        Heartbeat
+
+Broker -> worker::
+
+    W_EXECUTE        {batch, requests: [{id, inputs: [tensor], outputs: [{name, slot?}], request_id?,
+                      sequence?: {id, start, end, controls: [{name, kind, data_type, values?}]}}],
+                      regions?: {name: [fd, dev, ino]}}  + inline input frames, numbered across the batch
+                                                          Execute, ExecuteRequest, SequenceFlags
+    W_DROP_REGION    {name}                                                                    DropRegion
+    W_HEARTBEAT      {}  (the answer to each of the worker's)                                  Heartbeat
+    W_SHUTDOWN       {}                                                                        Shutdown
+
+An INFER's ``id`` is the client connection's own number for the request (replies are matched by it);
+``caller_id`` is the id the user gave the request, which the broker passes on to the worker as an EXECUTE
+request's ``request_id`` (Triton's ``request.request_id()``).
 """
 
 from __future__ import annotations
@@ -223,6 +275,7 @@ class InferRequest(NamedTuple):
     priority: int = 0
     timeout_us: int = 0
     parameters: Mapping[str, Any] = NO_PARAMETERS
+    caller_id: str = ""  # the id the user gave the request ("" if none); request_id is the wire's
 
 
 class Reply(NamedTuple):
@@ -304,6 +357,8 @@ def infer_to_wire(r: InferRequest) -> dict[str, Any]:
         d["timeout_us"] = r.timeout_us
     if r.parameters:
         d["parameters"] = dict(r.parameters)
+    if r.caller_id:
+        d["caller_id"] = r.caller_id
     return d
 
 
@@ -319,6 +374,7 @@ def infer_from_wire(d: Mapping[str, Any]) -> InferRequest:
         priority=_int(d, "priority", 0),
         timeout_us=_int(d, "timeout_us", 0),
         parameters=params,
+        caller_id=_get(d, "caller_id", str, ""),
     )
 
 

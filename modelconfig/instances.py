@@ -1,5 +1,4 @@
-"""``instance_group``: how many instances of a model run, of which kind, on which GPUs, with which rate
-limiter resources."""
+"""``instance_group``: how many instances of a model run, of which kind, on which GPUs, and their rate limiter."""
 
 from __future__ import annotations
 

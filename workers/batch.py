@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zinfer.client.errors import InternalError, ServerError
+from zinfer.client.errors import InternalError, ServerError, Status
 from zinfer.client.protocol import Frame
 from zinfer.modelconfig.signature import Signature, TensorSpec
 
@@ -26,6 +26,7 @@ from .batch_io import (
     error_result,
     fail_all,
     model_failure,
+    ok_result,
     request_arrays,
     request_rows,
     slot_alloc,
@@ -85,7 +86,7 @@ def scatter(
             piece = full[start : start + n] if batching else full
             wire = sig.outputs[want.name].wire
             tensors.append(emit(want.name, piece, want.slot, wire, regions, out.frames, device))
-        out.results.append({"id": req.id, "status": 0, "outputs": tensors})
+        out.results.append(ok_result(req.id, tensors))
         start += n
     device.synchronize()  # the copies into the slots are done before the reply says so
 
@@ -192,11 +193,9 @@ def _run_singly(
             continue
         one = run_batch(model, sig, [req], frames, regions, device, states)
         base = len(out.frames)
-        for res in one.results:
-            for t in res.get("outputs", []):
-                if "frame" in t:
-                    t["frame"] += base
-        out.results.extend(one.results)
+        out.results.extend(
+            ok_result(r.id, r.outputs, base) if r.status == Status.OK else r for r in one.results
+        )
         out.frames.extend(one.frames)
         out.input_ns += one.input_ns
         out.infer_ns += one.infer_ns

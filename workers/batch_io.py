@@ -12,6 +12,7 @@ import numpy as np
 from zinfer.client import dtypes
 from zinfer.client.errors import InternalError, ServerError
 from zinfer.client.protocol import Frame, OutputRequest, ShmRef, TensorRef
+from zinfer.client.worker_protocol import ExecuteRequest, RequestResult, sequence_to_wire
 from zinfer.modelconfig.sequence_batching import control_value
 from zinfer.modelconfig.signature import Signature
 
@@ -26,35 +27,19 @@ class BatchRequest(NamedTuple):
     id: int
     inputs: tuple[TensorRef, ...]
     outputs: tuple[OutputRequest, ...]
-    request_id: str = ""  # the client's id, when the broker passes it on
+    request_id: str = ""  # the id its client gave it ("" if none)
     sequence: dict[str, Any] | None = None  # a sequence request: id, start, end and the control inputs
 
     @classmethod
-    def from_broker(cls, d: dict[str, Any]) -> BatchRequest:
-        """Build from an EXECUTE entry. The broker checked every field when the client sent it."""
-        return cls(
-            int(d["id"]),
-            tuple(
-                TensorRef(
-                    t["name"],
-                    t["datatype"],
-                    tuple(t["shape"]),
-                    ShmRef(*t["shm"]) if "shm" in t else None,
-                    t.get("frame"),
-                )
-                for t in d["inputs"]
-            ),
-            tuple(
-                OutputRequest(o["name"], ShmRef(*o["slot"]) if "slot" in o else None) for o in d["outputs"]
-            ),
-            str(d.get("request_id", "")),
-            d.get("sequence"),
-        )
+    def from_broker(cls, r: ExecuteRequest) -> BatchRequest:
+        """Build from an EXECUTE's request; its sequence becomes the mapping model code sees (the wire's)."""
+        sequence = None if r.sequence is None else sequence_to_wire(r.sequence)
+        return cls(r.id, r.inputs, r.outputs, r.request_id, sequence)
 
 
 @dataclass
 class BatchOutcome:
-    results: list[dict[str, Any]] = field(default_factory=list)
+    results: list[RequestResult] = field(default_factory=list)
     frames: list[Frame] = field(default_factory=list)
     input_ns: int = 0
     infer_ns: int = 0
@@ -153,29 +138,37 @@ def emit(
     regions: RegionCache,
     frames: list[Frame],
     device: Device = CPU,
-) -> dict[str, Any]:
+) -> TensorRef:
     """One output of one request: into its slot when it fits, else as an inline frame."""
-    shape = list(piece.shape)
+    shape = tuple(int(d) for d in piece.shape)
     if wire == dtypes.BYTES:
         data = dtypes.serialize_bytes(piece)
         if slot is not None and len(data) <= slot.nbytes:
             ref = ShmRef(slot.region, slot.offset, len(data))
             regions.bytes(ref)[:] = np.frombuffer(data, np.uint8)
-            return {"name": name, "datatype": wire, "shape": shape, "shm": list(ref)}
+            return TensorRef(name, wire, shape, shm=ref)
         frames.append(data)
-        return {"name": name, "datatype": wire, "shape": shape, "frame": len(frames) - 1}
+        return TensorRef(name, wire, shape, frame=len(frames) - 1)
     nbytes = int(piece.size) * piece.dtype.itemsize
     if slot is not None and nbytes <= slot.nbytes:
-        dst = regions.bytes(ShmRef(slot.region, slot.offset, nbytes)).view(piece.dtype).reshape(piece.shape)
+        ref = ShmRef(slot.region, slot.offset, nbytes)
+        dst = regions.bytes(ref).view(piece.dtype).reshape(piece.shape)
         device.copy_to_host(piece, dst)  # a no-op when the kernel wrote it there
-        return {"name": name, "datatype": wire, "shape": shape, "shm": [slot.region, slot.offset, nbytes]}
+        return TensorRef(name, wire, shape, shm=ref)
     host = device.to_host(piece)
     frames.append(host.reshape(-1).view(np.uint8).data)
-    return {"name": name, "datatype": wire, "shape": shape, "frame": len(frames) - 1}
+    return TensorRef(name, wire, shape, frame=len(frames) - 1)
 
 
-def error_result(req_id: int, exc: ServerError) -> dict[str, Any]:
-    return {"id": req_id, "status": int(exc.status), "error": exc.wire_text()}
+def ok_result(req_id: int, outputs: Sequence[TensorRef], base: int = 0) -> RequestResult:
+    """A request's outputs; ``base`` is added to their inline frame numbers (frames of the whole RESULT)."""
+    if base:
+        outputs = [t if t.frame is None else t._replace(frame=t.frame + base) for t in outputs]
+    return RequestResult(req_id, outputs=tuple(outputs))
+
+
+def error_result(req_id: int, exc: ServerError) -> RequestResult:
+    return RequestResult(req_id, exc.status, exc.wire_text())
 
 
 def fail_all(requests: Sequence[BatchRequest], exc: ServerError, out: BatchOutcome) -> None:

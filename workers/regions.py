@@ -53,19 +53,18 @@ class RegionCache:
         self.owner = owner
         self.max_mapped = max_mapped
 
-    def use_table(self, table: object) -> None:
-        """The client regions of the next batch: ``{name: [fd, dev, ino]}`` (malformed entries are ignored,
-        so the tensors naming them fail as unregistered). Unmaps the least recently used beyond the cap."""
-        self._table = {}
-        if isinstance(table, dict):
-            self._table = {
-                k: v
-                for k, v in table.items()
-                if isinstance(k, str)
-                and isinstance(v, list | tuple)
-                and len(v) == 3
-                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
-            }
+    def use_table(self, table: Mapping[str, Sequence[int]]) -> None:
+        """The client regions of the next batch: ``{name: (fd, dev, ino)}`` (``Execute.regions``, which
+        ``execute_from_wire`` checked; malformed entries are ignored all the same, so the tensors naming
+        them fail as unregistered). Unmaps the least recently used beyond the cap."""
+        self._table = {
+            k: v
+            for k, v in table.items()
+            if isinstance(k, str)
+            and isinstance(v, list | tuple)
+            and len(v) == 3
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+        }
         while len(self._segments) > self.max_mapped:
             self.drop(next(iter(self._segments)))
 

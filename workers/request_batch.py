@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from zinfer.client.errors import InternalError, ServerError
+from zinfer.client.errors import InternalError, ServerError, Status
 from zinfer.client.protocol import Frame
+from zinfer.client.worker_protocol import RequestResult as ResultEntry
 from zinfer.modelconfig.signature import Signature
 
 from .batch_io import (
@@ -26,6 +26,7 @@ from .batch_io import (
     emit,
     error_result,
     model_failure,
+    ok_result,
     request_arrays,
     request_rows,
 )
@@ -45,7 +46,7 @@ def _answer(
     regions: RegionCache,
     frames: list[Frame],
     device: Device,
-) -> dict[str, Any]:
+) -> ResultEntry:
     """The result entry of one request; its frames are appended to ``frames`` only when it succeeds."""
     if isinstance(result, ServerError):
         return error_result(req.id, result)
@@ -63,11 +64,8 @@ def _answer(
     except ServerError as exc:
         return error_result(req.id, exc)
     base = len(frames)
-    for t in tensors:
-        if "frame" in t:
-            t["frame"] += base
     frames.extend(own)
-    return {"id": req.id, "status": 0, "outputs": tensors}
+    return ok_result(req.id, tensors, base)
 
 
 def run_requests(
@@ -125,7 +123,7 @@ def run_requests(
     except Exception as exc:
         out.frames.clear()
         failure = InternalError(f"could not write the outputs: {exc}")
-        out.results = [error_result(r["id"], failure) if r.get("status") == 0 else r for r in out.results]
+        out.results = [error_result(r.id, failure) if r.status == Status.OK else r for r in out.results]
     t3 = time.perf_counter_ns()
     out.input_ns, out.infer_ns, out.output_ns = t1 - t0, t2 - t1, t3 - t2
     return out

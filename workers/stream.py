@@ -14,6 +14,7 @@ from typing import Any
 
 from zinfer.client.errors import InternalError, ServerError
 from zinfer.client.protocol import Frame
+from zinfer.client.worker_protocol import RequestResult
 from zinfer.modelconfig.signature import Signature
 
 from .batch_io import (
@@ -27,7 +28,7 @@ from .batch_io import (
 )
 from .regions import RegionCache
 
-SendPartial = Callable[[dict[str, Any], list[Frame]], None]
+SendPartial = Callable[[RequestResult, list[Frame]], None]
 
 
 def _responses(value: Any) -> Iterator[Mapping[str, Any]]:
@@ -72,11 +73,11 @@ def run_stream(
                     for n in wanted
                     if n in response
                 ]
-                send_partial({"id": req.id, "status": 0, "outputs": tensors, "final": False}, partial_frames)
-            out.results.append({"id": req.id, "status": 0, "outputs": [], "final": True})
+                send_partial(RequestResult(req.id, outputs=tuple(tensors), final=False), partial_frames)
+            out.results.append(RequestResult(req.id, final=True))
         except ServerError as exc:
-            out.results.append({**error_result(req.id, exc), "final": True})
+            out.results.append(error_result(req.id, exc)._replace(final=True))
         except Exception as exc:
-            out.results.append({**error_result(req.id, model_failure(exc)), "final": True})
+            out.results.append(error_result(req.id, model_failure(exc))._replace(final=True))
         out.infer_ns += time.perf_counter_ns() - t0
     return out

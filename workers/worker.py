@@ -18,7 +18,7 @@ import os
 import signal
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,18 @@ from zinfer.client import protocol
 from zinfer.client.errors import ConfigError, ProtocolError, ResourceExhausted
 from zinfer.client.protocol import Command, Frame, Message
 from zinfer.client.transport import send_frames
+from zinfer.client.worker_protocol import (
+    Execute,
+    LoadFailed,
+    RequestResult,
+    WorkerReady,
+    WorkerResult,
+    drop_region_from_wire,
+    execute_from_wire,
+    load_failed_to_wire,
+    ready_to_wire,
+    result_to_wire,
+)
 from zinfer.modelconfig.model_config import load_model_config
 from zinfer.modelconfig.signature import Signature
 
@@ -89,7 +101,7 @@ class Worker:
     def send(self, command: Command, header: dict[str, Any], frames: list[Frame] | None = None) -> None:
         send_frames(self.sock, protocol.encode(command, header, frames or ()))
 
-    def send_result(self, header: dict[str, Any], frames: list[Frame]) -> None:
+    def send_result(self, result: WorkerResult, frames: list[Frame]) -> None:
         """A RESULT; one whose inline outputs pass the broker's frame limit (which would drop this worker's
         connection) fails its requests instead, with ResourceExhausted."""
         limit = self.args.max_frame_bytes
@@ -99,9 +111,9 @@ class Worker:
                 f"an output of {big} bytes is over the {limit} byte frame limit; raise --max-tensor-bytes, "
                 "or give the output a shared-memory slot"
             )
-            header = {**header, "results": [error_result(r["id"], error) for r in header["results"]]}
+            result = replace(result, results=tuple(error_result(r.id, error) for r in result.results))
             frames = []
-        self.send(Command.W_RESULT, header, frames)
+        self.send(Command.W_RESULT, result_to_wire(result), frames)
 
     def load(self) -> tuple[Signature, AnyModel] | None:
         a = self.args
@@ -118,7 +130,7 @@ class Worker:
             # our own load errors already name the model or file; anything else gets its type
             error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
             log.error("event=load_failed model=%s version=%d error=%r", a.model, a.version, error)
-            self.send(Command.W_LOAD_FAILED, {"error": error})
+            self.send(Command.W_LOAD_FAILED, load_failed_to_wire(LoadFailed(error)))
             return None
         return Signature.of(config), model
 
@@ -129,12 +141,11 @@ class Worker:
             return 1
         sig, model = loaded
         a = self.args
-        ready = {"model": a.model, "version": a.version, "instance": a.instance, "device": a.device,
-                 "pid": os.getpid()}  # fmt: skip
-        self.send(Command.W_READY, ready)
+        ready = WorkerReady(a.model, a.version, a.instance, a.device, os.getpid())
+        self.send(Command.W_READY, ready_to_wire(ready))
         if self.prefetch:
             self.device.on_wait = self._look_ahead
-            self.send(Command.W_READY, {**ready, "slot": 2})  # a second place among the idle instances
+            self.send(Command.W_READY, ready_to_wire(replace(ready, slot=2)))  # a second idle place
             log.info("event=gpu_prefetch model=%s instance=%d", a.model, a.instance)
         log.info(
             "event=worker_ready model=%s version=%d instance=%d pid=%d",
@@ -159,10 +170,13 @@ class Worker:
                     msg = received
                 if msg.command == Command.W_SHUTDOWN:
                     break
-                if msg.command == Command.W_EXECUTE:
-                    self._execute(sig, model, msg.header, msg.frames)
-                elif msg.command == Command.W_DROP_REGION:
-                    self.regions.drop(str(msg.header.get("name", "")))
+                try:
+                    if msg.command == Command.W_EXECUTE:
+                        self._execute(sig, model, execute_from_wire(msg.header), msg.frames)
+                    elif msg.command == Command.W_DROP_REGION:
+                        self.regions.drop(drop_region_from_wire(msg.header).name)
+                except ProtocolError as exc:
+                    log.error("event=bad_message command=%s error=%r", msg.command.name, str(exc))
         finally:
             try:
                 model.finalize()
@@ -199,15 +213,21 @@ class Worker:
     def _stage(self, msg: Message) -> None:
         """Map an EXECUTE's inputs and start their copies to the device (each batch once). A batch that
         cannot be staged is left alone: running it reports whatever is wrong with it."""
-        batch_id = msg.header.get("batch")
-        if msg.command != Command.W_EXECUTE or batch_id is None or batch_id == self._staged_batch:
+        if msg.command != Command.W_EXECUTE:
+            return
+        try:
+            execute = execute_from_wire(msg.header)
+        except ProtocolError:
+            return  # running it reports the error
+        batch_id = execute.batch
+        if batch_id == self._staged_batch:
             return
         self._staged_batch = batch_id
         try:
             per_name: dict[str, list[Any]] = {}
-            self.regions.use_table(msg.header.get("regions"))
+            self.regions.use_table(execute.regions)
             self.regions.begin_batch()  # sizes are checked afresh for the staged batch
-            for r in msg.header["requests"]:
+            for r in execute.requests:
                 arrays = request_arrays(BatchRequest.from_broker(r), msg.frames, self.regions)
                 for name, arr in arrays.items():
                     per_name.setdefault(name, []).append(arr)
@@ -217,31 +237,21 @@ class Worker:
             return
         log.debug("event=staged batch=%s bytes=%d", batch_id, nbytes)
 
-    def _execute(self, sig: Signature, model: AnyModel, header: dict[str, Any], frames: list[Frame]) -> None:
-        self.device.take_staged(header.get("batch"))
-        self.regions.use_table(header.get("regions"))
-        try:
-            requests = [BatchRequest.from_broker(r) for r in header["requests"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            log.error("event=bad_execute error=%r", str(exc))
-            return
+    def _execute(self, sig: Signature, model: AnyModel, execute: Execute, frames: list[Frame]) -> None:
+        batch_id = execute.batch
+        self.device.take_staged(batch_id)
+        self.regions.use_table(execute.regions)
+        requests = [BatchRequest.from_broker(r) for r in execute.requests]
         if sig.decoupled:
-            batch_id = header["batch"]
 
-            def partial(result: dict[str, Any], out_frames: list[Frame]) -> None:
-                self.send_result({"batch": batch_id, "results": [result], "partial": True}, out_frames)
+            def partial(result: RequestResult, out_frames: list[Frame]) -> None:
+                self.send_result(WorkerResult(batch_id, (result,), partial=True), out_frames)
 
             outcome = run_stream(model, sig, requests, frames, self.regions, partial)
         else:
             outcome = run_batch(model, sig, requests, frames, self.regions, self.device, self.states)
-        self.send_result(
-            {
-                "batch": header["batch"],
-                "results": outcome.results,
-                "t": [outcome.input_ns, outcome.infer_ns, outcome.output_ns],
-            },
-            outcome.frames,
-        )
+        timings = (outcome.input_ns, outcome.infer_ns, outcome.output_ns)
+        self.send_result(WorkerResult(batch_id, tuple(outcome.results), timings=timings), outcome.frames)
 
     def close(self) -> None:
         bls.close()

@@ -73,6 +73,20 @@ TRITON = """
             return responses
 """
 
+TRITON_ID = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                rows = pb_utils.get_input_tensor_by_name(request, "A").as_numpy().shape[0]
+                ids = np.array([[request.request_id().encode()]] * rows, dtype=object)
+                responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("ID", ids)]))
+            return responses
+"""
+
 
 def _model(repo: Path, name: str, config: str, code: str | None = None) -> Path:
     version = repo / name / "1"
@@ -99,6 +113,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         NATIVE,
     )
     _model(repo, "triton", _python(PAIR), TRITON)
+    _model(
+        repo,
+        "triton_id",
+        'backend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "A" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        f'output [ {{ name: "ID" data_type: TYPE_STRING dims: [ 1 ] }} ]\n{PAIR}',
+        TRITON_ID,
+    )
     _model(repo, "bad_import", _python(""), "import numpy\nraise RuntimeError('no licence file')\n")
     _model(
         repo,
@@ -191,6 +213,25 @@ def test_triton_exception_fails_only_its_batch(client: Client) -> None:
     np.testing.assert_array_equal(client.infer("triton", _ab(1.0)).as_numpy("SUM"), np.full((1, 2), 2.0))
 
 
+def test_triton_request_id_is_the_clients(client: Client) -> None:
+    """``request.request_id()`` is the id the client gave its request, per request of a shared batch, and ""
+    for a request without one (issue 14: EXECUTE did not carry it, so it was always "")."""
+    before = _batch_sizes(client, "triton_id").get(2, 0)
+
+    def one(request_id: str | None) -> list[list[bytes]]:
+        return (
+            client.infer("triton_id", {"A": np.ones((1, 2), np.float32)}, request_id=request_id)
+            .as_numpy("ID")
+            .tolist()
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(one, ["client-id-1", "client-id-2"])
+    assert (first, second) == ([[b"client-id-1"]], [[b"client-id-2"]])
+    assert _batch_sizes(client, "triton_id").get(2, 0) >= before + 1  # the two shared a batch
+    assert one(None) == [[b""]]
+
+
 def test_bytes_model(client: Client) -> None:
     text = np.array([[b"zinfer serves text"], ["é à".encode()]], dtype=object)
     result = client.infer("text_upper", {"TEXT": text})
@@ -229,7 +270,7 @@ def test_load_errors_are_contained_and_explained(
 
 def test_every_other_model_is_ready(client: Client) -> None:
     states = {r["name"]: r["state"] for r in client.repository_index()}
-    assert {n for n, s in states.items() if s == "READY"} == {"add", "text_upper", "native", "triton"}
+    assert {n for n, s in states.items() if s == "READY"} == {"add", "text_upper", "native", "triton", "triton_id"}
 
 
 def test_a_model_that_fails_alone_in_its_own_server(

@@ -5,13 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from zinfer.broker.batching.batcher import (
-    BatchPolicy,
-    BatchReason,
-    BatchTooLarge,
-    DynamicBatcher,
-    QueuedRequest,
-)
+from zinfer.broker.batcher import BatchPolicy, BatchReason, BatchTooLarge, DynamicBatcher, QueuedRequest
 
 R = BatchReason
 

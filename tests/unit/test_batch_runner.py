@@ -10,6 +10,7 @@ import pytest
 
 from zinfer.client.protocol import OutputRequest, ShmRef, TensorRef
 from zinfer.client.shm import Segment
+from zinfer.client.worker_protocol import request_result_to_wire
 from zinfer.modelconfig.model_config import parse_model_config
 from zinfer.modelconfig.signature import Signature
 from zinfer.workers.batch import BatchRequest, run_batch
@@ -55,7 +56,7 @@ class Fixed:
 
 
 def _outputs(outcome: Any, rid: int) -> np.ndarray:
-    res = next(r for r in outcome.results if r["id"] == rid)
+    res = next(request_result_to_wire(r) for r in outcome.results if r.id == rid)
     assert res["status"] == 0, res
     t = res["outputs"][0]
     return np.frombuffer(outcome.frames[t["frame"]], np.float32).reshape(t["shape"])
@@ -86,10 +87,10 @@ def test_model_failures_fail_the_batch_with_a_clear_error(model: Any, message: s
     frames: list[Any] = []
     reqs = [_request(1, 1, frames, 1.0), _request(2, 3, frames, 1.0)]
     out = run_batch(model, SIG, reqs, frames, RegionCache())
-    assert [r["id"] for r in out.results] == [1, 2]
+    assert [r.id for r in out.results] == [1, 2]
     for r in out.results:
-        assert r["status"] != 0
-        assert message in r["error"]
+        assert r.status != 0
+        assert message in r.error
     assert out.frames == []
 
 
@@ -106,8 +107,8 @@ def test_bad_region_fails_only_its_request() -> None:
     )
     out = run_batch(AddKernel(CONFIG, None), SIG, [good, bad], frames, RegionCache())  # type: ignore[arg-type]
     np.testing.assert_array_equal(_outputs(out, 1), np.full((1, 2), 2.0))
-    failed = next(r for r in out.results if r["id"] == 2)
-    assert failed["status"] != 0 and "not registered" in failed["error"]
+    failed = next(r for r in out.results if r.id == 2)
+    assert failed.status != 0 and "not registered" in failed.error
 
 
 def test_kernel_writes_straight_into_the_output_slot() -> None:
@@ -122,7 +123,7 @@ def test_kernel_writes_straight_into_the_output_slot() -> None:
         )
         req = BatchRequest(1, refs, (OutputRequest("S", ShmRef(seg.name, 64, 8)),))
         out = run_batch(AddKernel(CONFIG, None), SIG, [req], [], regions)  # type: ignore[arg-type]
-        assert out.results[0]["outputs"][0]["shm"] == [seg.name, 64, 8]
+        assert out.results[0].outputs[0].shm == (seg.name, 64, 8)
         np.testing.assert_array_equal(np.frombuffer(seg.buf, np.float32, count=2, offset=64), [3.0, 5.0])
         del a
     finally:

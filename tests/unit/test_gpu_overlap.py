@@ -106,7 +106,7 @@ def _pieces(reqs: Sequence[BatchRequest], frames: Sequence[Any], regions: Region
 
 
 def _ok(out: BatchOutcome) -> None:
-    assert all(r["status"] == 0 for r in out.results), out.results
+    assert all(r.status == 0 for r in out.results), out.results
 
 
 # ------------------------------------------------------------------------------------- device layer
@@ -286,12 +286,13 @@ def test_back_to_back_batches_looking_ahead_match_batches_run_alone(
     def results(out: BatchOutcome, seg: Segment) -> list[Any]:
         got = []
         for r in out.results:
-            for t in r["outputs"]:
-                if "shm" in t:
-                    _, off, n = t["shm"]
+            for t in r.outputs:
+                if t.shm is not None:
+                    _, off, n = t.shm
                     got.append(bytes(seg.buf[off : off + n]))
                 else:
-                    got.append(bytes(out.frames[t["frame"]]))
+                    assert t.frame is not None
+                    got.append(bytes(out.frames[t.frame]))
         return got
 
     alone = [results(run_batch(model, sig, reqs, frames, regions, device), seg) for reqs, frames in batches]

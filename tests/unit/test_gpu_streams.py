@@ -172,7 +172,7 @@ def test_kernels_stay_on_the_compute_stream_batch_after_batch(
     for k in range(4):
         reqs = [_request(seg, 10 * k, 3 * k, 1), _request(seg, 10 * k + 1, 3 * k + 1, 2)]
         out = run_batch(model, SIG, reqs, [], regions, device)  # type: ignore[arg-type]
-        assert [r["status"] for r in out.results] == [0, 0], out.results
+        assert [r.status for r in out.results] == [0, 0], out.results
         assert cp.cuda.get_current_stream() is device.stream
     np.testing.assert_allclose(_y(seg, 0, 12), _x(seg)[:12] @ W, rtol=1e-6)
     gemms = [op for op in fake_cupy.OPS[start:] if op.kind == "kernel" and op.detail == "matmul"]
@@ -198,12 +198,12 @@ def test_a_model_that_leaves_another_stream_current_fails_its_batch_and_the_next
     model, regions = _Model(cp, use_own), RegionCache(device)
     _x(seg)[:4] = 1.0
     out = run_batch(model, SIG, [_request(seg, 1, 0, 2)], [], regions, device)  # type: ignore[arg-type]
-    assert out.results[0]["status"] != 0 and "left CUDA stream" in out.results[0]["error"]
+    assert out.results[0].status != 0 and "left CUDA stream" in out.results[0].error
     assert device.stray_streams == 1 and cp.cuda.get_current_stream() is device.stream
     stray[0] = False
     start = len(fake_cupy.OPS)
     out = run_batch(model, SIG, [_request(seg, 2, 2, 2)], [], regions, device)  # type: ignore[arg-type]
-    assert out.results[0]["status"] == 0, out.results
+    assert out.results[0].status == 0, out.results
     assert _kernel_streams(start) == {device.stream}
     np.testing.assert_allclose(_y(seg, 2, 2), _x(seg)[2:4] @ W, rtol=1e-6)
     regions.close()
@@ -302,7 +302,7 @@ def test_outputs_of_other_gpu_libraries_are_accepted(monkeypatch: pytest.MonkeyP
 
     _x(seg)[:2] = np.arange(8, dtype=np.float32).reshape(2, 4)
     out = run_batch(Torchy(), SIG, [_request(seg, 1, 0, 2)], [], regions, device)  # type: ignore[arg-type]
-    assert out.results[0]["status"] == 0, out.results
+    assert out.results[0].status == 0, out.results
     np.testing.assert_array_equal(_y(seg, 0, 2), _x(seg)[:2, :3] * 2)
     regions.close()
     device.close()

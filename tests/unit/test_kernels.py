@@ -109,7 +109,7 @@ def test_mlp_writes_a_lone_request_straight_into_its_slot(tmp_path: Path) -> Non
             (OutputRequest("Y", ShmRef(seg.name, 1024, 6 * 3 * 4)),),
         )
         out = run_batch(model, Signature.of(config), [req], [], regions)
-        assert out.results[0]["outputs"][0]["shm"] == [seg.name, 1024, 72] and out.frames == []
+        assert out.results[0].outputs[0].shm == (seg.name, 1024, 72) and out.frames == []
         got = np.frombuffer(seg.buf, np.float32, count=18, offset=1024).reshape(6, 3)
         np.testing.assert_allclose(
             got, _reference(X, [(W0, B0, "relu"), (W1, B1, "none")]), rtol=1e-5, atol=1e-5
@@ -244,7 +244,7 @@ def test_gpu_batch_copies_rows_in_and_slots_out(monkeypatch: pytest.MonkeyPatch,
             BatchRequest(2, (TensorRef("X", "FP32", (4, 4), frame=0),), (OutputRequest("Y"),)),
         ]
         out = run_batch(model, Signature.of(config), reqs, [X[2:].tobytes()], regions, device)
-        assert [r["status"] for r in out.results] == [0, 0], out.results
+        assert [r.status for r in out.results] == [0, 0], out.results
         assert fake_cupy.calls("set") == [
             (2, 4),
             (4, 4),
@@ -255,7 +255,7 @@ def test_gpu_batch_copies_rows_in_and_slots_out(monkeypatch: pytest.MonkeyPatch,
         expected = X @ W1[:4]
         got = np.frombuffer(seg.buf, np.float32, count=6, offset=4096).reshape(2, 3)
         np.testing.assert_allclose(got, expected[:2], rtol=1e-5)
-        frame = out.results[1]["outputs"][0]["frame"]
+        frame = out.results[1].outputs[0].frame
         np.testing.assert_allclose(
             np.frombuffer(out.frames[frame], np.float32).reshape(4, 3), expected[2:], rtol=1e-5
         )

@@ -16,6 +16,7 @@ from tests.gpu import fake_cupy
 from zinfer.client import dtypes
 from zinfer.client.errors import ConfigError
 from zinfer.client.protocol import OutputRequest, TensorRef
+from zinfer.client.worker_protocol import request_result_to_wire
 from zinfer.modelconfig.model_config import ModelConfig, load_model_config, parse_model_config
 from zinfer.modelconfig.sequence_batching import control_specs
 from zinfer.modelconfig.signature import Signature
@@ -72,7 +73,7 @@ def _run(model: AnyModel, config: ModelConfig, reqs: list[BatchRequest], frames:
 
 
 def _output(outcome: Any, rid: int, name: str = "SUM") -> np.ndarray:
-    res = next(r for r in outcome.results if r["id"] == rid)
+    res = next(request_result_to_wire(r) for r in outcome.results if r.id == rid)
     assert res["status"] == 0, res
     t = next(t for t in res["outputs"] if t["name"] == name)
     data = outcome.frames[t["frame"]]
@@ -82,9 +83,9 @@ def _output(outcome: Any, rid: int, name: str = "SUM") -> np.ndarray:
 
 
 def _error(outcome: Any, rid: int) -> dict[str, Any]:
-    res = next(r for r in outcome.results if r["id"] == rid)
+    res = next(request_result_to_wire(r) for r in outcome.results if r.id == rid)
     assert res["status"] != 0, res
-    return res  # type: ignore[no-any-return]
+    return res
 
 
 NATIVE = """

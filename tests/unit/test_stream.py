@@ -8,6 +8,7 @@ import numpy as np
 
 from zinfer.client import dtypes
 from zinfer.client.protocol import OutputRequest, TensorRef
+from zinfer.client.worker_protocol import RequestResult
 from zinfer.modelconfig.model_config import parse_model_config
 from zinfer.modelconfig.signature import Signature
 from zinfer.workers.batch_io import BatchRequest
@@ -49,13 +50,9 @@ def _request(rid: int, text: bytes, frames: list[Any]) -> BatchRequest:
 def test_every_response_is_sent_then_a_final_status() -> None:
     frames: list[Any] = []
     reqs = [_request(1, b"a bb ccc", frames), _request(2, b"boom", frames)]
-    sent: list[tuple[dict[str, Any], list[Any]]] = []
+    sent: list[tuple[RequestResult, list[Any]]] = []
     out = run_stream(Words(), SIG, reqs, frames, RegionCache(), lambda r, f: sent.append((r, f)))
-    words = [bytes(dtypes.deserialize_bytes(f[r["outputs"][0]["frame"]], (1,))[0]) for r, f in sent]
-    assert words == [b"a", b"bb", b"ccc"] and all(not r["final"] for r, _ in sent)
-    assert out.results[0] == {"id": 1, "status": 0, "outputs": [], "final": True}
-    assert (
-        out.results[1]["final"]
-        and out.results[1]["status"] != 0
-        and "ValueError: no" in out.results[1]["error"]
-    )
+    words = [bytes(dtypes.deserialize_bytes(f[r.outputs[0].frame], (1,))[0]) for r, f in sent]
+    assert words == [b"a", b"bb", b"ccc"] and all(r.final is False for r, _ in sent)
+    assert out.results[0] == RequestResult(1, final=True)
+    assert out.results[1].final and out.results[1].status != 0 and "ValueError: no" in out.results[1].error

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zinfer.broker.messages import client_outputs, execute_header
+from zinfer.broker.messages import client_outputs, execute_message
 from zinfer.broker.model_state import Pending
 from zinfer.broker.supervisor import RestartPolicy, WorkerSpec
-from zinfer.client.protocol import InferRequest
+from zinfer.client import protocol
+from zinfer.client.protocol import OutputRequest, ShmRef, TensorRef
+from zinfer.client.worker_protocol import execute_from_wire, execute_to_wire
 
 SPEC = WorkerSpec("m", 1, 0, "cpu", Path("/repo"), "ipc:///x")
 
@@ -33,22 +35,28 @@ def test_old_crashes_leave_the_window() -> None:
     assert policy.due(101.0) == [SPEC, SPEC, SPEC]
 
 
-def _pending(seq: int, inputs: list[dict[str, object]], frames: list[bytes]) -> Pending:
-    req = InferRequest("r", "m", 0, ())
+def _pending(seq: int, inputs: list[dict[str, object]], frames: list[bytes], caller_id: str = "") -> Pending:
+    req = protocol.infer_from_wire(
+        {"id": "r", "model": "m", "version": 0, "inputs": inputs, "caller_id": caller_id}
+    )
     return Pending(seq, b"c", req, list(frames), inputs, [{"name": "Y"}], 1, 0.0)
 
 
-def test_execute_header_renumbers_inline_frames_only() -> None:
+def test_execute_message_renumbers_inline_frames_only() -> None:
     shm = {"name": "A", "datatype": "FP32", "shape": [1, 1], "shm": ["r", 0, 4]}
-    a = _pending(1, [shm, {"name": "B", "datatype": "FP32", "shape": [1, 1], "frame": 0}], [b"b1"])
-    b = _pending(2, [{"name": "A", "frame": 1}, {"name": "B", "frame": 0}], [b"b2", b"a2"])
-    header, frames = execute_header(7, [a, b])
-    assert header["batch"] == 7
-    assert [r["id"] for r in header["requests"]] == [1, 2]
-    assert header["requests"][0]["inputs"][0] is shm  # passed on untouched
-    assert header["requests"][0]["inputs"][1]["frame"] == 0
-    assert [d["frame"] for d in header["requests"][1]["inputs"]] == [1, 2]
+    inline = {"name": "B", "datatype": "FP32", "shape": [1, 1]}
+    a = _pending(1, [shm, {**inline, "frame": 0}], [b"b1"], caller_id="client-7")
+    b = _pending(2, [{**inline, "name": "A", "frame": 1}, {**inline, "frame": 0}], [b"b2", b"a2"])
+    message, frames = execute_message(7, [a, b], region=lambda name: [3, 4, 5])
+    assert message.batch == 7 and message.regions == {"r": (3, 4, 5)}
+    assert [r.id for r in message.requests] == [1, 2]
+    assert [r.request_id for r in message.requests] == ["client-7", ""]  # the id its client gave it
+    assert message.requests[0].inputs[0] == TensorRef("A", "FP32", (1, 1), shm=ShmRef("r", 0, 4))
+    assert message.requests[0].inputs[1].frame == 0
+    assert [t.frame for t in message.requests[1].inputs] == [1, 2]
+    assert message.requests[0].outputs == (OutputRequest("Y"),)
     assert frames == [b"b1", b"a2", b"b2"]
+    assert execute_from_wire(execute_to_wire(message)) == message
 
 
 def test_client_outputs_renumbers_from_zero() -> None:

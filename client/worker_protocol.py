@@ -1,0 +1,355 @@
+"""The broker<->worker half of the wire contract: one typed record per command, with its to-wire and
+from-wire functions (the frames are drawn in ``zinfer.client.protocol``'s docstring).
+
+It is a sibling of ``protocol`` rather than a part of it so that each file stays one idea under 400
+lines: ``protocol`` frames messages and holds the client half; this module holds what only the broker and
+its workers say to each other. Both halves share ``protocol``'s tensor records and field checks.
+
+Every ``*_from_wire`` checks each field's type and range and raises ``ProtocolError`` on anything else
+(never ``KeyError`` or ``TypeError``): a worker runs user code, so the broker takes nothing it says on
+trust, and a worker takes nothing on trust from a socket either. Unknown keys are ignored, so either side
+may add an optional field without breaking the other.
+
+The per-request records are NamedTuples, as in ``protocol``: several are built for every request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+from .errors import ProtocolError, Status
+from .protocol import (
+    MAX_NAME,
+    MAX_TENSORS,
+    OutputRequest,
+    TensorRef,
+    _get,
+    _int,
+    _list,
+    _name,
+    output_from_wire,
+    output_to_wire,
+    tensor_from_wire,
+    tensor_to_wire,
+)
+
+MAX_REQUESTS = 1 << 16
+"""The most requests one EXECUTE or RESULT names (msgpack's array cap of ``unpack_header``)."""
+MAX_REGIONS = 1 << 12
+"""The most client regions one EXECUTE names (msgpack's map cap of ``unpack_header``)."""
+CONTROL_KINDS = frozenset({"START", "END", "READY", "CORRID"})
+_U64 = 1 << 64
+_STATUS_BY_INT = {int(s): s for s in Status}
+
+
+# ---------------------------------------------------------------------------------------------- W_READY
+
+
+@dataclass(frozen=True)
+class WorkerReady:
+    """W_READY: the worker loaded its model and takes batches. ``slot`` 2 asks for a second place among
+    the model's idle instances (GPU look-ahead: the next batch may come while one runs)."""
+
+    model: str
+    version: int
+    instance: int
+    device: str
+    pid: int
+    slot: int = 1
+
+
+def ready_to_wire(r: WorkerReady) -> dict[str, Any]:
+    d: dict[str, Any] = {"model": r.model, "version": r.version, "instance": r.instance, "device": r.device,
+                         "pid": r.pid}  # fmt: skip
+    if r.slot != 1:
+        d["slot"] = r.slot
+    return d
+
+
+def ready_from_wire(h: Mapping[str, Any]) -> WorkerReady:
+    return WorkerReady(
+        model=_name(h, "model"),
+        version=_int(h, "version"),
+        instance=_int(h, "instance"),
+        device=_name(h, "device"),
+        pid=_int(h, "pid"),
+        slot=_int(h, "slot", 1, lo=1, hi=2),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- W_LOAD_FAILED
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    """W_LOAD_FAILED: the worker could not load its model (it exits next)."""
+
+    error: str
+
+
+def load_failed_to_wire(r: LoadFailed) -> dict[str, Any]:
+    return {"error": r.error}
+
+
+def load_failed_from_wire(h: Mapping[str, Any]) -> LoadFailed:
+    return LoadFailed(_get(h, "error", str, "unknown error"))
+
+
+# ---------------------------------------------------------------------------------------------- W_DROP_REGION
+
+
+@dataclass(frozen=True)
+class DropRegion:
+    """W_DROP_REGION: a client region is no longer registered; the worker unmaps it."""
+
+    name: str
+
+
+def drop_region_to_wire(r: DropRegion) -> dict[str, Any]:
+    return {"name": r.name}
+
+
+def drop_region_from_wire(h: Mapping[str, Any]) -> DropRegion:
+    return DropRegion(_name(h))
+
+
+# ---------------------------------------------------------------------------------------------- W_HEARTBEAT
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """W_HEARTBEAT, both ways on the worker's heartbeat socket: an empty header."""
+
+
+# ---------------------------------------------------------------------------------------------- W_SHUTDOWN
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """W_SHUTDOWN: finalize the model and exit. An empty header."""
+
+
+def empty_to_wire(_: Heartbeat | Shutdown) -> dict[str, Any]:
+    return {}
+
+
+def heartbeat_from_wire(h: Mapping[str, Any]) -> Heartbeat:
+    return Heartbeat()
+
+
+def shutdown_from_wire(h: Mapping[str, Any]) -> Shutdown:
+    return Shutdown()
+
+
+# ---------------------------------------------------------------------------------------------- W_EXECUTE
+
+
+class SequenceControl(NamedTuple):
+    """One control input of a sequence model (``sequence_batching.control_input``), as the worker builds
+    it: its input name, kind, config data type and, but for CORRID, its ``[false, true]`` values."""
+
+    name: str
+    kind: str  # START, END, READY or CORRID
+    data_type: str  # TYPE_*
+    values: tuple[bool | int | float, ...] = ()
+
+
+class SequenceFlags(NamedTuple):
+    """A sequence request's id and flags, and the model's control inputs the worker adds to its batch."""
+
+    id: int | str
+    start: bool
+    end: bool
+    controls: tuple[SequenceControl, ...] = ()
+
+
+NO_REGIONS: Mapping[str, tuple[int, int, int]] = MappingProxyType({})
+
+
+class ExecuteRequest(NamedTuple):
+    """One request of an EXECUTE. ``id`` is the broker's number for it (its RESULT entry names it);
+    ``request_id`` is the id its client gave it (``""`` if none), which Triton-style models read."""
+
+    id: int
+    inputs: tuple[TensorRef, ...]
+    outputs: tuple[OutputRequest, ...]
+    request_id: str = ""
+    sequence: SequenceFlags | None = None
+
+
+@dataclass(frozen=True)
+class Execute:
+    """W_EXECUTE: a batch. Inline input frames are numbered across the whole batch. ``regions`` names,
+    for each client region the batch touches, how the worker reaches and checks it: ``(fd, dev, ino)``
+    of the broker's descriptor; regions absent from it are the server's own."""
+
+    batch: int
+    requests: tuple[ExecuteRequest, ...]
+    regions: Mapping[str, tuple[int, int, int]] = field(default_factory=lambda: NO_REGIONS)
+
+
+def control_to_wire(c: SequenceControl) -> dict[str, Any]:
+    d: dict[str, Any] = {"name": c.name, "kind": c.kind, "data_type": c.data_type}
+    if c.values:
+        d["values"] = list(c.values)
+    return d
+
+
+def control_from_wire(d: Any) -> SequenceControl:
+    if not isinstance(d, dict):
+        raise ProtocolError("sequence control must be a map")
+    kind = _get(d, "kind", str)
+    if kind not in CONTROL_KINDS:
+        raise ProtocolError(f"sequence control kind must be one of {sorted(CONTROL_KINDS)}")
+    values = _list(d, "values", 2, [])
+    if not all(isinstance(v, bool | int | float) for v in values):
+        raise ProtocolError("sequence control values must be booleans or numbers")
+    return SequenceControl(_name(d), kind, _name(d, "data_type"), tuple(values))
+
+
+def sequence_to_wire(s: SequenceFlags) -> dict[str, Any]:
+    """The wire form, which is also the mapping the worker's model code sees as a request's sequence."""
+    return {"id": s.id, "start": s.start, "end": s.end, "controls": [control_to_wire(c) for c in s.controls]}
+
+
+def sequence_from_wire(d: Any) -> SequenceFlags:
+    if not isinstance(d, dict):
+        raise ProtocolError("sequence must be a map")
+    sid = _get(d, "id", (int, str))
+    if isinstance(sid, bool) or (isinstance(sid, int) and not 0 <= sid < _U64) or (
+        isinstance(sid, str) and len(sid) > MAX_NAME
+    ):  # fmt: skip
+        raise ProtocolError(f"sequence id must be an integer in [0, 2**64) or at most {MAX_NAME} characters")
+    controls = tuple(control_from_wire(c) for c in _list(d, "controls", MAX_TENSORS, []))
+    return SequenceFlags(sid, _get(d, "start", bool, False), _get(d, "end", bool, False), controls)
+
+
+def execute_request_to_wire(r: ExecuteRequest) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "id": r.id,
+        "inputs": [tensor_to_wire(t) for t in r.inputs],
+        "outputs": [output_to_wire(o) for o in r.outputs],
+    }
+    if r.request_id:
+        d["request_id"] = r.request_id
+    if r.sequence is not None:
+        d["sequence"] = sequence_to_wire(r.sequence)
+    return d
+
+
+def execute_request_from_wire(d: Any) -> ExecuteRequest:
+    if not isinstance(d, dict):
+        raise ProtocolError("an EXECUTE request must be a map")
+    return ExecuteRequest(
+        id=_int(d, "id"),
+        inputs=tuple(tensor_from_wire(t) for t in _list(d, "inputs", MAX_TENSORS)),
+        outputs=tuple(output_from_wire(o) for o in _list(d, "outputs", MAX_TENSORS)),
+        request_id=_get(d, "request_id", str, ""),
+        sequence=sequence_from_wire(d["sequence"]) if "sequence" in d else None,
+    )
+
+
+def execute_to_wire(e: Execute) -> dict[str, Any]:
+    d: dict[str, Any] = {"batch": e.batch, "requests": [execute_request_to_wire(r) for r in e.requests]}
+    if e.regions:
+        d["regions"] = {name: list(wire) for name, wire in e.regions.items()}
+    return d
+
+
+def _region_ids(value: Any) -> dict[str, tuple[int, int, int]]:
+    if not isinstance(value, dict) or len(value) > MAX_REGIONS:
+        raise ProtocolError(f"field 'regions' must be a map of at most {MAX_REGIONS} entries")
+    table: dict[str, tuple[int, int, int]] = {}
+    for name, wire in value.items():
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
+            raise ProtocolError("a region name must be a non-empty string")
+        if not (isinstance(wire, list) and len(wire) == 3) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < _U64 for x in wire
+        ):
+            raise ProtocolError("a region must be named by [fd, dev, ino], integers in [0, 2**64)")
+        table[name] = (wire[0], wire[1], wire[2])
+    return table
+
+
+def execute_from_wire(h: Mapping[str, Any]) -> Execute:
+    return Execute(
+        batch=_int(h, "batch"),
+        requests=tuple(execute_request_from_wire(r) for r in _list(h, "requests", MAX_REQUESTS)),
+        regions=_region_ids(h["regions"]) if "regions" in h else NO_REGIONS,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- W_RESULT
+
+
+class RequestResult(NamedTuple):
+    """One request's answer in a RESULT: its outputs (inline frames numbered across the RESULT), or a
+    status and the error text ``"Class: message"``. A decoupled model's entries carry ``final``: False on
+    each response of its stream, True on the last (which has no outputs)."""
+
+    id: int
+    status: Status = Status.OK
+    error: str = ""
+    outputs: tuple[TensorRef, ...] = ()
+    final: bool | None = None
+
+
+Timings = tuple[int, int, int]
+"""Nanoseconds the worker spent gathering the inputs, in the model, and scattering the outputs."""
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    """W_RESULT: the answers to a batch. ``partial`` ones carry a decoupled model's responses while the
+    batch still runs (no timings); the last RESULT of a batch is not partial and ends it."""
+
+    batch: int
+    results: tuple[RequestResult, ...]
+    partial: bool = False
+    timings: Timings = (0, 0, 0)
+
+
+def request_result_to_wire(r: RequestResult) -> dict[str, Any]:
+    d: dict[str, Any] = {"id": r.id, "status": int(r.status)}
+    if r.error:
+        d["error"] = r.error
+    if r.outputs:
+        d["outputs"] = [tensor_to_wire(t) for t in r.outputs]
+    if r.final is not None:
+        d["final"] = r.final
+    return d
+
+
+def request_result_from_wire(d: Any) -> RequestResult:
+    if not isinstance(d, dict):
+        raise ProtocolError("a RESULT entry must be a map")
+    status = _STATUS_BY_INT.get(_int(d, "status", 0, lo=0, hi=255), Status.INTERNAL)
+    final = _get(d, "final", bool, None) if "final" in d else None
+    outputs = tuple(tensor_from_wire(t) for t in _list(d, "outputs", MAX_TENSORS, []))
+    return RequestResult(_int(d, "id"), status, _get(d, "error", str, ""), outputs, final)
+
+
+def result_to_wire(r: WorkerResult) -> dict[str, Any]:
+    d: dict[str, Any] = {"batch": r.batch, "results": [request_result_to_wire(x) for x in r.results]}
+    if r.partial:
+        d["partial"] = True
+    else:
+        d["t"] = list(r.timings)
+    return d
+
+
+def result_from_wire(h: Mapping[str, Any]) -> WorkerResult:
+    timings = _list(h, "t", 3, [0, 0, 0])
+    if len(timings) != 3 or not all(
+        isinstance(x, int) and not isinstance(x, bool) and 0 <= x < (1 << 63) for x in timings
+    ):
+        raise ProtocolError("field 't' must be three durations in nanoseconds")
+    return WorkerResult(
+        batch=_int(h, "batch"),
+        results=tuple(request_result_from_wire(x) for x in _list(h, "results", MAX_REQUESTS)),
+        partial=_get(h, "partial", bool, False),
+        timings=(timings[0], timings[1], timings[2]),
+    )
