@@ -27,7 +27,7 @@ max_batch_size 32, one CPU instance each), one model per batching configuration:
    reasons (from the difference of two statistics calls around each run), and whether the server-side
    p99 meets the target (the client-side p99 adds the client library, the socket hops and, on a small
    machine, the sender's own scheduling; it is printed beside). Beside it,
-   the broker's virtual-time simulator (zinfer.broker.simulate) runs the same policies on the same
+   the broker's virtual-time simulator (zinfer.broker.batching.simulate) runs the same policies on the same
    schedules with the calibrated batch costs: what the policy does without CPU contention.
 
 Target: at every rate the adaptive mode meets its latency target and reaches at least the throughput of the
@@ -57,8 +57,8 @@ from typing import Any
 
 import numpy as np
 
-from zinfer.broker.batch_policy import BatchPolicy
-from zinfer.broker.simulate import simulate
+from zinfer.broker.batching.batch_policy import BatchPolicy
+from zinfer.broker.batching.simulate import simulate
 from zinfer.client.async_client import AsyncClient
 from zinfer.client.client import Client
 

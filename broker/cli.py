@@ -20,7 +20,7 @@ from zinfer.client.errors import ConfigError, ZinferError
 from zinfer.client.paths import default_runtime_dir
 from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
 
-from .rate_limiter import normalize_resources
+from .batching.rate_limiter import normalize_resources
 from .sd_notify import Notifier
 from .server import Broker, ServerOptions
 from .server_config import FILE_ONLY_KEYS, KEYS, ConfigFileError, flag_defaults, host_port, load_config

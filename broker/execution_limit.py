@@ -7,9 +7,9 @@ A model may bound how long one batch runs on an instance with the ``parameters``
 
 The clock of a batch starts when the broker sends it to the instance. A batch still running past the
 limit fails, every request with ``DeadlineExceeded``, and its worker is killed and restarted (a model stuck
-in a loop keeps heartbeating, so nothing else would notice).
-The parameter is read and checked by ``zinfer.modelconfig.parameters.execution_limit_ns``. For a decoupled (streaming) model the limit
+in a loop keeps heartbeating, so nothing else would notice). For a decoupled (streaming) model the limit
 bounds the whole stream of a batch, from the start to its final response, not the gap between responses.
+The parameter is read and checked by ``zinfer.modelconfig.parameters.execution_limit_ns``.
 
 Pure: the clock (monotonic nanoseconds) is passed in; ``WorkerWatch`` acts on the answers.
 """

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 from zinfer.client.errors import Unavailable
 
-from .batcher import Batch
+from .batching.batcher import Batch
+from .batching.rate_limiter import RateLimiter, needs_of
+from .batching.sequence_batcher import SequenceBatch
 from .model_state import ModelState, Pending
-from .rate_limiter import RateLimiter, needs_of
-from .sequence_batcher import SequenceBatch
 
 if TYPE_CHECKING:
     from .request_path import RequestPath

@@ -16,11 +16,11 @@ from zinfer.modelconfig.parameters import execution_limit_ns
 from zinfer.modelconfig.sequence_batching import control_specs
 from zinfer.modelconfig.signature import Signature
 
-from .batcher import BatchPolicy, DynamicBatcher
+from .batching.batcher import BatchPolicy, DynamicBatcher
+from .batching.ordering import ResponseOrder
+from .batching.sequence_batcher import SequenceBatcher, SequencePolicy
 from .latency_window import LatencyWindow, log_bin
 from .metrics import ModelMetrics
-from .ordering import ResponseOrder
-from .sequence_batcher import SequenceBatcher, SequencePolicy
 
 if TYPE_CHECKING:
     from .ensemble_plan import EnsemblePlan

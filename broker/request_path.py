@@ -28,13 +28,13 @@ from zinfer.client.errors import (
 from zinfer.client.protocol import Command, Frame, Reply
 from zinfer.client.worker_protocol import WorkerResult, execute_to_wire
 
-from .batcher import Batch, BatchTooLarge, InvalidPriority, QueuedRequest, QueueFull
+from .batching.batcher import Batch, BatchTooLarge, InvalidPriority, QueuedRequest, QueueFull
+from .batching.sequence_batcher import SequenceBatch, SequenceError, SequenceRequest, parse_sequence
 from .cache_path import CachePath
 from .ensemble_path import EnsemblePath
 from .limited_dispatch import LimitedDispatch
 from .messages import client_outputs, execute_message, sequence_controls
 from .model_state import InFlight, ModelState, Pending
-from .sequence_batcher import SequenceBatch, SequenceError, SequenceRequest, parse_sequence
 from .validation import check_request
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""``instance_group``: how many instances of a model run, of which kind, on which GPUs, and their rate limiter."""
+"""``instance_group``: how many instances of a model run, of which kind, on which GPUs, with which rate
+limiter resources."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """What the config records of every group share: the enum base, read-only maps and the JSON form.
 
 Enums derive from :class:`ProtoEnum`; their values are the protobuf names, so
-``InstanceKind("KIND_GPU") is InstanceKind.KIND_GPU`` and ``InstanceKind.KIND_GPU == "KIND_GPU"``. ``record_to_dict`` turns a record into Triton's JSON form, guided
-by ``json_meta`` field metadata (a different JSON key, or ``{wrap: value}`` nesting).
+``InstanceKind("KIND_GPU") is InstanceKind.KIND_GPU`` and ``InstanceKind.KIND_GPU == "KIND_GPU"``.
+``record_to_dict`` turns a record into Triton's JSON form, guided by ``json_meta`` field metadata (a
+different JSON key, or ``{wrap: value}`` nesting).
 """
 
 from __future__ import annotations

@@ -8,15 +8,15 @@ from collections.abc import Callable
 
 import pytest
 
-from zinfer.broker.adaptive import (
+from zinfer.broker.batching.adaptive import (
     MIN_SAMPLES,
     AdaptiveController,
     ArrivalEstimator,
     ExecEstimator,
     LatencyFeedback,
 )
-from zinfer.broker.batcher import BatchPolicy, BatchReason, DynamicBatcher, QueuedRequest
-from zinfer.broker.simulate import ExecModel, SimResult, poisson_arrivals, simulate
+from zinfer.broker.batching.batcher import BatchPolicy, BatchReason, DynamicBatcher, QueuedRequest
+from zinfer.broker.batching.simulate import ExecModel, SimResult, poisson_arrivals, simulate
 
 R = BatchReason
 MS = 1e-3

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from zinfer.broker.batcher import BatchPolicy, BatchReason, BatchTooLarge, DynamicBatcher, QueuedRequest
+from zinfer.broker.batching.batcher import (
+    BatchPolicy,
+    BatchReason,
+    BatchTooLarge,
+    DynamicBatcher,
+    QueuedRequest,
+)
 
 R = BatchReason
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from zinfer.broker.batcher import Batch, BatchPolicy, BatchReason, DynamicBatcher, QueuedRequest
-from zinfer.broker.simulate import ExecModel, SimRequest, poisson_arrivals, simulate
+from zinfer.broker.batching.batcher import Batch, BatchPolicy, BatchReason, DynamicBatcher, QueuedRequest
+from zinfer.broker.batching.simulate import ExecModel, SimRequest, poisson_arrivals, simulate
 
 R = BatchReason
 MS = 1e-3

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from zinfer.broker.ordering import ResponseOrder
+from zinfer.broker.batching.ordering import ResponseOrder
 
 Step = tuple[str, int, list[int]]  # (complete|drop, seq, seqs released)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from zinfer.broker.batcher import (
+from zinfer.broker.batching.batcher import (
     BatchPolicy,
     BatchReason,
     DynamicBatcher,
@@ -16,7 +16,7 @@ from zinfer.broker.batcher import (
     QueuedRequest,
     QueueFull,
 )
-from zinfer.broker.simulate import ExecModel, SimRequest, simulate
+from zinfer.broker.batching.simulate import ExecModel, SimRequest, simulate
 from zinfer.modelconfig.model_config import parse_model_config
 from zinfer.modelconfig.scheduling import QueuePolicy, TimeoutAction
 

@@ -9,8 +9,14 @@ from typing import Any
 
 import pytest
 
+from zinfer.broker.batching.rate_limiter import (
+    Need,
+    RateLimiter,
+    needs_of,
+    normalize_device,
+    normalize_resources,
+)
 from zinfer.broker.model_state import instance_groups
-from zinfer.broker.rate_limiter import Need, RateLimiter, needs_of, normalize_device, normalize_resources
 from zinfer.modelconfig.model_config import parse_model_config
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zinfer.broker.batch_policy import BatchReason
-from zinfer.broker.rate_limiter import Need, RateLimiter
-from zinfer.broker.sequence_batcher import (
+from zinfer.broker.batching.batch_policy import BatchReason
+from zinfer.broker.batching.rate_limiter import Need, RateLimiter
+from zinfer.broker.batching.sequence_batcher import (
     SequenceBatcher,
     SequenceError,
     SequencePolicy,

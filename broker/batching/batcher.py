@@ -5,8 +5,8 @@ passed with :meth:`DynamicBatcher.expire`, and asks for work with :meth:`Dynamic
 whenever model instances are free. Time is always passed in (seconds on the caller's monotonic clock);
 nothing here sleeps, logs or reads a clock.
 
-The queue is Triton's priority queue (:mod:`zinfer.broker.priority_queue`: levels, FIFO within a level,
-queue timeouts with REJECT/DELAY, ``max_queue_size``). Batch formation follows Triton's
+The queue is Triton's priority queue (:mod:`zinfer.broker.batching.priority_queue`: levels, FIFO
+within a level, queue timeouts with REJECT/DELAY, ``max_queue_size``). Batch formation follows Triton's
 ``GetDynamicBatch`` (see triton-features.md §1.3):
 
 * Batches are formed lazily, only when an instance is free, so the queue keeps growing while every
@@ -21,7 +21,7 @@ queue timeouts with REJECT/DELAY, ``max_queue_size``). Batch formation follows T
 * Decision: preferred size reached (delay not exceeded) -> that prefix; saturated, shape/size cut or
   largest preferred size reached -> now; ``max_queue_delay_us == 0`` -> whatever is queued; delay
   exceeded -> whatever fits; else wait until :meth:`DynamicBatcher.next_deadline`.
-* With ``latency_target_us`` set, :mod:`zinfer.broker.adaptive` decides instead of the queue delay
+* With ``latency_target_us`` set, :mod:`zinfer.broker.batching.adaptive` decides instead of the queue delay
   whether to send what is pending or wait; preferred sizes, cuts and saturation still send at once. It
   learns from :meth:`DynamicBatcher.observe_execution` (batch execution times) and
   :meth:`DynamicBatcher.observe_latencies` (each request's latency, enqueue to result).

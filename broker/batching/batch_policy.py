@@ -85,7 +85,7 @@ class BatchPolicy:
     under ``default_queue_policy``; otherwise ``default_priority_level`` must be in
     ``[1, priority_levels]`` and a level without an entry in ``priority_queue_policy`` uses
     ``default_queue_policy``. ``latency_target_us > 0`` switches on the adaptive mode
-    (:mod:`zinfer.broker.adaptive`), which then ignores ``max_queue_delay_us``; ``instances`` is the
+    (:mod:`zinfer.broker.batching.adaptive`), which then ignores ``max_queue_delay_us``; ``instances`` is the
     number of model instances, which the adaptive mode uses to estimate utilisation.
     ``max_batch_bytes > 0`` bounds the input bytes of one batch (the server's ``--max-batch-bytes``): a
     batch closes before the request that would pass it, and a request passing it alone is refused.

@@ -1,7 +1,7 @@
 """A virtual-time simulation of the broker's batching loop, for tests and benchmarks. Pure, seeded.
 
-:func:`simulate` drives a :class:`~zinfer.broker.batcher.DynamicBatcher` the way the broker does (add on
-arrival, ``expire`` and ``pop_ready`` on every event, ``observe_execution`` and ``observe_latencies``
+:func:`simulate` drives a :class:`~zinfer.broker.batching.batcher.DynamicBatcher` the way the broker does
+(add on arrival, ``expire`` and ``pop_ready`` on every event, ``observe_execution`` and ``observe_latencies``
 after every batch, wake at ``next_deadline`` while an instance is free and at ``next_expiry`` otherwise)
 against an execution-time model, with no clock and no sleeping. ``hidden_s`` adds time the batcher is
 not told of (a batch takes ``exec_time + hidden_s`` but ``observe_execution`` hears ``exec_time``): what
