@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from zinfer.broker import perf_cli
-from zinfer.broker.perf_load import Step, Tally, run_async, run_sync
-from zinfer.broker.perf_report import StepResult, summarize
 from zinfer.client import AsyncClient, Client
+from zinfer.tools import perf_cli
+from zinfer.tools.perf_load import Step, Tally, run_async, run_sync
+from zinfer.tools.perf_report import StepResult, summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serving import ROOT, machine, zinfer_server  # noqa: E402

@@ -269,8 +269,8 @@ def big_tensor(url: str, n: int, zero_copy: bool, shape: tuple[int, int] = BIG_S
 
 
 def registration_us(url: str, n: int, seg_bytes: int = 1 << 20) -> list[float]:
-    """Register and unregister one fresh arena segment ``n`` times; the registration times (µs). Works on
-    older checkouts too (named /dev/shm segments and a bare REGISTER there)."""
+    """Register and unregister one fresh arena segment ``n`` times (``Client.register_segment``, as the
+    arena registers each of its segments); the registration times (µs)."""
     make = getattr(Segment, "create_sealed", Segment.create)
     out: list[float] = []
     with Client(url, timeout=TIMEOUT_S) as c:
@@ -278,9 +278,9 @@ def registration_us(url: str, n: int, seg_bytes: int = 1 << 20) -> list[float]:
             seg = make(seg_bytes)
             try:
                 t0 = time.perf_counter()
-                c._on_new_segment(seg)
+                c.register_segment(seg)
                 out.append((time.perf_counter() - t0) * 1e6)
-                c._call(Command.UNREGISTER, {"name": seg.name})
+                c.unregister_segment(seg)
             finally:
                 seg.close()
     return out

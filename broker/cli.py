@@ -408,15 +408,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["tune"]:
-        from .tune_cli import main as tune_main
+        from zinfer.tools.tune_cli import main as tune_main
 
         return tune_main(argv[1:])
     if argv[:1] == ["perf"]:
-        from .perf_cli import main as perf_main
+        from zinfer.tools.perf_cli import main as perf_main
 
         return perf_main(argv[1:])
     if argv[:1] == ["status"]:
-        from .status_view import main as status_main
+        from zinfer.tools.status_view import main as status_main
 
         return status_main(argv[1:])
     try:

@@ -250,6 +250,18 @@ class Client(_ClientBase):
 
     # ------------------------------------------------------------------------------------ shm
 
+    def register_segment(self, seg: Segment) -> None:
+        """Register with the server a shared-memory segment this process created (hand over its
+        descriptor, then ``REGISTER``), as the client's arena does for each of its own segments. For a
+        segment managed outside the arena (a benchmark timing the registration, ...); call
+        ``unregister_segment`` before closing it. Local (``ipc://``) servers only, ``ClientError`` for
+        others."""
+        self._on_new_segment(seg)
+
+    def unregister_segment(self, seg: Segment) -> None:
+        """The server forgets a segment given to ``register_segment``; ``NotFound`` if it was not."""
+        self._call(Command.UNREGISTER, {"name": seg.name})
+
     def _on_new_segment(self, seg: Segment) -> None:
         self._call(Command.REGISTER, self._handoff(seg, min(self.timeout, 10.0)))
 

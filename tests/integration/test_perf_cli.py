@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, ServerProcess
-from zinfer.broker.perf_cli import main
+from zinfer.tools.perf_cli import main
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +68,7 @@ def test_module_entry_shows_progress_and_takes_shapes_and_npz(
     npz = tmp_path / "inputs.npz"
     np.savez(npz, INPUT_A=np.ones(1, np.float32), INPUT_B=np.full(1, 2.0, np.float32))
     done = subprocess.run(
-        [sys.executable, "-m", "zinfer.broker.perf_cli", "-m", "add", "-u", bundled_server.url,
+        [sys.executable, "-m", "zinfer.tools.perf_cli", "-m", "add", "-u", bundled_server.url,
          "--input-data", str(npz), "-b", "4", "--measurement-interval", "1.5", "--no-shm"],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )  # fmt: skip

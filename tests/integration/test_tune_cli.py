@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MODELS, ServerProcess
-from zinfer.broker.tune_cli import Point, apply_point, default_ranges, main
 from zinfer.modelconfig.model_config import parse_model_config
+from zinfer.tools.tune_cli import Point, apply_point, default_ranges, main
 
 pytestmark = pytest.mark.integration
 

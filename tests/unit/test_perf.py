@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zinfer.broker.perf_cli import _parser, _range, _shape, _steps, build_inputs
-from zinfer.broker.perf_load import Step, Tally, run_async, run_sync, send_times
-from zinfer.broker.perf_report import header, row, server_figures, summarize
+from zinfer.tools.perf_cli import _parser, _range, _shape, _steps, build_inputs
+from zinfer.tools.perf_load import Step, Tally, run_async, run_sync, send_times
+from zinfer.tools.perf_report import header, row, server_figures, summarize
 
 META = {
     "name": "m",

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from zinfer.broker.status_view import main, render
 from zinfer.client.errors import ConnectionFailed, Unavailable
+from zinfer.tools.status_view import main, render
 
 STATUS: dict[str, Any] = {
     "server": {"pid": 4242, "uptime_s": 3723.4, "ready": True},

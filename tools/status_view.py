@@ -23,7 +23,8 @@ The broker answers the client's ``server_status()`` call with a dict of this sha
       ],
     }
 
-``LatencyWindow.stats`` gives the ``*_1m`` figures (``p99_s`` times 1000 for ``p99_ms_1m``).
+The ``*_1m`` figures are the server's own, over the requests completed in the last minute. This module reads
+only that answer (the wire data), nothing of the server's internals.
 """
 
 from __future__ import annotations
