@@ -270,7 +270,13 @@ def test_load_errors_are_contained_and_explained(
 
 def test_every_other_model_is_ready(client: Client) -> None:
     states = {r["name"]: r["state"] for r in client.repository_index()}
-    assert {n for n, s in states.items() if s == "READY"} == {"add", "text_upper", "native", "triton", "triton_id"}
+    assert {n for n, s in states.items() if s == "READY"} == {
+        "add",
+        "text_upper",
+        "native",
+        "triton",
+        "triton_id",
+    }
 
 
 def test_a_model_that_fails_alone_in_its_own_server(
