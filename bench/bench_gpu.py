@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import platform
 import shutil
@@ -268,6 +269,29 @@ def overlap_in_process(
         shutil.rmtree(repo, ignore_errors=True)
 
 
+class _Events(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _pin(device: Any, seg: Segment) -> bool:
+    """``device.pin(seg)`` (cudaHostRegister, as a GPU worker does when it maps a client region); False when
+    the worker's ``event=host_register_failed`` warning says the region stayed pageable (a device logs it
+    once: ``shm_bandwidth`` pins with a fresh device)."""
+    events = _Events()
+    logger = logging.getLogger("zinfer.workers.gpu")
+    logger.addHandler(events)
+    try:
+        device.pin(seg)
+    finally:
+        logger.removeHandler(events)
+    return not any("event=host_register_failed" in m for m in events.messages)
+
+
 def _copy_rates(cp: Any, device: Any, seg: Segment, iters: int) -> dict[str, float]:
     nbytes = seg.size
     host = np.frombuffer(seg.buf, np.uint8, count=nbytes)
@@ -276,8 +300,7 @@ def _copy_rates(cp: Any, device: Any, seg: Segment, iters: int) -> dict[str, flo
     out: dict[str, float] = {}
     for label in ("pageable", "registered"):
         if label == "registered":
-            device.pin(seg)  # cudaHostRegister, as a GPU worker does when it maps a client region
-            if seg.name not in device._pinned:
+            if not _pin(device, seg):
                 out["register_failed"] = 1.0
                 break
         h2d = _gpu_time_s(cp, lambda: dev.set(host), iters)
