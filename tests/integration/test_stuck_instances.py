@@ -173,12 +173,18 @@ def test_a_stream_past_the_execution_limit_ends_with_deadline(
         short = list(client.stream("token_stream", {"TEXT": np.array([b"a b"], dtype=object)}))
         assert [bytes(r.as_numpy("TOKEN")[0]) for r in short if not r.final] == [b"a", b"b"]
         tokens: list[bytes] = []
+        old = {p.pid for p in server.workers()}
         start = time.monotonic()
         with pytest.raises(DeadlineExceeded, match="execution_timeout_ms 500"):
             for r in client.stream("token_stream", {"TEXT": np.array([b"forever"], dtype=object)}):
                 tokens.append(bytes(r.as_numpy("TOKEN")[0]))
         assert 0.5 <= time.monotonic() - start < 2.5
         assert len(tokens) >= 3 and set(tokens) == {b"forever"}  # responses came, then the limit
-        wait_for(lambda: client.is_model_ready("token_stream"), 30, "the restart", interval=0.1)
+
+        def restarted() -> bool:  # the killed worker is gone and its replacement is ready
+            pids = {p.pid for p in server.workers() if p.is_running() and p.status() != "zombie"}
+            return bool(pids) and not pids & old and client.is_model_ready("token_stream")
+
+        wait_for(restarted, 30, "the restart", interval=0.1)
         again = list(client.stream("token_stream", {"TEXT": np.array([b"x"], dtype=object)}))
         assert [bytes(r.as_numpy("TOKEN")[0]) for r in again if not r.final] == [b"x"]

@@ -88,6 +88,20 @@ def test_refusals(intake: tuple[RegionIntake, Clock]) -> None:
         big.close()
 
 
+def _handles(*segs: Segment) -> int:
+    """How many descriptors this process holds on these segments' files (mappings hold one each too).
+    Counting only them keeps unrelated descriptors (other tests' sockets being collected) out of the count."""
+    inodes = {os.fstat(s.fd).st_ino for s in segs}
+    count = 0
+    for entry in os.listdir("/proc/self/fd"):
+        try:
+            if os.stat(f"/proc/self/fd/{entry}").st_ino in inodes:
+                count += 1
+        except OSError:
+            pass
+    return count
+
+
 def _send_raw(path: Path, data: bytes, fds: list[int]) -> bytes:
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
         s.settimeout(5)
@@ -101,12 +115,12 @@ def test_malformed_datagrams_are_answered_and_leak_no_descriptor(intake: tuple[R
     seg = Segment.create_sealed(4096)
     other = Segment.create_sealed(4096)
     try:
-        before = len(os.listdir("/proc/self/fd"))
+        before = _handles(seg, other)
         assert _send_raw(it.path, MAGIC + b"x" * 16, []).startswith(b"\x01")  # no descriptor
         assert _send_raw(it.path, MAGIC + b"x" * 16, [seg.fd, other.fd]).startswith(b"\x01")  # two
         assert _send_raw(it.path, b"HELLO" + b"x" * 16, [seg.fd]).startswith(b"\x01")  # bad magic
         assert _send_raw(it.path, MAGIC + b"x" * 3, [seg.fd]).startswith(b"\x01")  # short token
-        assert len(os.listdir("/proc/self/fd")) == before  # every refused descriptor was closed
+        assert _handles(seg, other) == before  # every refused descriptor was closed
     finally:
         other.close()
         seg.close()
@@ -116,14 +130,14 @@ def test_unclaimed_descriptors_expire_and_waiting_is_bounded(intake: tuple[Regio
     it, clock = intake
     seg = Segment.create_sealed(4096)
     try:
-        before = len(os.listdir("/proc/self/fd"))
+        before = _handles(seg)
         tokens = [hand_over(it.path, seg.fd, 5.0) for _ in range(MAX_WAITING)]
         with pytest.raises(InvalidArgument, match="too many"):
             hand_over(it.path, seg.fd, 5.0)
-        assert len(os.listdir("/proc/self/fd")) == before + MAX_WAITING
+        assert _handles(seg) == before + MAX_WAITING
         clock.now += 60
         it.expire()
-        assert len(os.listdir("/proc/self/fd")) == before
+        assert _handles(seg) == before
         with pytest.raises(InvalidArgument, match="expired"):
             it.claim(tokens[0])
     finally:
@@ -200,9 +214,9 @@ def test_worker_mappings_are_bounded_least_recently_used_first() -> None:
         assert regions.mapped() == 6  # within a batch nothing is unmapped
         regions.use_table(table)  # the next batch starts: back under the cap, oldest first
         assert regions.mapped() == 3
-        before = len(os.listdir("/proc/self/fd"))
+        before = _handles(segs[0])
         regions.bytes(ShmRef(segs[0].name, 0, 4))  # mapped again on use
-        assert regions.mapped() == 4 and len(os.listdir("/proc/self/fd")) == before + 1  # one fd per mapping
+        assert regions.mapped() == 4 and _handles(segs[0]) == before + 1  # one descriptor per mapping
     finally:
         regions.close()
         for fd, _ in wires:
