@@ -94,7 +94,7 @@ class ClientHandlers:
     def _register(self, identity: bytes, header: dict[str, Any]) -> dict[str, Any]:
         """Claim a segment handed over on the region socket (see ``region_intake``) for this connection."""
         b = self.broker
-        if not b.is_local(identity) or b.intake is None:
+        if not b.outbox.is_local(identity) or b.intake is None:
             raise InvalidArgument("shared-memory regions can be registered only over the local socket")
         name = _str(header, "name")
         handed = b.intake.claim(header.get("token"))

@@ -42,6 +42,7 @@ class PendingLoad:
 class ModelControl:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
+        self.outbox = broker.outbox
         self.pending: list[PendingLoad] = []
         self._stopping: set[int] = set()  # ids of retiring states whose workers were told to stop
 
@@ -112,9 +113,9 @@ class ModelControl:
         if load.client is None:
             return
         if error is None:
-            self.broker.send_client(load.client, Reply(load.request_id, Status.OK, body={"model": load.name}))
+            self.outbox.send_client(load.client, Reply(load.request_id, Status.OK, body={"model": load.name}))
         else:
-            self.broker.send_client(load.client, Reply(load.request_id, error.status, error.wire_text()))
+            self.outbox.send_client(load.client, Reply(load.request_id, error.status, error.wire_text()))
 
     def _stop_drained(self) -> None:
         registry, broker = self.broker.registry, self.broker
@@ -125,7 +126,7 @@ class ModelControl:
             if id(state) not in self._stopping:
                 self._stopping.add(id(state))
                 for identity in list(state.instances):
-                    broker.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
+                    self.outbox.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
                 state.instances.clear()
                 state.idle.clear()
             if not any(s is state for s in broker.worker_model.values()):

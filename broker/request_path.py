@@ -49,6 +49,7 @@ PRUNE_INTERVAL_S = 2.0  # how often mappings of unlinked client regions are drop
 class RequestPath:
     def __init__(self, broker: Broker) -> None:
         self.b = broker
+        self.outbox = broker.outbox
         self.inflight: dict[int, InFlight] = {}
         self._seq = itertools.count(1)
         self._batch_ids = itertools.count(1)
@@ -264,7 +265,7 @@ class RequestPath:
         controls = sequence_controls(state.controls) if state.controls else ()
         message, frames = execute_message(batch_id, batch.items, controls, self._region_wire)
         self.inflight[batch_id] = InFlight(batch_id, worker, state, list(batch.items), time.monotonic_ns())
-        if not self.b.send_worker(worker, Command.W_EXECUTE, execute_to_wire(message), frames):
+        if not self.outbox.send_worker(worker, Command.W_EXECUTE, execute_to_wire(message), frames):
             self.fail_batch(self.inflight.pop(batch_id), "the instance could not be reached")
 
     def _region_wire(self, name: str) -> list[int] | None:
@@ -385,7 +386,7 @@ class RequestPath:
                 continue
             outputs, out_frames = client_outputs([protocol.tensor_to_wire(t) for t in res.outputs], frames)
             body = {"model": state.name, "version": state.version, "outputs": outputs, "final": False}
-            self.b.send_client(p.client, Reply(p.request.request_id, Status.OK, body=body), out_frames)
+            self.outbox.send_client(p.client, Reply(p.request.request_id, Status.OK, body=body), out_frames)
 
     # ------------------------------------------------------------------------------------ replies
 
@@ -394,7 +395,7 @@ class RequestPath:
         if p.on_done is not None:
             p.on_done(reply, frames)
         else:
-            self.b.send_client(p.client, reply, frames)
+            self.outbox.send_client(p.client, reply, frames)
 
     def _reply(self, state: ModelState, p: Pending, reply: Reply, frames: list[Frame]) -> None:
         if state.order is None:

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import zmq
 
@@ -29,7 +28,6 @@ from zinfer.client.paths import SOCKET_NAME, WORKER_SOCKET_NAME, client_endpoint
 from zinfer.client.protocol import Command, Frame, Reply
 from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
 from zinfer.client.shm import reap_orphans
-from zinfer.client.transport import NOBLOCK, send_frames
 from zinfer.client.worker_protocol import (
     DropRegion,
     Heartbeat,
@@ -45,6 +43,7 @@ from .handlers import ClientHandlers
 from .model_control import ModelControl
 from .model_state import ModelState
 from .observer import Observer
+from .outbox import IPC_TAG, TCP_TAG, Outbox
 from .region_intake import RegionIntake
 from .regions import Region, RegionTable
 from .registry import ModelRegistry
@@ -60,7 +59,6 @@ log = logging.getLogger(__name__)
 
 MAX_POLL_MS = 100
 REAP_INTERVAL_S = 0.05
-IPC_TAG, TCP_TAG = b"i", b"t"  # prefixes of client identities by the socket they came in on
 REGION_REAP_INTERVAL_S = 2.0
 
 
@@ -114,6 +112,7 @@ class Broker:
             max_frame_bytes=protocol.frame_limit(options.max_tensor_bytes),
         )
         self.worker_model: dict[bytes, ModelState] = {}
+        self.outbox = Outbox()  # what the collaborators send through, instead of reaching the sockets
         self.path = RequestPath(self)
         self.restarts = RestartPolicy()
         self._ready_logged = False
@@ -147,6 +146,7 @@ class Broker:
             self.tcp = TcpFrontend(self._ctx, o.tcp, o.curve_secret_key, o.curve_allow,  # type: ignore[arg-type]
                                    protocol.frame_limit(o.max_tensor_bytes))  # fmt: skip
         self.backend = self._router(worker_endpoint(rt))
+        self.outbox.attach(self.frontend, self.backend, self.tcp.sock if self.tcp is not None else None)
         os.chmod(rt / SOCKET_NAME, 0o600)
         os.chmod(rt / WORKER_SOCKET_NAME, 0o600)
         if self.options.socket_group:
@@ -209,7 +209,7 @@ class Broker:
             self.path.fail_queued(Unavailable("the server is shutting down"))
         if self.backend is not None:
             for identity in list(self.worker_model):
-                self.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
+                self.outbox.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
         self.supervisor.stop_all(self.options.exit_timeout_s)
         for sock in (self.frontend, self.backend):
             if sock is not None:
@@ -311,7 +311,7 @@ class Broker:
             msg = protocol.decode(frames, protocol.CLIENT_COMMANDS)
         except ProtocolError as exc:
             log.warning("event=bad_client_message error=%r", str(exc))
-            self.send_client(identity, Reply("", Status.INVALID_ARGUMENT, f"ProtocolError: {exc}"))
+            self.outbox.send_client(identity, Reply("", Status.INVALID_ARGUMENT, f"ProtocolError: {exc}"))
             return
         rid = protocol.request_id_of(msg.header)
         try:
@@ -323,25 +323,18 @@ class Broker:
                 return
             body = self.handlers.handle(identity, msg.command, msg.header)
         except ProtocolError as exc:
-            self.send_client(identity, Reply(rid, Status.INVALID_ARGUMENT, f"InvalidArgument: {exc}"))
+            self.outbox.send_client(identity, Reply(rid, Status.INVALID_ARGUMENT, f"InvalidArgument: {exc}"))
             return
         except ServerError as exc:
-            self.send_client(identity, Reply(rid, exc.status, exc.wire_text()))
+            self.outbox.send_client(identity, Reply(rid, exc.status, exc.wire_text()))
             return
         except Exception as exc:  # a handler bug must never take the broker down
             log.exception("event=handler_failed command=%s", msg.command.name)
-            self.send_client(identity, Reply(rid, Status.INTERNAL, f"InternalError: {type(exc).__name__}"))
+            self.outbox.send_client(
+                identity, Reply(rid, Status.INTERNAL, f"InternalError: {type(exc).__name__}")
+            )
             return
-        self.send_client(identity, Reply(rid, Status.OK, body=body))
-
-    def send_client(self, identity: bytes, reply: Reply, frames: list[Frame] | None = None) -> None:
-        assert self.frontend is not None
-        msg = protocol.encode(Command.REPLY, protocol.reply_to_wire(reply), frames or ())
-        sock = self.tcp.sock if identity[:1] == TCP_TAG and self.tcp is not None else self.frontend
-        try:
-            send_frames(sock, [identity[1:], *msg], NOBLOCK)
-        except zmq.ZMQError as exc:  # the client is gone or not reading: count it, never block the loop
-            log.warning("event=reply_undeliverable request=%s error=%r", reply.request_id, exc.strerror)
+        self.outbox.send_client(identity, Reply(rid, Status.OK, body=body))
 
     # ------------------------------------------------------------------------------------ workers
 
@@ -355,12 +348,12 @@ class Broker:
             worker = identity[: -len(protocol.HEARTBEAT_SUFFIX)]
             if worker in self.worker_model:
                 self.watch.heartbeat(worker, time.monotonic())
-                self.send_worker(identity, Command.W_HEARTBEAT, empty_to_wire(Heartbeat()))
+                self.outbox.send_worker(identity, Command.W_HEARTBEAT, empty_to_wire(Heartbeat()))
             return
         state = self.worker_model.get(identity)
         if state is None:
             log.warning("event=unknown_worker worker=%s", identity)
-            self.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
+            self.outbox.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
             return
         try:
             ready = ready_from_wire(msg.header) if msg.command == Command.W_READY else None
@@ -395,53 +388,27 @@ class Broker:
         except (ProtocolError, ServerError) as exc:
             log.error("event=bad_worker_message worker=%s error=%r", identity, str(exc))
 
-    def send_worker(
-        self, identity: bytes, command: Command, header: dict[str, Any], frames: list[Frame] | None = None
-    ) -> bool:
-        assert self.backend is not None
-        try:
-            send_frames(self.backend, [identity, *protocol.encode(command, header, frames or ())], NOBLOCK)
-            return True
-        except zmq.ZMQError as exc:
-            log.warning("event=worker_unreachable worker=%s error=%r", identity, exc.strerror)
-            return False
-
     def _reap_regions(self) -> None:
         """Regions of connections that are gone: unregister, unmap in the workers, close.
 
         A connection is judged by the connection itself, never by a pid (a client may live in another PID
-        namespace): a reply no request asked for (``protocol.PROBE_ID``) is sent to each connection holding
-        regions, and ``ROUTER_MANDATORY`` says at once whether that peer is still connected."""
+        namespace): ``Outbox.client_connected`` probes each connection holding regions."""
         if self.intake is not None:
             self.intake.expire()
         for client in self.regions.clients():
-            if self.client_connected(client):
+            if self.outbox.client_connected(client):
                 continue
             regions = self.regions.drop_client(client)
             log.info("event=regions_reaped reason=connection_gone count=%d", len(regions))
             for region in regions:
                 self.drop_region(region)
 
-    def client_connected(self, identity: bytes) -> bool:
-        """Whether the client connection ``identity`` is still there (a full queue counts as there)."""
-        assert self.frontend is not None
-        sock = self.tcp.sock if identity[:1] == TCP_TAG and self.tcp is not None else self.frontend
-        msg = protocol.encode(Command.REPLY, protocol.reply_to_wire(Reply(protocol.PROBE_ID, Status.OK)), ())
-        try:
-            send_frames(sock, [identity[1:], *msg], NOBLOCK)
-        except zmq.ZMQError as exc:
-            return exc.errno != zmq.EHOSTUNREACH
-        return True
-
-    @staticmethod
-    def is_local(identity: bytes) -> bool:
-        """Whether a client identity came in on the local (ipc) socket."""
-        return identity[:1] == IPC_TAG
-
     def drop_region(self, region: Region) -> None:
         """A region is no longer registered: forget the cache's mapping, tell every worker to unmap it, and
         close the broker's descriptor (a worker that had not opened it yet fails that request cleanly)."""
         self.path.readers.drop(region.name)
         for identity in list(self.worker_model):
-            self.send_worker(identity, Command.W_DROP_REGION, drop_region_to_wire(DropRegion(region.name)))
+            self.outbox.send_worker(
+                identity, Command.W_DROP_REGION, drop_region_to_wire(DropRegion(region.name))
+            )
         self.regions.release(region)
