@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.conftest import MODELS, ServerProcess, start_server, wait_for
+from tests.gated import Gate, gated_model, metric, pending
 from zinfer.client import Client
 from zinfer.client.errors import Cancelled, DeadlineExceeded, InvalidArgument, RequestTimeout, Unavailable
 
@@ -48,19 +49,39 @@ def _model(repo: Path, name: str, dynamic_batching: str, max_batch_size: int = 1
     (repo / name / "config.pbtxt").write_text(cfg)
 
 
+GATES: dict[str, Gate] = {}
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("sched")
-    _model(repo, "prio", "priority_levels: 2 default_priority_level: 2", 1, slow=True)
-    _model(repo, "timeouts", "max_queue_delay_microseconds: 2000000 default_queue_policy { "
-           "default_timeout_microseconds: 200000 allow_timeout_override: true }", 4)  # fmt: skip
-    _model(repo, "bounded", "default_queue_policy { max_queue_size: 2 }", 1, slow=True)
-    _model(repo, "ordered", "preserve_ordering: true", 1)
+    GATES["prio"] = gated_model(repo, "prio", "priority_levels: 2 default_priority_level: 2")
+    GATES["busy"] = gated_model(repo, "busy", "default_queue_policy { default_timeout_microseconds: 200000 "
+                                "allow_timeout_override: true }")  # fmt: skip
+    GATES["bounded"] = gated_model(repo, "bounded", "default_queue_policy { max_queue_size: 2 }")
+    GATES["ordered"] = gated_model(repo, "ordered", "preserve_ordering: true", count=2)
+    _model(repo, "timeouts", "max_queue_delay_microseconds: 1000000 default_queue_policy { "
+           "default_timeout_microseconds: 5000000 allow_timeout_override: true }", 4)  # fmt: skip
     _model(repo, "cancel", "max_queue_delay_microseconds: 3000000", 8)
     _model(repo, "adaptive", "zinfer_latency_target_microseconds: 100000", 8, slow=True)
     s = start_server(repo)
-    yield s
-    assert s.stop() == 0, s.log()
+    try:
+        yield s
+    finally:
+        for gate in GATES.values():
+            gate.release_all()  # a failed test leaves no instance waiting
+        assert s.stop() == 0, s.log()
+
+
+@pytest.fixture
+def gate(request: pytest.FixtureRequest, server: ServerProcess) -> Iterator[Gate]:
+    """The gate of the model the test names in ``@pytest.mark.parametrize("gate", [...], indirect=True)``."""
+    g = GATES[request.param]
+    g.reset()
+    try:
+        yield g
+    finally:
+        g.release_all()
 
 
 def _ab(v: float) -> dict[str, np.ndarray]:
@@ -68,147 +89,172 @@ def _ab(v: float) -> dict[str, np.ndarray]:
     return {"INPUT_A": a, "INPUT_B": a}
 
 
-def _warm_clients(server: ServerProcess, model: str, n: int) -> list[Client]:
-    """Clients that already know the model's metadata, so their next call is one message."""
-    clients = [Client(server.url, timeout=30) for _ in range(n)]
+def _warm_clients(stack: ExitStack, server: ServerProcess, model: str, n: int) -> list[Client]:
+    """Clients (closed with ``stack``) that already know the model's metadata, so each call is one message."""
+    clients = [stack.enter_context(Client(server.url, timeout=30)) for _ in range(n)]
     for c in clients:
         c._model_info(model, 0)
     return clients
 
 
-def _in_threads(calls: list[Callable[[], object]]) -> list[object]:
-    out: list[object] = [None] * len(calls)
+class _Calls:
+    """Calls running in threads, each started when the test says; results (or exceptions) by tag, and the
+    order their replies reached the client."""
 
-    def run(i: int) -> None:
-        try:
-            out[i] = calls[i]()
-        except Exception as exc:
-            out[i] = exc
+    def __init__(self) -> None:
+        self.results: dict[int, object] = {}
+        self.replied: list[int] = []
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for t in threads:
+    def start(self, tag: int, fn: Callable[[], object]) -> None:
+        def run() -> None:
+            try:
+                out: object = fn()
+            except Exception as exc:
+                out = exc
+            with self._lock:
+                self.results[tag] = out
+                self.replied.append(tag)
+
+        t = threading.Thread(target=run, daemon=True)
         t.start()
-        time.sleep(0.02)  # arrival order
-    for t in threads:
-        t.join(30)
-    return out
+        self._threads.append(t)
+
+    def join(self, timeout: float = 30) -> None:
+        for t in self._threads:
+            t.join(timeout)
+        assert not any(t.is_alive() for t in self._threads), "a call never returned"
 
 
-def test_higher_priority_goes_first(server: ServerProcess) -> None:
-    order: list[str] = []
-    lock = threading.Lock()
+def _sum(c: Client, model: str, tag: int, **kw: object) -> Callable[[], object]:
+    return lambda: c.infer(model, _ab(tag), **kw).as_numpy("OUTPUT_SUM")[0, 0]  # type: ignore[arg-type]
 
-    clients = _warm_clients(server, "prio", 3)
 
-    def call(c: Client, tag: str, priority: int) -> Callable[[], object]:
-        def go() -> object:
-            c.infer("prio", _ab(1), priority=priority)
-            with lock:
-                order.append(tag)
-            return tag
-
-        return go
-
-    # "busy" takes the instance; "low" then "high" queue behind it, and "high" leaves first
-    calls = [call(clients[0], "busy", 2), call(clients[1], "low", 0), call(clients[2], "high", 1)]
-    results = _in_threads(calls)
-    for c in clients:
-        c.close()
-    assert not [r for r in results if isinstance(r, Exception)], results
-    assert order == ["busy", "high", "low"]
+@pytest.mark.parametrize("gate", ["prio"], indirect=True)
+def test_higher_priority_goes_first(server: ServerProcess, gate: Gate) -> None:
+    """1 takes the instance; 2 (low) then 3 (high) queue behind it; 3 runs before 2."""
+    calls = _Calls()
+    with ExitStack() as stack:
+        busy, low, high = _warm_clients(stack, server, "prio", 3)
+        calls.start(1, _sum(busy, "prio", 1, priority=2))
+        gate.wait_started(1)
+        calls.start(2, _sum(low, "prio", 2, priority=0))  # 0: the model's default (2, the lowest)
+        wait_for(lambda: pending(server, "prio") == 1, 10, "the low-priority request to queue")
+        calls.start(3, _sum(high, "prio", 3, priority=1))
+        wait_for(lambda: pending(server, "prio") == 2, 10, "the high-priority request to queue")
+        gate.release_all()
+        calls.join()
+    assert calls.results == {1: 2.0, 2: 4.0, 3: 6.0}
+    assert gate.order() == [1, 3, 2]
     with Client(server.url, timeout=30) as c:
         with pytest.raises(InvalidArgument, match="priority"):
             c.infer("prio", _ab(1), priority=3)
 
 
-def test_queue_timeout_rejects_promptly(server: ServerProcess) -> None:
+@pytest.mark.parametrize("gate", ["busy"], indirect=True)
+def test_queue_timeout_rejects_while_every_instance_is_busy(server: ServerProcess, gate: Gate) -> None:
+    """Row 3: the one instance is held busy for the whole test; the queued request is still rejected by its
+    200 ms queue timeout (not served late, not left to the client's own timeout), and an override may only
+    shorten that timeout, never lengthen it."""
+    calls = _Calls()
+    with ExitStack() as stack:
+        holder, c = _warm_clients(stack, server, "busy", 2)
+        calls.start(1, _sum(holder, "busy", 1))
+        gate.wait_started(1)
+        for timeout_us in (0, 60_000_000):  # the default, then an override asking for a minute
+            with pytest.raises(DeadlineExceeded, match="timeout"):
+                c.infer("busy", _ab(7), timeout=timeout_us, client_timeout=10)
+            assert not gate.done(1) and not gate.started(7)  # rejected while the instance was still busy
+        gate.release(1)
+        calls.join()
+        assert calls.results == {1: 2.0}
+        assert c.statistics("busy")["model_stats"][0]["inference_stats"]["fail"]["count"] == 2
+
+
+def test_queue_timeout_override_shortens(server: ServerProcess) -> None:
+    """The model's 5 s queue timeout outlasts its 1 s batch delay, so a lone request is served; asking for
+    50 ms gets it rejected before the delay is over."""
     with Client(server.url, timeout=30) as c:
-        start = time.monotonic()
+        assert c.infer("timeouts", _ab(1)).as_numpy("OUTPUT_SUM")[0, 0] == 2.0
         with pytest.raises(DeadlineExceeded, match="timeout"):
-            c.infer("timeouts", _ab(1))  # the policy's 200 ms default, long before the 2 s batch delay
-        assert 0.15 < time.monotonic() - start < 1.5
-        start = time.monotonic()
-        with pytest.raises(DeadlineExceeded):
-            c.infer("timeouts", _ab(1), timeout=50_000)  # the override may only shorten it
-        assert time.monotonic() - start < 0.2 + 0.5
-        stats = c.statistics("timeouts")["model_stats"][0]
-        assert stats["inference_stats"]["fail"]["count"] == 2
+            c.infer("timeouts", _ab(1), timeout=50_000)
 
 
-def test_max_queue_size_rejects_at_once(server: ServerProcess) -> None:
-    clients = _warm_clients(server, "bounded", 5)
+@pytest.mark.parametrize("gate", ["bounded"], indirect=True)
+def test_max_queue_size_rejects_at_once(server: ServerProcess, gate: Gate) -> None:
+    """1 runs (held), 2 and 3 fill the queue of 2; 4 and 5 are refused while the instance is still held."""
+    calls = _Calls()
+    with ExitStack() as stack:
+        clients = _warm_clients(stack, server, "bounded", 5)
+        calls.start(1, _sum(clients[0], "bounded", 1))
+        gate.wait_started(1)
+        for tag in (2, 3):
+            calls.start(tag, _sum(clients[tag - 1], "bounded", tag))
+            wait_for(lambda tag=tag: pending(server, "bounded") == tag - 1, 10, f"request {tag} to queue")
+        for tag in (4, 5):
+            with pytest.raises(Unavailable, match="maximum queue size"):
+                clients[tag - 1].infer("bounded", _ab(tag), client_timeout=10)
+        assert not gate.done(1)
+        gate.release_all()
+        calls.join()
+    assert calls.results == {1: 2.0, 2: 4.0, 3: 6.0}
 
-    def call(c: Client) -> Callable[[], object]:
-        return lambda: c.infer("bounded", _ab(1)).as_numpy("OUTPUT_SUM")[0, 0]
 
-    # one runs, two wait in the queue, the rest are refused the moment they arrive
-    results = _in_threads([call(c) for c in clients])
-    for c in clients:
-        c.close()
-    refused = [r for r in results if isinstance(r, Unavailable)]
-    served = [r for r in results if r == 2.0]
-    assert len(refused) == 2 and len(served) == 3, results
-    assert all("maximum queue size" in str(r) for r in refused)
-
-
-def test_responses_keep_arrival_order(server: ServerProcess) -> None:
-    with Client(server.url, timeout=30) as c:
-        for i in range(20):
-            assert c.infer("ordered", _ab(i)).as_numpy("OUTPUT_SUM")[0, 0] == 2 * i
+@pytest.mark.parametrize("gate", ["ordered"], indirect=True)
+def test_responses_keep_arrival_order(server: ServerProcess, gate: Gate) -> None:
+    """preserve_ordering with two instances: 1 and 2 run at once, 2 finishes first, yet 1's reply leaves
+    first; 2's reply is held while 1 runs (given half a second to escape, it does not)."""
+    calls = _Calls()
+    with ExitStack() as stack:
+        first, second = _warm_clients(stack, server, "ordered", 2)
+        calls.start(1, _sum(first, "ordered", 1))
+        gate.wait_started(1)
+        calls.start(2, _sum(second, "ordered", 2))
+        gate.wait_started(2)  # on the other instance
+        gate.release(2)
+        wait_for(lambda: gate.done(2), 10, "request 2 to finish on its instance")
+        with pytest.raises(AssertionError, match="timed out"):
+            wait_for(lambda: bool(calls.replied), 0.5, "a reply before request 1 finished")
+        gate.release(1)
+        calls.join()
+    assert calls.results == {1: 2.0, 2: 4.0}
+    assert calls.replied == [1, 2]
 
 
 def test_cancel_takes_a_request_out_of_the_queue(server: ServerProcess) -> None:
     with Client(server.url, timeout=30) as c:
-        results = []
-        t = threading.Thread(
-            target=lambda: results.append(_catch(lambda: c.infer("cancel", _ab(1), request_id="r1")))
-        )
-        t.start()
-        wait_for(lambda: "r1" in c._active, 5, "the request to be sent")
-        time.sleep(0.1)
+        c._model_info("cancel", 0)
+        calls = _Calls()
+        calls.start(1, lambda: c.infer("cancel", _ab(1), request_id="r1"))
+        wait_for(lambda: pending(server, "cancel") == 1, 10, "the request to wait in the queue")
         assert c.cancel("r1")
-        t.join(10)
-        assert isinstance(results[0], Cancelled)
+        calls.join(10)  # long before its 3 s batch delay would have sent it
+        assert isinstance(calls.results[1], Cancelled)
         assert not c.cancel("r1")  # no longer in flight
+        assert c.statistics("cancel")["model_stats"][0]["execution_count"] == 0
 
 
 def test_client_timeout_cancels_in_the_server(server: ServerProcess) -> None:
     with Client(server.url, timeout=30) as c:
         with pytest.raises(RequestTimeout):
             c.infer("cancel", _ab(1), client_timeout=0.2)
-        wait_for(lambda: _cancelled(server) >= 2, 5, "the server to count the cancellation")
+        cancelled = lambda: metric(server, "zinfer_requests_cancelled_total", "cancel")  # noqa: E731
+        wait_for(lambda: cancelled() >= 2, 5, "the server to count the cancellation")
         assert c.statistics("cancel")["model_stats"][0]["execution_count"] == 0
-
-
-def _cancelled(server: ServerProcess) -> float:
-    import urllib.request
-
-    with urllib.request.urlopen(server.http_url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("zinfer_requests_cancelled") and 'model="cancel"' in line)  # fmt: skip
-
-
-def _catch(fn: Callable[[], object]) -> object:
-    try:
-        return fn()
-    except Exception as exc:
-        return exc
 
 
 def test_adaptive_mode_reports_what_it_learned_and_an_unreachable_target(server: ServerProcess) -> None:
     """A 100 ms target on a model that takes 150 ms a batch cannot be met: the statistics say so."""
-    clients = _warm_clients(server, "adaptive", 8)
-    try:
-        calls = [lambda c=c: [c.infer("adaptive", _ab(1.0)) for _ in range(5)] for c in clients]
-        results = _in_threads(calls)  # type: ignore[misc]
-        assert not [r for r in results if isinstance(r, Exception)], results
-        with Client(server.url) as c:
-            stats = c.statistics("adaptive")["model_stats"][0]
-            assert "adaptive" not in c.statistics("ordered")["model_stats"][0]
-    finally:
-        for c in clients:
-            c.close()
+    calls = _Calls()
+    with ExitStack() as stack:
+        clients = _warm_clients(stack, server, "adaptive", 8)
+        for i, c in enumerate(clients):
+            calls.start(i, lambda c=c: [c.infer("adaptive", _ab(1.0)) for _ in range(5)])  # type: ignore[misc]
+        calls.join()
+        assert not [r for r in calls.results.values() if isinstance(r, Exception)], calls.results
+        stats = clients[0].statistics("adaptive")["model_stats"][0]
+        assert "adaptive" not in clients[0].statistics("ordered")["model_stats"][0]
     a = stats["adaptive"]
     assert a["target_us"] == 100000
     assert a["observed"] >= 40 and a["observed_misses"] >= 40  # every request took over 150 ms
