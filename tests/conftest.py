@@ -148,10 +148,25 @@ def server_factory() -> Iterator[Callable[..., ServerProcess]]:
         return s
 
     yield factory
-    for s in started:
-        s.stop()
-        shutil.rmtree(s.runtime_dir.parent, ignore_errors=True)
-        s.log_path.unlink(missing_ok=True)
+    stop_all(started)
+
+
+def stop_all(servers: list[ServerProcess]) -> None:
+    """Stop every server and remove its files, even when stopping one of them fails; then raise the first
+    failure (the others are chained in its notes)."""
+    failures: list[BaseException] = []
+    for s in servers:
+        try:
+            s.stop()
+        except BaseException as exc:  # noqa: BLE001 - every server is stopped before anything is raised
+            failures.append(exc)
+        finally:
+            shutil.rmtree(s.runtime_dir.parent, ignore_errors=True)
+            s.log_path.unlink(missing_ok=True)
+    if failures:
+        for other in failures[1:]:
+            failures[0].add_note(f"also: {type(other).__name__}: {other}")
+        raise failures[0]
 
 
 @pytest.fixture(scope="module")
@@ -159,10 +174,15 @@ def bundled_server() -> Iterator[ServerProcess]:
     """One server on the bundled models, shared by a module's tests."""
     before = zinfer_segments()
     s = start_server()
-    yield s
-    code = s.stop()
-    assert code == 0, s.log()
-    shutil.rmtree(s.runtime_dir.parent, ignore_errors=True)
-    s.log_path.unlink(missing_ok=True)
+    try:
+        yield s
+    finally:
+        try:
+            code = s.stop()
+            log = s.log()
+        finally:
+            shutil.rmtree(s.runtime_dir.parent, ignore_errors=True)
+            s.log_path.unlink(missing_ok=True)
+    assert code == 0, log
     leaked = zinfer_segments() - before
     assert not leaked, f"segments left in /dev/shm: {sorted(leaked)}"

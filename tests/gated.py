@@ -11,8 +11,15 @@ from __future__ import annotations
 import shutil
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
 
 from tests.conftest import MODELS, ServerProcess, wait_for
+from zinfer.client import protocol
+from zinfer.client.base import _ClientBase as ClientBase
 
 GATED_ADD = """
 import os
@@ -111,3 +118,45 @@ def metric(server: ServerProcess, name: str, model: str) -> float:
 def pending(server: ServerProcess, model: str) -> int:
     """Requests of ``model`` queued in the broker and not yet sent to an instance."""
     return int(metric(server, "nv_inference_pending_request_count", model))
+
+
+def address(arr: npt.NDArray[Any]) -> int:
+    return int(arr.__array_interface__["data"][0])
+
+
+def shm_address(client: ClientBase, region: str, offset: int) -> int:
+    """The address, in this process, of byte ``offset`` of the client's arena segment named ``region``."""
+    assert client._arena is not None, "the client has no arena"
+    for seg in client._arena.segments:
+        if seg.name == region:
+            return address(np.frombuffer(seg.buf, dtype=np.uint8)) + offset
+    raise AssertionError("the request names a region that is not one of the client's segments")
+
+
+def in_arena(client: ClientBase, arr: npt.NDArray[Any]) -> bool:
+    """Whether ``arr``'s bytes lie inside one of the client's arena segments (a view, not a copy)."""
+    assert client._arena is not None, "the client has no arena"
+    start, end = address(arr), address(arr) + arr.nbytes
+    for seg in client._arena.segments:
+        base = address(np.frombuffer(seg.buf, dtype=np.uint8))
+        if base <= start and end <= base + seg.size:
+            return True
+    return False
+
+
+class SentRequests:
+    """Every INFER a client sends, as the typed request it encodes (installed with ``monkeypatch``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sent: list[protocol.InferRequest] = []
+        encode = protocol.infer_to_wire
+
+        def spy(r: protocol.InferRequest) -> dict[str, Any]:
+            self.sent.append(r)
+            return encode(r)
+
+        monkeypatch.setattr(protocol, "infer_to_wire", spy)
+
+    def input(self, name: str) -> protocol.TensorRef:
+        """The last request's input ``name``."""
+        return next(t for t in self.sent[-1].inputs if t.name == name)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import MODELS, ServerProcess, start_server, wait_for
+from tests.gated import SentRequests, address, in_arena, shm_address
 from zinfer.client import (
     AsyncClient,
     Client,
@@ -29,6 +30,11 @@ pytestmark = pytest.mark.integration
 
 T = TypeVar("T")
 ONE = np.ones((1, 1), np.float32)
+
+
+async def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """``wait_for`` off the event loop, so the client's own tasks keep running meanwhile."""
+    await asyncio.to_thread(wait_for, condition, timeout, what)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -110,26 +116,25 @@ def test_concurrent_requests_through_shared_memory(bundled_server: ServerProcess
 
 def test_server_calls_match_the_sync_client(bundled_server: ServerProcess) -> None:
     async def main() -> None:
-        sync = Client(bundled_server.url)
-        async with AsyncClient(bundled_server.url, timeout=30) as c:
-            assert await c.is_server_live() and await c.is_server_ready()
-            assert await c.is_model_ready("add")
-            assert not await c.is_model_ready("add", 99)
-            assert await c.model_metadata("add") == sync.model_metadata("add")
-            assert await c.get_model_metadata("add", "") == sync.get_model_metadata("add")
-            assert (await c.model_config("linear"))["name"] == "linear"
-            assert await c.get_model_config("linear") == sync.model_config("linear")
-            assert "model_stats" in await c.statistics("add")
-            assert "model_stats" in await c.get_inference_statistics("add")
-            names = {r["name"] for r in await c.repository_index()}
-            assert {"add", "identity", "linear"} <= names
-            assert await c.get_model_repository_index() == sync.repository_index()
-            assert {m["name"] for m in (await c.server_status())["models"]} >= {"add"}
-            with pytest.raises(NotFound):
-                await c.model_metadata("no_such_model")
-            with pytest.raises(NotFound):
-                await c.infer("no_such_model", {"X": ONE})
-        sync.close()
+        with Client(bundled_server.url, timeout=30) as sync:
+            async with AsyncClient(bundled_server.url, timeout=30) as c:
+                assert await c.is_server_live() and await c.is_server_ready()
+                assert await c.is_model_ready("add")
+                assert not await c.is_model_ready("add", 99)
+                assert await c.model_metadata("add") == sync.model_metadata("add")
+                assert await c.get_model_metadata("add", "") == sync.get_model_metadata("add")
+                assert (await c.model_config("linear"))["name"] == "linear"
+                assert await c.get_model_config("linear") == sync.model_config("linear")
+                assert "model_stats" in await c.statistics("add")
+                assert "model_stats" in await c.get_inference_statistics("add")
+                names = {r["name"] for r in await c.repository_index()}
+                assert {"add", "identity", "linear"} <= names
+                assert await c.get_model_repository_index() == sync.repository_index()
+                assert {m["name"] for m in (await c.server_status())["models"]} >= {"add"}
+                with pytest.raises(NotFound):
+                    await c.model_metadata("no_such_model")
+                with pytest.raises(NotFound):
+                    await c.infer("no_such_model", {"X": ONE})
         with pytest.raises(ClientError, match="closed"):
             await c.infer("add", {"INPUT_A": ONE, "INPUT_B": ONE})
 
@@ -181,19 +186,28 @@ def test_survives_a_server_restart(server_factory: Callable[..., ServerProcess])
 # ---------------------------------------------------------------------------------------------- zero copy
 
 
-def test_zero_copy_empty_arrays(bundled_server: ServerProcess) -> None:
+def test_zero_copy_empty_arrays(bundled_server: ServerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``empty()``/``zeros()`` arrays go as descriptors of their own bytes (addresses compared), outputs come
+    back as views of the arena."""
+    sent = SentRequests(monkeypatch)
+
     async def main() -> None:
         async with AsyncClient(bundled_server.url, timeout=60) as c:
             x = c.empty((1, 1 << 18))  # no await: its segment is registered before the next send
             x[:] = np.arange(1 << 18, dtype=np.float32)
-            assert c._owned_ref(x) is not None
             out = (await c.infer("identity", {"INPUT0": x})).as_numpy("OUTPUT0")
+            ref = sent.input("INPUT0")
+            assert ref.shm is not None and shm_address(c, ref.shm.region, ref.shm.offset) == address(x)
             np.testing.assert_array_equal(out, x)
+            assert in_arena(c, out)
             big = c.zeros((1, 6 << 20))  # 24 MiB: a second, larger segment
             big[0, -1] = 5.0
             assert c._arena is not None and len(c._arena.segments) == 2
             out = (await c.infer("identity", {"INPUT0": big})).as_numpy("OUTPUT0")
+            ref = sent.input("INPUT0")
+            assert ref.shm is not None and shm_address(c, ref.shm.region, ref.shm.offset) == address(big)
             assert out.shape == big.shape and out[0, -1] == 5.0 and out[0, 0] == 0.0
+            assert in_arena(c, out)
             assert not c._unregistered
 
     run(main())
@@ -209,10 +223,7 @@ def test_client_timeout_cancels_in_the_server(delayed_server: ServerProcess) -> 
         async with AsyncClient(delayed_server.url, timeout=30, inline_threshold=-1) as c:
             with pytest.raises(RequestTimeout):
                 await c.infer("delayed", {"INPUT_A": ONE, "INPUT_B": ONE}, client_timeout=0.2)
-            wait_until = asyncio.get_running_loop().time() + 10
-            while c._orphans and asyncio.get_running_loop().time() < wait_until:
-                await asyncio.sleep(0.02)  # the late reply (Cancelled) returns the slots
-            assert not c._orphans
+            await until(lambda: not c._orphans, 10, "the late reply (Cancelled) to return the slots")
 
     run(main())
     wait_for(lambda: _cancelled(delayed_server, "delayed") > before, 10, "the server to count it")
@@ -227,17 +238,13 @@ def test_cancelling_the_task_removes_the_queued_request(delayed_server: ServerPr
         async with AsyncClient(delayed_server.url, timeout=30, inline_threshold=-1) as c:
             await c.model_metadata("delayed")
             task = asyncio.create_task(c.infer("delayed", {"INPUT_A": ONE, "INPUT_B": ONE}))
-            while not c._orphans:
-                await asyncio.sleep(0.01)  # sent, its slots reserved
-            await asyncio.sleep(0.1)  # queued in the server, waiting out the batch delay
+            await until(lambda: bool(c._orphans), 10, "the request to be sent, its slots reserved")
+            await c.is_server_live()  # one connection's messages are handled in order: the infer is queued
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert len(c._orphans) == 1  # the server may still use the slots until it answers
-            wait_until = asyncio.get_running_loop().time() + 10
-            while c._orphans and asyncio.get_running_loop().time() < wait_until:
-                await asyncio.sleep(0.02)
-            assert not c._orphans  # the late reply released them
+            await until(lambda: not c._orphans, 10, "the late reply to release them")
             # the connection is still good
             r = await c.infer("delayed", {"INPUT_A": ONE, "INPUT_B": ONE}, timeout=1)
             assert r.as_numpy("OUTPUT_SUM")[0, 0] == 2.0
@@ -251,9 +258,8 @@ def test_cancel_by_request_id(delayed_server: ServerProcess) -> None:
         async with AsyncClient(delayed_server.url, timeout=30) as c:
             await c.model_metadata("delayed")
             task = asyncio.create_task(c.infer("delayed", {"INPUT_A": ONE, "INPUT_B": ONE}, request_id="r1"))
-            while "r1" not in c._active:
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.1)
+            await until(lambda: "r1" in c._active, 10, "r1 to be sent")
+            await c.is_server_live()  # one connection's messages are handled in order: r1 is queued
             assert await c.cancel("r1")
             with pytest.raises(Cancelled):
                 await task

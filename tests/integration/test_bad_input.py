@@ -104,10 +104,12 @@ def raw(bundled_server: ServerProcess) -> Iterator[Raw]:
 @pytest.fixture
 def region(raw: Raw) -> Iterator[Segment]:
     seg = Segment.create_sealed(4096)
-    assert raw.register(seg).status == protocol.Status.OK
-    yield seg
-    raw.call(Command.UNREGISTER, {"name": seg.name})
-    seg.close()
+    try:
+        assert raw.register(seg).status == protocol.Status.OK
+        yield seg
+        raw.call(Command.UNREGISTER, {"name": seg.name})
+    finally:
+        seg.close()  # also when registering or UNREGISTER fails or times out
 
 
 @pytest.mark.parametrize(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.conftest import MODELS, ServerProcess
+from tests.gated import SentRequests, address, in_arena, shm_address
 from zinfer.client.client import Client
 
 pytestmark = pytest.mark.integration
@@ -31,9 +33,10 @@ def _sum_worker(client: Client, seed: int, n: int, errors: list[str]) -> None:
 def test_64_threads_get_their_own_sums_and_batches_form(bundled_server: ServerProcess) -> None:
     """Half the threads share one client (thread-safe, tiny tensors inline), half have their own (all shm)."""
     errors: list[str] = []
-    shared = Client(bundled_server.url, timeout=60)
-    own = [Client(bundled_server.url, timeout=60, inline_threshold=-1) for _ in range(32)]  # all through shm
-    try:
+    with ExitStack() as stack:
+        shared = stack.enter_context(Client(bundled_server.url, timeout=60))
+        url = bundled_server.url  # the own clients send every tensor through shared memory
+        own = [stack.enter_context(Client(url, timeout=60, inline_threshold=-1)) for _ in range(32)]
         before = shared.statistics("add")["model_stats"][0]
         threads = [
             threading.Thread(target=_sum_worker, args=(shared if i < 32 else own[i - 32], i, 200, errors))
@@ -53,10 +56,6 @@ def test_64_threads_get_their_own_sums_and_batches_form(bundled_server: ServerPr
         assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"][
             "count"
         ] == (64 * 200)
-    finally:
-        shared.close()
-        for c in own:
-            c.close()
 
 
 def test_64_mib_tensor_round_trips_bit_exact(bundled_server: ServerProcess) -> None:
@@ -93,11 +92,26 @@ def test_requested_output_subset_and_ids(bundled_server: ServerProcess) -> None:
         np.testing.assert_array_equal(res.as_numpy("OUTPUT_SUM"), 2 * a)
 
 
-def test_zero_copy_inputs_and_output_views(bundled_server: ServerProcess) -> None:
+def test_zero_copy_inputs_and_output_views(
+    bundled_server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``empty()`` array is sent as a descriptor of its own bytes (no copy into another slot) and the
+    output is a view of the client's arena, which stays intact while it is referenced."""
+    sent = SentRequests(monkeypatch)
     with Client(bundled_server.url, timeout=30) as client:
         x = client.empty((2, 1000), np.float32)
         x[:] = np.arange(2000, dtype=np.float32).reshape(2, 1000)
         first = client.infer("identity", {"INPUT0": x}).as_numpy("OUTPUT0")
+        ref = sent.input("INPUT0")
+        assert ref.shm is not None and ref.frame is None
+        assert shm_address(client, ref.shm.region, ref.shm.offset) == address(x)
+        assert ref.shm.nbytes == x.nbytes
+        half = x[1:]  # a contiguous slice of it is sent where it lies, too
+        out = client.infer("identity", {"INPUT0": half}).as_numpy("OUTPUT0")
+        np.testing.assert_array_equal(out, half)
+        ref = sent.input("INPUT0")
+        assert ref.shm is not None and shm_address(client, ref.shm.region, ref.shm.offset) == address(half)
+        assert in_arena(client, first) and not first.flags.owndata
         snapshot = first.copy()
         # while `first` lives, its slot is not handed to another request
         for k in range(5):
