@@ -49,7 +49,12 @@ def test_tiny_sweep_writes_the_best_config_and_restores_the_original(
     assert code == 0, printed
     assert "mbs=4" in printed and "mbs=8" in printed and "best within" in printed
     best = parse_model_config(out.read_text(), source=str(out), model_name="add")
-    assert best.max_batch_size in (4, 8)
+    ranked = _final_table(printed)
+    assert len(ranked) == 2
+    fits = [r for r in ranked if r["fits"]]
+    chosen = [r for r in ranked if r["best"]]
+    assert fits and chosen == [max(fits, key=lambda r: float(r["throughput"]))]  # the fastest that fits
+    assert f"mbs={best.max_batch_size}" in str(chosen[0]["label"])  # and that is the config written
     assert (repo / "add" / "config.pbtxt").read_text() == original
 
 
@@ -103,3 +108,20 @@ def test_without_ranges_it_sweeps_the_defaults_and_prints_the_table(
     rows = [line for line in printed.splitlines() if re.match(r"\s+\d+\s+mbs=", line)]
     assert len(rows) == 2 * 3, printed  # three points, as measured and again in the final table
     assert "tried 3 point(s)" in printed and "<- best" in printed and out.is_file()
+
+
+def _final_table(printed: str) -> list[dict[str, object]]:
+    """The rows of the final table (after "tried N point(s)"): label, throughput, whether within the budget
+    and error-free, whether marked best."""
+    rows: list[dict[str, object]] = []
+    for line in printed.split("highest throughput first:", 1)[1].splitlines()[2:]:
+        if not line.strip():
+            break
+        marked = line.endswith("  <- best")
+        body = line.removesuffix("  <- best")
+        over = body.endswith("  over budget")
+        fields = body.removesuffix("  over budget").split()
+        errors = int(fields[-1])
+        rows.append({"label": body[5:45].strip(), "throughput": float(fields[-5]), "best": marked,
+                     "fits": not over and errors == 0})  # fmt: skip
+    return rows

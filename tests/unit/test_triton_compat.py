@@ -44,9 +44,15 @@ def test_set_data_checks_datatype_and_shape_like_tritonclient() -> None:
 
 def test_bytes_inputs_take_object_bytes_and_str_arrays() -> None:
     inp = InferInput("TEXT", [2, 1], "BYTES")
-    inp.set_data_from_numpy(np.array([[b"a"], [b"b"]], dtype=object))
-    inp.set_data_from_numpy(np.array([["a"], ["b"]]))
-    inp.set_data_from_numpy(np.array([[b"a"], [b"bc"]]))
+    for arr in (
+        np.array([[b"a"], [b"b"]], dtype=object),
+        np.array([["a"], ["b"]]),
+        np.array([[b"a"], [b"bc"]]),
+    ):
+        assert inp.set_data_from_numpy(arr) is inp
+        assert inp.data() is arr and input_arrays([inp])["TEXT"] is arr
+    with pytest.raises(InferenceServerException, match="datatype"):
+        inp.set_data_from_numpy(np.zeros((2, 1), np.float32))  # numbers are not BYTES
 
 
 def test_shared_memory_calls_point_to_empty() -> None:
