@@ -54,7 +54,7 @@ class LimitedDispatch:
                     del by_key[key]
                     break
                 worker, batch = picked
-                state.idle.remove(worker)
+                self.path.pool.take(state, worker)
                 limiter.acquire(worker)
                 limiter.served(key, limiter.priority_of(worker))
                 self.path.execute(state, worker, batch, now)

@@ -43,6 +43,7 @@ class ModelControl:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.outbox = broker.outbox
+        self.pool = broker.pool
         self.pending: list[PendingLoad] = []
         self._stopping: set[int] = set()  # ids of retiring states whose workers were told to stop
 
@@ -101,7 +102,7 @@ class ModelControl:
                 self.broker.registry.fail(load.name, failed)
                 log.error("event=model_load_failed model=%s error=%r", load.name, failed)
                 self._answer(load, Unavailable(f"model '{load.name}' failed to load: {failed}"))
-            elif all(len(s.instances) >= s.expected_instances for s in load.states):
+            elif all(self.pool.started(s) for s in load.states):
                 self.pending.remove(load)
                 self.broker.registry.loading.discard(load.name)
                 self.broker.registry.install(load.name, load.states)
@@ -118,18 +119,15 @@ class ModelControl:
             self.outbox.send_client(load.client, Reply(load.request_id, error.status, error.wire_text()))
 
     def _stop_drained(self) -> None:
-        registry, broker = self.broker.registry, self.broker
-        busy = {id(b.model) for b in broker.path.inflight.values()}
+        registry = self.broker.registry
         for state in list(registry.retiring):
-            if state.queued or id(state) in busy:
+            if state.queued or self.pool.busy(state):
                 continue
             if id(state) not in self._stopping:
                 self._stopping.add(id(state))
-                for identity in list(state.instances):
+                for identity in self.pool.retire(state):
                     self.outbox.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
-                state.instances.clear()
-                state.idle.clear()
-            if not any(s is state for s in broker.worker_model.values()):
+            if not self.pool.workers_of(state):
                 registry.retiring.remove(state)
                 self._stopping.discard(id(state))
 

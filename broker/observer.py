@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from .execution_limit import busy_since
 from .http_endpoints import HealthSnapshot, HttpEndpoints
 from .latency_window import LatencyWindow
 from .metrics import ServerMetrics, WorkerRecord
@@ -66,9 +65,9 @@ class Observer:
         self.metrics.shm_bytes(b.regions.total_bytes())
         self.metrics.cache(b.path.caching.figures())
         records = []
-        busy = busy_since(b.path.inflight.values())
+        busy = b.pool.busy_since()
         for wp in b.supervisor.procs():
-            state = b.worker_model.get(wp.identity)
+            state = b.pool.state_of(wp.identity)
             if state is None:
                 continue
             up = "READY" if wp.identity in state.instances else "LOADING"
@@ -92,15 +91,15 @@ class Observer:
         b = self.broker
         now = time.monotonic()
         procs = {wp.identity: wp for wp in b.supervisor.procs()}
-        busy = busy_since(b.path.inflight.values())
+        busy = b.pool.busy_since()
         now_ns = int(now * 1e9)
         models = []
         for s in sorted(b.registry.serving(), key=lambda s: (s.name, s.version)):
             ws = s.window.stats(now)
             instances = []
-            for identity, state in b.worker_model.items():
+            for identity in b.pool.workers_of(s):
                 wp = procs.get(identity)
-                if state is not s or wp is None:
+                if wp is None:
                     continue
                 instances.append(
                     {

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
@@ -50,9 +49,8 @@ class RequestPath:
     def __init__(self, broker: Broker) -> None:
         self.b = broker
         self.outbox = broker.outbox
-        self.inflight: dict[int, InFlight] = {}
+        self.pool = broker.pool
         self._seq = itertools.count(1)
-        self._batch_ids = itertools.count(1)
         opts = broker.options
         self.caching = CachePath(opts.cache_bytes)
         self.cache = self.caching.cache
@@ -183,7 +181,7 @@ class RequestPath:
                 self.finish_early(state, p, Cancelled("the request was cancelled"))
                 state.metrics.cancelled()
                 return "queued"
-        for batch in self.inflight.values():
+        for batch in self.pool.running():
             for p in batch.requests:
                 if p.client == identity and p.request.request_id == target and not p.cancelled:
                     p.cancelled = True
@@ -221,7 +219,7 @@ class RequestPath:
                         limited.append(state)
                         continue
                     for worker, sbatch in seqs.pop_ready(now, list(state.idle)):
-                        state.idle.remove(worker)
+                        self.pool.take(state, worker)
                         self.execute(state, worker, sbatch, now)
                 continue
             if state.idle and len(state.batcher):
@@ -229,18 +227,11 @@ class RequestPath:
                     limited.append(state)
                     continue
                 if state.prefetching:
-                    self._idle_first(state)
+                    self.pool.idle_first(state)
                 for batch in state.batcher.pop_ready(now, len(state.idle)):
-                    self.execute(state, state.idle.popleft(), batch, now)
+                    self.execute(state, self.pool.take_next(state), batch, now)
         if limited:
             self.limited.dispatch(limited, now)
-
-    def _idle_first(self, state: ModelState) -> None:
-        """Put the instances running nothing before the second places of busy ones (GPU look-ahead): a
-        batch waits behind another only when every instance is busy."""
-        busy = {b.worker for b in self.inflight.values() if b.model is state}
-        if busy:
-            state.idle = deque(sorted(state.idle, key=lambda w: w in busy))
 
     def runnable(self, state: ModelState) -> bool:
         """Whether an idle instance of ``state`` could take a batch now (its resources are free)."""
@@ -251,7 +242,6 @@ class RequestPath:
     def execute(
         self, state: ModelState, worker: bytes, batch: Batch[Pending] | SequenceBatch[Pending], now: float
     ) -> None:
-        batch_id = next(self._batch_ids)
         oldest = now
         for p in batch.items:
             state.stats.queue.add(int((now - p.arrival) * 1e9))
@@ -263,10 +253,11 @@ class RequestPath:
             log.debug("event=batch model=%s size=%d requests=%d reason=%s worker=%s", state.name, batch.size,
                       len(batch.items), batch.reason.value, worker.decode())  # fmt: skip
         controls = sequence_controls(state.controls) if state.controls else ()
-        message, frames = execute_message(batch_id, batch.items, controls, self._region_wire)
-        self.inflight[batch_id] = InFlight(batch_id, worker, state, list(batch.items), time.monotonic_ns())
+        running = self.pool.start_batch(state, worker, batch.items, time.monotonic_ns())
+        message, frames = execute_message(running.batch_id, batch.items, controls, self._region_wire)
         if not self.outbox.send_worker(worker, Command.W_EXECUTE, execute_to_wire(message), frames):
-            self.fail_batch(self.inflight.pop(batch_id), "the instance could not be reached")
+            self.pool.drop_batch(running.batch_id)
+            self.fail_batch(running, "the instance could not be reached")
 
     def _region_wire(self, name: str) -> list[int] | None:
         region = self.b.regions.get(name)
@@ -292,7 +283,7 @@ class RequestPath:
         """A batch ran past its model's execution limit: its requests fail with DeadlineExceeded now, and a
         result that still comes from its worker is discarded (``on_result`` finds no such batch)."""
         state = batch.model
-        self.inflight.pop(batch.batch_id, None)
+        self.pool.drop_batch(batch.batch_id)
         limit_ms = (state.execution_limit_ns or 0) // 1_000_000
         error = DeadlineExceeded(
             f"model '{state.name}' version {state.version}: the batch ran {running_ns / 1e6:.0f} ms, past "
@@ -301,10 +292,8 @@ class RequestPath:
         self.fail_batch(batch, "execution limit", error)
 
     def fail_worker(self, worker: bytes, why: str) -> None:
-        for bid, batch in list(self.inflight.items()):
-            if batch.worker == worker:
-                del self.inflight[bid]
-                self.fail_batch(batch, why)
+        for batch in self.pool.take_batches(worker):
+            self.fail_batch(batch, why)
         self.limiter.remove(worker)
         for state in self.b.registry.states():
             if state.sequencer is not None:  # its sequences are lost with the instance's state
@@ -318,8 +307,8 @@ class RequestPath:
         if result.partial:
             self._on_partial(identity, state, result, frames)
             return
-        batch = self.inflight.pop(result.batch, None)
-        if batch is None or batch.worker != identity:
+        batch = self.pool.finish_batch(result.batch, identity)
+        if batch is None:
             log.warning("event=stale_result worker=%s", identity)
             return
         self.limiter.release(identity)
@@ -369,14 +358,13 @@ class RequestPath:
             self._reply(state, p, Reply(p.request.request_id, error.status, error.wire_text()), [])
         stats.last_inference_ms = int(time.time() * 1000)
         self._sequences_done(state, batch.requests)
-        if identity in state.instances:
-            state.idle.append(identity)
+        self.pool.give_back(state, identity)
 
     def _on_partial(
         self, identity: bytes, state: ModelState, result: WorkerResult, frames: list[Frame]
     ) -> None:
         """One response of a decoupled model's stream: to the client at once; the request stays running."""
-        batch = self.inflight.get(result.batch)
+        batch = self.pool.batch(result.batch)
         if batch is None or batch.worker != identity:
             return
         by_seq = {p.seq: p for p in batch.requests}
@@ -423,9 +411,7 @@ class RequestPath:
             for p in queued:
                 state.metrics.failure("OTHER")
                 self.finish_early(state, p, error)
-        inflight = list(self.inflight.values())
-        self.inflight.clear()
-        for batch in inflight:
+        for batch in self.pool.take_all_batches():
             self.limiter.release(batch.worker)
             for p in batch.requests:
                 self.deliver(p, Reply(p.request.request_id, error.status, error.wire_text()), [])

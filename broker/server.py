@@ -40,6 +40,7 @@ from zinfer.client.worker_protocol import (
 )
 
 from .handlers import ClientHandlers
+from .instance_pool import InstancePool
 from .model_control import ModelControl
 from .model_state import ModelState
 from .observer import Observer
@@ -111,14 +112,15 @@ class Broker:
             client_endpoint(options.runtime_dir),
             max_frame_bytes=protocol.frame_limit(options.max_tensor_bytes),
         )
-        self.worker_model: dict[bytes, ModelState] = {}
+        # which worker serves which model, its places, its batches, its heartbeats
+        self.pool = InstancePool(options.heartbeat_interval_s * options.heartbeat_liveness)
         self.outbox = Outbox()  # what the collaborators send through, instead of reaching the sockets
         self.path = RequestPath(self)
         self.restarts = RestartPolicy()
         self._ready_logged = False
         self._next_reap = 0.0
         self.draining_since: float | None = None
-        self.watch = WorkerWatch(self)
+        self.watch = WorkerWatch(self.pool, self.supervisor, self.restarts, self.path, self.spawn)
         self._next_region_reap = 0.0
         self._ctx = zmq.Context()
         self.runtime = RuntimeDir(options.runtime_dir)
@@ -201,14 +203,14 @@ class Broker:
         if state.retired:
             return
         wp = self.supervisor.spawn(spec)
-        self.worker_model[wp.identity] = state
+        self.pool.add(wp.identity, state, wp.started)
 
     def close(self) -> None:
         """Fail what is queued, stop the workers, close and remove the sockets."""
         if self.frontend is not None:
             self.path.fail_queued(Unavailable("the server is shutting down"))
         if self.backend is not None:
-            for identity in list(self.worker_model):
+            for identity in self.pool.workers():
                 self.outbox.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
         self.supervisor.stop_all(self.options.exit_timeout_s)
         for sock in (self.frontend, self.backend):
@@ -273,10 +275,10 @@ class Broker:
         now = time.monotonic()
         if self.draining_since is None:
             self.draining_since = now
-            log.info("event=draining queued=%d running=%d", self.path.queued(), len(self.path.inflight))
+            log.info("event=draining queued=%d running=%d", self.path.queued(), len(self.pool.running()))
         if requests > 1 or now - self.draining_since > self.options.drain_timeout_s:
             return True
-        return not self.path.inflight and not self.path.queued()
+        return not self.pool.running() and not self.path.queued()
 
     def _drain(
         self, sock: zmq.Socket[bytes], handle: Callable[[bytes, list[Frame]], None], tag: bytes
@@ -346,11 +348,10 @@ class Broker:
             return
         if msg.command == Command.W_HEARTBEAT and identity.endswith(protocol.HEARTBEAT_SUFFIX):
             worker = identity[: -len(protocol.HEARTBEAT_SUFFIX)]
-            if worker in self.worker_model:
-                self.watch.heartbeat(worker, time.monotonic())
+            if self.pool.heartbeat(worker, time.monotonic()):
                 self.outbox.send_worker(identity, Command.W_HEARTBEAT, empty_to_wire(Heartbeat()))
             return
-        state = self.worker_model.get(identity)
+        state = self.pool.state_of(identity)
         if state is None:
             log.warning("event=unknown_worker worker=%s", identity)
             self.outbox.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
@@ -360,14 +361,10 @@ class Broker:
             if ready is not None and ready.slot != 1:
                 # a GPU worker that stages the next batch's inputs while it computes (gpu_prefetch) asks
                 # for a second place; models whose batches must wait for the last one's result get none
-                if state.sequencer is None and not state.rate_limited and identity in state.instances:
-                    state.idle.append(identity)
-                    state.prefetching = True
+                if self.pool.second_place(identity):
                     log.info("event=instance_prefetch model=%s worker=%s", state.name, identity.decode())
             elif ready is not None:
-                self.watch.ready(identity)
-                state.instances.add(identity)
-                state.idle.append(identity)
+                self.pool.ready(identity)
                 log.info(
                     "event=instance_ready model=%s version=%d worker=%s pid=%s",
                     state.name,
@@ -407,7 +404,7 @@ class Broker:
         """A region is no longer registered: forget the cache's mapping, tell every worker to unmap it, and
         close the broker's descriptor (a worker that had not opened it yet fails that request cleanly)."""
         self.path.readers.drop(region.name)
-        for identity in list(self.worker_model):
+        for identity in self.pool.workers():
             self.outbox.send_worker(
                 identity, Command.W_DROP_REGION, drop_region_to_wire(DropRegion(region.name))
             )

@@ -516,14 +516,14 @@ def test_the_broker_prefers_an_instance_running_nothing_over_a_second_place() ->
     from collections import deque
     from types import SimpleNamespace
 
-    from zinfer.broker.request_path import RequestPath
+    from zinfer.broker.instance_pool import InstancePool
 
+    pool = InstancePool(liveness_s=5.0)
     state = SimpleNamespace(idle=deque([b"a", b"a", b"b"]))
-    other = SimpleNamespace()
-    fake = SimpleNamespace(inflight={1: SimpleNamespace(worker=b"a", model=state),
-                                     2: SimpleNamespace(worker=b"b", model=other)})  # fmt: skip
-    RequestPath._idle_first(fake, state)  # type: ignore[arg-type]
+    pool.start_batch(state, b"a", [], 0)  # type: ignore[arg-type]
+    pool.start_batch(SimpleNamespace(), b"b", [], 0)  # type: ignore[arg-type]
+    pool.idle_first(state)  # type: ignore[arg-type]
     assert list(state.idle) == [b"b", b"a", b"a"]
-    fake.inflight = {}
-    RequestPath._idle_first(fake, state)  # type: ignore[arg-type]
+    pool.take_all_batches()
+    pool.idle_first(state)  # type: ignore[arg-type]
     assert list(state.idle) == [b"b", b"a", b"a"]  # nothing busy: the order stays
