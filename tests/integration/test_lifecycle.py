@@ -18,12 +18,18 @@ import numpy as np
 import pytest
 
 from tests.conftest import MODELS, ServerProcess, wait_for, zinfer_segments
+from tests.gated import gated_model
 from zinfer.client.client import Client
 from zinfer.client.errors import ConnectionFailed, NotFound, RequestTimeout, Unavailable
 
 pytestmark = pytest.mark.integration
 
 ONE = np.ones((1, 1), np.float32)
+
+
+def _ab(v: float) -> dict[str, np.ndarray]:
+    a = np.full((1, 1), v, np.float32)
+    return {"INPUT_A": a, "INPUT_B": a}
 
 
 def _add(client: Client) -> float:
@@ -212,6 +218,61 @@ def test_killed_worker_is_restarted(server_factory: Callable[..., ServerProcess]
         wait_for(lambda: client.is_model_ready("add"), 30, "the instance to come back", interval=0.1)
         assert _add(client) == 2.0
         assert victim.pid not in [p.pid for p in server.workers()]
+
+
+def _identity(server: ServerProcess, model: str) -> bytes:
+    """The ``--identity`` of the live worker of ``model`` (its command line)."""
+    for line in server.worker_cmdlines():
+        args = line.split()
+        if "--identity" in args and args[args.index("--identity") + 1].startswith(f"{model}/"):
+            return args[args.index("--identity") + 1].encode()
+    raise AssertionError(f"no live worker for {model}")
+
+
+def test_a_restarted_worker_has_a_new_identity_and_stale_results_are_discarded(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Row 25: the killed worker's replacement has another identity. Results sent under the old identity
+    (for every batch id a broker could have used) while the new incarnation runs a batch are dropped
+    (``unknown_worker``): the waiting request gets its own answer, not the forged one."""
+    import zmq
+
+    from zinfer.client import protocol
+    from zinfer.client.paths import worker_endpoint
+    from zinfer.client.protocol import Command, TensorRef
+    from zinfer.client.worker_protocol import RequestResult, WorkerResult, result_to_wire
+
+    gate = gated_model(tmp_path, "g")
+    server = server_factory(tmp_path)
+    gate.release_all()
+    with Client(server.url, timeout=30) as client:
+        assert client.infer("g", _ab(1)).as_numpy("OUTPUT_SUM")[0, 0] == 2.0  # batch ids are in use
+        old = _identity(server, "g")
+        os.kill(int(next(p.pid for p in server.workers() if old.decode() in " ".join(p.cmdline()))), 9)
+        wait_for(lambda: "event=worker_exited model=g" in server.log(), 10, "the broker to notice")
+        wait_for(lambda: client.is_model_ready("g"), 30, "the replacement", interval=0.1)
+        new = _identity(server, "g")
+        assert new != old
+        gate.reset()
+        result: list[object] = []
+        t = threading.Thread(target=lambda: result.append(client.infer("g", _ab(5)).as_numpy("OUTPUT_SUM")))
+        t.start()
+        gate.wait_started(5)  # a batch in flight on the new incarnation
+        forged = np.full((1, 1), 999, np.float32)
+        with zmq.Context() as ctx, ctx.socket(zmq.DEALER) as ghost:
+            ghost.setsockopt(zmq.IDENTITY, old)
+            ghost.setsockopt(zmq.LINGER, 0)
+            ghost.connect(worker_endpoint(server.runtime_dir))
+            out = (TensorRef("OUTPUT_SUM", "FP32", (1, 1), frame=0),)
+            for batch in range(64):
+                answers = tuple(RequestResult(i, outputs=out) for i in range(64))
+                header = result_to_wire(WorkerResult(batch, answers))
+                ghost.send_multipart(protocol.encode(Command.W_RESULT, header, [forged]))
+            wait_for(lambda: "event=unknown_worker" in server.log(), 10, "the old identity's results dropped")
+        gate.release_all()
+        t.join(30)
+        assert len(result) == 1 and result[0][0, 0] == 10.0  # type: ignore[index]
+        assert client.infer("g", _ab(2)).as_numpy("OUTPUT_SUM")[0, 0] == 4.0
 
 
 def test_unusable_runtime_dir_fails_with_a_clear_error(tmp_path: Path) -> None:
