@@ -24,4 +24,4 @@ def test_every_package_folder_is_in_the_wheel() -> None:
         for init in (ROOT / folder).rglob("__init__.py"):
             rel = init.parent.relative_to(ROOT / folder)
             found.add(".".join([top, *rel.parts]))
-    assert found - listed == set(), f"package folders missing from pyproject.toml's packages: {found - listed}"
+    assert found - listed == set(), f"package folders missing from pyproject.toml: {found - listed}"
