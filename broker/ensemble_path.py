@@ -112,7 +112,7 @@ class EnsemblePath:
     def __init__(self, path: RequestPath) -> None:
         self.path = path
         self.arena = Arena(INITIAL_SHM_BYTES, MAX_SHM_BYTES, new_segment=_server_segment)
-        self.regions = ServerRegions(path.b.regions, self.arena)
+        self.regions = ServerRegions(path.regions, self.arena)
 
     # ------------------------------------------------------------------------------------ start
 
@@ -149,7 +149,7 @@ class EnsemblePath:
         step = run.plan.steps[i]
         p = run.p
         try:
-            target = self.path.b.registry.resolve(step.model, step.version)
+            target = self.path.registry.resolve(step.model, step.version)
             if not target.ready:
                 reason = target.error or "no instance is ready yet"
                 raise Unavailable(f"model '{target.name}' version {target.version} is not ready: {reason}")
@@ -164,9 +164,8 @@ class EnsemblePath:
                       "timeout_us": r.timeout_us, "parameters": dict(r.parameters),
                       "caller_id": r.caller_id}  # fmt: skip
             req = protocol.infer_from_wire(header)
-            b = self.path.b
             checked = check_request(req, frames, target.signature, self.regions, p.client,
-                                    b.options.max_tensor_bytes)  # fmt: skip
+                                    self.path.admission.max_tensor_bytes)  # fmt: skip
             sp = Pending(self.path.new_seq(), p.client, req, frames, inputs, outputs, checked.batch_size, now,
                          input_bytes=checked.input_bytes)  # fmt: skip
             sp.on_done = lambda reply, out_frames: self._step_done(run, i, reply, out_frames)

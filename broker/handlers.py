@@ -75,7 +75,7 @@ class ClientHandlers:
         if command == Command.STATISTICS:
             return self._statistics(header)
         if command == Command.CANCEL:
-            return {"state": b.path.cancel(identity, _str(header, "target"))}
+            return {"state": b.admission.cancel(identity, _str(header, "target"))}
         if command == Command.SERVER_STATUS:
             return b.observer.status()
         if command == Command.REPOSITORY_INDEX:

@@ -76,7 +76,7 @@ class LimitedDispatch:
 
     def _register(self, state: ModelState, worker: bytes) -> None:
         """Tell the limiter about an instance: its device and its group's resources and priority."""
-        wp = self.path.b.supervisor.get(worker)
+        wp = self.path.supervisor.get(worker)
         instance, device = (wp.spec.instance, wp.spec.device) if wp is not None else (-1, "cpu")
         needs, priority = needs_of(state.group_of(instance))
         error = self.limiter.add(worker, _model_key(state), device, needs, priority)
@@ -86,6 +86,7 @@ class LimitedDispatch:
             queued = state.batcher.remove(lambda _: True)
             if state.sequencer is not None:
                 queued += state.sequencer.remove(lambda _: True)
+            cannot = Unavailable(f"model '{state.name}' cannot run: {error}")
             for p in queued:
                 state.metrics.failure("OTHER")
-                self.path.finish_early(state, p, Unavailable(f"model '{state.name}' cannot run: {error}"))
+                self.path.completion.finish_early(state, p, cannot)

@@ -115,12 +115,17 @@ class Broker:
         # which worker serves which model, its places, its batches, its heartbeats
         self.pool = InstancePool(options.heartbeat_interval_s * options.heartbeat_liveness)
         self.outbox = Outbox()  # what the collaborators send through, instead of reaching the sockets
-        self.path = RequestPath(self)
+        self.path = RequestPath(
+            options, self.registry, self.regions, self.pool, self.outbox, self.supervisor,
+            lambda: self.draining_since is not None,
+        )  # fmt: skip
+        self.admission = self.path.admission
+        self.completion = self.path.completion
         self.restarts = RestartPolicy()
         self._ready_logged = False
         self._next_reap = 0.0
         self.draining_since: float | None = None
-        self.watch = WorkerWatch(self.pool, self.supervisor, self.restarts, self.path, self.spawn)
+        self.watch = WorkerWatch(self.pool, self.supervisor, self.restarts, self.completion, self.spawn)
         self._next_region_reap = 0.0
         self._ctx = zmq.Context()
         self.runtime = RuntimeDir(options.runtime_dir)
@@ -262,7 +267,7 @@ class Broker:
             if now >= self._next_region_reap:
                 self._next_region_reap = now + REGION_REAP_INTERVAL_S
                 self._reap_regions()
-            self.path.expire(now)
+            self.admission.expire(now)
             self.path.dispatch(now)
             self.observer.maybe_publish(now)
             if self.control.pending or self.registry.retiring:
@@ -318,7 +323,7 @@ class Broker:
         rid = protocol.request_id_of(msg.header)
         try:
             if msg.command == Command.INFER:
-                self.path.admit(identity, msg.header, msg.frames)
+                self.admission.admit(identity, msg.header, msg.frames)
                 return
             if msg.command == Command.LOAD:  # answered once the model is ready or has failed
                 self.control.load(str(msg.header.get("model", "")), time.monotonic(), identity, rid)
@@ -381,7 +386,7 @@ class Broker:
                     state.error,
                 )
             elif msg.command == Command.W_RESULT:
-                self.path.on_result(identity, state, result_from_wire(msg.header), msg.frames)
+                self.completion.on_result(identity, state, result_from_wire(msg.header), msg.frames)
         except (ProtocolError, ServerError) as exc:
             log.error("event=bad_worker_message worker=%s error=%r", identity, str(exc))
 

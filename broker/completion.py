@@ -1,0 +1,181 @@
+"""Request completion: a batch's results, every reply, and the failures that fan out to many requests.
+
+``on_result`` takes a worker's RESULT for an in-flight batch (``instance_pool.finish_batch``): each request
+is answered (its outputs renumbered for its client, ``messages.client_outputs``; a cache miss stored first),
+the batch's statistics recorded, the instance's place given back and a sequence allowed its next request; a
+decoupled model's partial responses go to the client at once. ``reply`` keeps arrival order where the model
+asks for it (``preserve_ordering``); ``deliver`` sends through the outbox, or to the ensemble run that sent
+the request. A batch that will not finish (its worker died, could not be reached, or ran past its
+execution limit) fails every request it holds (``fail_batch``, ``fail_worker``, ``time_out_batch``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from zinfer.client import protocol
+from zinfer.client.errors import DeadlineExceeded, ServerError, Status, Unavailable
+from zinfer.client.protocol import Frame, Reply
+from zinfer.client.worker_protocol import WorkerResult
+
+from .batching.rate_limiter import RateLimiter
+from .cache_path import CachePath
+from .instance_pool import InstancePool
+from .messages import client_outputs
+from .model_state import InFlight, ModelState, Pending
+from .outbox import Outbox
+
+log = logging.getLogger(__name__)
+
+
+class Completion:
+    def __init__(
+        self,
+        pool: InstancePool,
+        outbox: Outbox,
+        caching: CachePath,
+        limiter: RateLimiter[bytes, tuple[str, int, int]],
+        states: Callable[[], Iterable[ModelState]],
+    ) -> None:
+        self.pool = pool
+        self.outbox = outbox
+        self.caching = caching
+        self.limiter = limiter  # the instances' resources, given back when a batch ends
+        self.states = states  # every model state that may still have work (``registry.states``)
+
+    def on_result(
+        self, identity: bytes, state: ModelState, result: WorkerResult, frames: list[Frame]
+    ) -> None:
+        if result.partial:
+            self._on_partial(identity, state, result, frames)
+            return
+        batch = self.pool.finish_batch(result.batch, identity)
+        if batch is None:
+            log.warning("event=stale_result worker=%s", identity)
+            return
+        self.limiter.release(identity)
+        by_seq = {p.seq: p for p in batch.requests}
+        timing = result.timings
+        stats, metrics, window = state.stats, state.metrics, state.window
+        stats.compute_input.add(timing[0])
+        stats.compute_infer.add(timing[1])
+        stats.compute_output.add(timing[2])
+        now_ns = time.monotonic_ns()
+        rows = sum(p.batch_size for p in batch.requests)
+        state.batcher.observe_execution(rows, (now_ns - batch.sent_ns) / 1e9, now_ns / 1e9)
+        state.batcher.observe_latencies((now_ns / 1e9 - p.arrival for p in batch.requests), now_ns / 1e9)
+        t_in, t_inf, t_out = (x / 1000 for x in timing)
+        sent_s = batch.sent_ns / 1e9
+        out_frames: list[Frame]
+        for res in result.results:
+            p = by_seq.pop(res.id, None)
+            if p is None:
+                continue
+            duration = now_ns - int(p.arrival * 1e9)
+            rid = p.request.request_id
+            if p.cancelled:
+                metrics.cancelled()
+                reply, out_frames = Reply(rid, Status.CANCELLED, "Cancelled: the request was cancelled"), []
+            elif res.status == Status.OK:
+                stats.record_success(duration)
+                stats.inference_count += p.batch_size
+                metrics.success(duration / 1000, (sent_s - p.arrival) * 1e6, p.batch_size, t_in, t_inf, t_out)
+                window.record(now_ns / 1e9, duration / 1e9)
+                wire = [protocol.tensor_to_wire(t) for t in res.outputs]
+                if p.cache_key is not None and self.caching.cache is not None:
+                    self.caching.store(state, p.cache_key, wire, frames)
+                outputs, out_frames = client_outputs(wire, frames)
+                body = {"model": state.name, "version": state.version, "outputs": outputs}
+                if state.signature.decoupled:
+                    body["final"] = True  # the last, empty response of a stream
+                reply = Reply(rid, Status.OK, body=body)
+            else:
+                stats.fail.add(duration)
+                metrics.failure("BACKEND")
+                reply, out_frames = Reply(rid, res.status, res.error), []
+            self.reply(state, p, reply, out_frames)
+        for p in by_seq.values():  # a worker that forgot a request must not leave its client hanging
+            metrics.failure("OTHER")
+            error = Unavailable("the worker returned no result for this request")
+            self.reply(state, p, Reply(p.request.request_id, error.status, error.wire_text()), [])
+        stats.last_inference_ms = int(time.time() * 1000)
+        self._sequences_done(state, batch.requests)
+        self.pool.give_back(state, identity)
+
+    def _on_partial(
+        self, identity: bytes, state: ModelState, result: WorkerResult, frames: list[Frame]
+    ) -> None:
+        """One response of a decoupled model's stream: to the client at once; the request stays running."""
+        batch = self.pool.batch(result.batch)
+        if batch is None or batch.worker != identity:
+            return
+        by_seq = {p.seq: p for p in batch.requests}
+        for res in result.results:
+            p = by_seq.get(res.id)
+            if p is None or p.cancelled:
+                continue
+            outputs, out_frames = client_outputs([protocol.tensor_to_wire(t) for t in res.outputs], frames)
+            body = {"model": state.name, "version": state.version, "outputs": outputs, "final": False}
+            self.outbox.send_client(p.client, Reply(p.request.request_id, Status.OK, body=body), out_frames)
+
+    def deliver(self, p: Pending, reply: Reply, frames: list[Frame]) -> None:
+        """A final reply to its request's client, or to the ensemble run that sent the request."""
+        if p.on_done is not None:
+            p.on_done(reply, frames)
+        else:
+            self.outbox.send_client(p.client, reply, frames)
+
+    def reply(self, state: ModelState, p: Pending, reply: Reply, frames: list[Frame]) -> None:
+        """Answer ``p`` (in arrival order where ``state`` preserves it)."""
+        if state.order is None:
+            self.deliver(p, reply, frames)
+            return
+        for _, (q, ready, ready_frames) in state.order.complete(p.seq, (p, reply, frames)):
+            self.deliver(q, ready, ready_frames)
+
+    def finish_early(self, state: ModelState, p: Pending, error: ServerError) -> None:
+        """Answer a request that never ran; it does not hold back the ordered responses behind it."""
+        self.deliver(p, Reply(p.request.request_id, error.status, error.wire_text()), [])
+        if state.order is not None:
+            for _, (q, ready, ready_frames) in state.order.drop(p.seq):
+                self.deliver(q, ready, ready_frames)
+
+    def fail_batch(self, batch: InFlight, why: str, error: ServerError | None = None) -> None:
+        """Answer every request of a batch that will not finish with ``error`` (default: Unavailable)."""
+        self.limiter.release(batch.worker)
+        self._sequences_done(batch.model, batch.requests)
+        error = error or Unavailable(f"model '{batch.model.name}' instance failed: {why}")
+        for p in batch.requests:
+            batch.model.stats.fail.add(0)
+            batch.model.metrics.failure("BACKEND")
+            self.reply(batch.model, p, Reply(p.request.request_id, error.status, error.wire_text()), [])
+
+    def time_out_batch(self, batch: InFlight, running_ns: int) -> None:
+        """A batch ran past its model's execution limit: its requests fail with DeadlineExceeded now, and a
+        result that still comes from its worker is discarded (``on_result`` finds no such batch)."""
+        state = batch.model
+        self.pool.drop_batch(batch.batch_id)
+        limit_ms = (state.execution_limit_ns or 0) // 1_000_000
+        error = DeadlineExceeded(
+            f"model '{state.name}' version {state.version}: the batch ran {running_ns / 1e6:.0f} ms, past "
+            f"the model's execution limit (execution_timeout_ms {limit_ms}); the instance is being restarted"
+        )
+        self.fail_batch(batch, "execution limit", error)
+
+    def fail_worker(self, worker: bytes, why: str) -> None:
+        for batch in self.pool.take_batches(worker):
+            self.fail_batch(batch, why)
+        self.limiter.remove(worker)
+        for state in self.states():
+            if state.sequencer is not None:  # its sequences are lost with the instance's state
+                for p in state.sequencer.drop_instance(worker):
+                    state.metrics.failure("BACKEND")
+                    self.finish_early(state, p, Unavailable(f"model '{state.name}' instance failed: {why}"))
+
+    def _sequences_done(self, state: ModelState, requests: list[Pending]) -> None:
+        """The requests of a batch finished: their sequences may send the next one (or close)."""
+        if state.sequencer is not None:
+            ids = [p.sequence["id"] for p in requests if p.sequence is not None]
+            state.sequencer.done(ids, time.monotonic())
