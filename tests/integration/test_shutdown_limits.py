@@ -62,8 +62,8 @@ def test_the_drain_timeout_runs_out_on_a_batch_that_never_ends(
     server_factory: Callable[..., ServerProcess], tmp_path: Path, held: Gate
 ) -> None:
     """SIGTERM with a batch that will not finish: after --drain-timeout (1 s) the server stops anyway, the
-    running request gets an error, and the exit timeout (1 s) ends the stuck worker. The deadline (30 s) is
-    far below the model's own 120 s, so a server waiting for the batch fails this test."""
+    running request gets an error and the stuck worker is gone. The deadline (30 s) is far below the
+    model's own 120 s, so a server waiting for the batch fails this test."""
     server = server_factory(tmp_path, "--drain-timeout", "1", "--exit-timeout", "1")
     out: list[object] = []
     t = _hold_a_batch(server, held, out)
@@ -96,6 +96,30 @@ def test_a_second_signal_stops_at_once(
     _exits(server, 30, "the second signal to stop the server")
     assert not held.done(1)
     wait_for(lambda: _no_workers_left(workers), 10, "the stuck worker to be killed")
+    t.join(30)
+    assert len(out) == 1 and isinstance(out[0], (Unavailable, ConnectionFailed)), out
+
+
+def test_the_exit_timeout_kills_a_worker_that_does_not_stop(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path, held: Gate
+) -> None:
+    """A frozen worker (SIGSTOP) cannot obey SHUTDOWN: after --exit-timeout (1 s) the server signals it,
+    then kills it, and exits; nothing is left running."""
+    server = server_factory(tmp_path, "--drain-timeout", "1", "--exit-timeout", "1")
+    out: list[object] = []
+    t = _hold_a_batch(server, held, out)
+    workers = server.workers()
+    frozen = [p for p in workers if "--model g" in " ".join(p.cmdline())]
+    assert len(frozen) == 1
+    frozen[0].suspend()
+    try:
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.send_signal(signal.SIGTERM)
+        _exits(server, 30, "the exit timeout to end the frozen worker and the server")
+        wait_for(lambda: _no_workers_left(workers), 10, "every worker to be gone")
+    finally:
+        if frozen[0].is_running():
+            frozen[0].kill()
     t.join(30)
     assert len(out) == 1 and isinstance(out[0], (Unavailable, ConnectionFailed)), out
 
