@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import MODELS, ServerProcess, wait_for, zinfer_segments
-from tests.gated import gated_model
+from tests.gated import gated_model, pending
 from zinfer.client.client import Client
 from zinfer.client.errors import ConnectionFailed, NotFound, RequestTimeout, Unavailable
 
@@ -120,14 +119,9 @@ def test_second_server_on_same_runtime_dir_refuses(server_factory: Callable[...,
 
 
 def test_client_without_server_fails_fast(tmp_path: Path) -> None:
-    client = Client(f"ipc://{tmp_path}/zinfer.sock", timeout=30)
-    try:
-        start = time.monotonic()
-        with pytest.raises(ConnectionFailed):
+    with Client(f"ipc://{tmp_path}/zinfer.sock", timeout=30) as client:
+        with pytest.raises(ConnectionFailed):  # not RequestTimeout after 30 s: no server is noticed
             client.is_server_live()
-        assert time.monotonic() - start < 5
-    finally:
-        client.close()
 
 
 def test_timeout_when_nobody_answers(tmp_path: Path) -> None:
@@ -135,12 +129,11 @@ def test_timeout_when_nobody_answers(tmp_path: Path) -> None:
 
     dead = zmq.Context.instance().socket(zmq.ROUTER)  # bound, but never replies
     dead.bind(f"ipc://{tmp_path}/zinfer.sock")
-    client = Client(f"ipc://{tmp_path}/zinfer.sock", timeout=0.5)
     try:
-        with pytest.raises(RequestTimeout):
-            client.is_server_live()
+        with Client(f"ipc://{tmp_path}/zinfer.sock", timeout=0.5) as client:
+            with pytest.raises(RequestTimeout):
+                client.is_server_live()
     finally:
-        client.close()
         dead.close(linger=0)
 
 
@@ -322,37 +315,40 @@ def test_timed_out_request_keeps_its_slots_until_the_late_reply(
 def test_sigterm_drains_queued_requests_and_refuses_new_ones(
     server_factory: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
-    """Scenario 23: SIGTERM under load stops intake, finishes what is queued, then exits 0."""
-    repo = tmp_path / "models"
-    shutil.copytree(MODELS / "add", repo / "slow")
-    cfg = (repo / "slow" / "config.pbtxt").read_text().replace('name: "add"', 'name: "slow"')
-    (repo / "slow" / "config.pbtxt").write_text(
-        cfg.replace("max_queue_delay_microseconds: 0", "max_queue_delay_microseconds: 1500000")
-    )
-    server = server_factory(repo)
-    results: list[object] = []
-    with Client(server.url, timeout=30) as client:
-        client.infer("slow", {"INPUT_A": ONE, "INPUT_B": ONE})  # warm: metadata fetched
+    """Scenario 23: SIGTERM with one batch running (held) and one request queued behind it: intake stops
+    (``Unavailable``), both finish once the batch is let go, then the server exits 0."""
+    gate = gated_model(tmp_path, "g")
+    server = server_factory(tmp_path)
+    results: dict[int, object] = {}
+    try:
+        with Client(server.url, timeout=30) as first, Client(server.url, timeout=30) as second:
 
-        def queued() -> None:
-            try:
-                results.append(client.infer("slow", {"INPUT_A": ONE, "INPUT_B": ONE}).as_numpy("OUTPUT_SUM"))
-            except Exception as exc:
-                results.append(exc)
+            def call(c: Client, tag: int) -> None:
+                try:
+                    results[tag] = float(c.infer("g", _ab(tag)).as_numpy("OUTPUT_SUM")[0, 0])
+                except Exception as exc:
+                    results[tag] = exc
 
-        t = threading.Thread(target=queued)
-        t.start()
-        wait_for(lambda: client.statistics("slow")["model_stats"][0]["execution_count"] == 1 and t.is_alive(),
-                 5, "the request to be queued")  # fmt: skip
-        time.sleep(0.2)  # it has reached the queue, where it waits out its 1.5 s batch delay
-        server.proc.send_signal(signal.SIGTERM)
-        wait_for(lambda: "event=draining" in server.log(), 10, "the server to start draining")
-        with Client(server.url, timeout=10) as late:
-            with pytest.raises(Unavailable, match="shutting down"):
-                late.infer("slow", {"INPUT_A": ONE, "INPUT_B": ONE})
-        t.join(30)
-    assert len(results) == 1 and not isinstance(results[0], Exception), results
-    assert server.proc.wait(30) == 0, server.log()
+            running = threading.Thread(target=call, args=(first, 1))
+            running.start()
+            gate.wait_started(1)
+            queued = threading.Thread(target=call, args=(second, 2))
+            queued.start()
+            wait_for(lambda: pending(server, "g") == 1, 10, "the second request to wait in the queue")
+            server.proc.send_signal(signal.SIGTERM)
+            wait_for(lambda: "event=draining" in server.log(), 10, "the server to start draining")
+            with Client(server.url, timeout=10) as late:
+                with pytest.raises(Unavailable, match="shutting down"):
+                    late.infer("g", _ab(3))
+            assert server.proc.poll() is None and not results  # draining: nothing answered yet
+            gate.release_all()
+            running.join(30)
+            queued.join(30)
+        assert results == {1: 2.0, 2: 4.0}
+        assert gate.order() == [1, 2]
+        assert server.proc.wait(30) == 0, server.log()
+    finally:
+        gate.release_all()
 
 
 def test_client_survives_a_server_restart(server_factory: Callable[..., ServerProcess]) -> None:
@@ -363,10 +359,8 @@ def test_client_survives_a_server_restart(server_factory: Callable[..., ServerPr
     with Client(first.url, timeout=10, inline_threshold=-1) as client:
         assert _add(client) == 2.0
         assert first.stop() == 0
-        start = time.monotonic()
-        with pytest.raises(ConnectionFailed):
+        with pytest.raises(ConnectionFailed):  # not RequestTimeout after 10 s: the loss is noticed
             _add(client)
-        assert time.monotonic() - start < 5
         server_factory(MODELS, runtime_dir=runtime)
         assert _add(client) == 2.0
 
