@@ -6,6 +6,7 @@ correctly.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from zinfer.client import Client, protocol
 pytestmark = pytest.mark.integration
 
 ONE = np.ones((1, 1), np.float32)
+_SYNC = itertools.count()
 
 _scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=True),
@@ -69,9 +71,15 @@ def sockets(bundled_server: ServerProcess) -> Iterator[tuple[zmq.Socket[bytes], 
 def test_broker_survives_any_message(sockets: tuple[zmq.Socket[bytes], Client], msg: list[bytes]) -> None:
     sock, client = sockets
     sock.send_multipart(msg)
-    if sock.poll(2000):  # an answer, if any, is a well-formed error or reply
-        while sock.poll(0):
-            reply: Any = protocol.decode(sock.recv_multipart())
-            assert reply.command == protocol.Command.REPLY
+    # The broker handles one connection's messages in order: once the answer to a SERVER_LIVE sent after
+    # the fuzzed message is back, any answer to the fuzzed message came before it. No fixed wait.
+    sync = f"sync-{next(_SYNC)}"
+    sock.send_multipart(protocol.encode(protocol.Command.SERVER_LIVE, {"id": sync}))
+    while True:
+        assert sock.poll(20_000), "the broker stopped answering"
+        reply: Any = protocol.decode(sock.recv_multipart())
+        assert reply.command == protocol.Command.REPLY  # an answer, if any, is a well-formed reply
+        if protocol.reply_from_wire(reply.header).request_id == sync:
+            break
     out = client.infer("add", {"INPUT_A": ONE, "INPUT_B": 2 * ONE}).as_numpy("OUTPUT_SUM")
     assert out[0, 0] == 3.0
