@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -102,9 +101,7 @@ def test_errors_come_back_as_values_or_exceptions(server: ServerProcess) -> None
 
 def test_self_call_is_refused_not_deadlocked(server: ServerProcess) -> None:
     with Client(server.url, timeout=30) as c:
-        start = time.monotonic()
-        with pytest.raises(ServerError, match="calls itself"):
+        with pytest.raises(ServerError, match="calls itself"):  # a deadlock would be RequestTimeout at 30 s
             c.infer("native", {"X": np.zeros((1, 2), np.float32)})
-        assert time.monotonic() - start < 5
         x = np.ones((1, 2), np.float32)  # and the model still serves
         np.testing.assert_array_equal(c.infer("native", {"X": x}).as_numpy("Y"), 4 * x)
