@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from tests.conftest import MODELS, ServerProcess
@@ -23,9 +24,9 @@ pytestmark = pytest.mark.integration
 ONE = np.ones((1, 1), np.float32)
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -68,10 +69,33 @@ def _keys(folder: Path, name: str) -> tuple[Path, Path]:
     return folder / f"{name}.key", folder / f"{name}.key_secret"
 
 
+def _non_loopback_ipv4() -> str | None:
+    """An IPv4 address of this machine outside 127.0.0.0/8 (None if it has none)."""
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return str(a.address)
+    return None
+
+
+NON_LOOPBACK = _non_loopback_ipv4()
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "127.0.0.1",
+        pytest.param(
+            NON_LOOPBACK or "none",
+            marks=pytest.mark.skipif(NON_LOOPBACK is None, reason="this machine has no non-loopback IPv4"),
+            id="non-loopback",
+        ),
+    ],
+)
 def test_curve_admits_only_allowed_clients(
-    server_factory: Callable[..., ServerProcess], tmp_path: Path
+    server_factory: Callable[..., ServerProcess], tmp_path: Path, host: str
 ) -> None:
-    """Scenario 22: CURVE with an allow-list."""
+    """Scenario 22: CURVE with an allow-list, on loopback and on an address other hosts could reach."""
     server_pub, server_sec = _keys(tmp_path / "server", "server")
     _, allowed_sec = _keys(tmp_path / "allowed", "alice")
     _, stranger_sec = _keys(tmp_path / "other", "mallory")
@@ -79,10 +103,10 @@ def test_curve_admits_only_allowed_clients(
     allow.mkdir()
     (allow / "alice.key").write_bytes((tmp_path / "allowed" / "alice.key").read_bytes())
     assert _mode(allowed_sec) == 0o600
-    port = _free_port()
-    server_factory(MODELS, "--tcp", f"127.0.0.1:{port}", "--curve-secret-key", str(server_sec),
+    port = _free_port(host)
+    server_factory(MODELS, "--tcp", f"{host}:{port}", "--curve-secret-key", str(server_sec),
                    "--curve-allow", str(allow))  # fmt: skip
-    url = f"tcp://127.0.0.1:{port}"
+    url = f"tcp://{host}:{port}"
     with Client(url, timeout=30, curve=CurveKeys.from_files(server_pub, allowed_sec)) as alice:
         assert alice.infer("add", {"INPUT_A": ONE, "INPUT_B": ONE}).as_numpy("OUTPUT_SUM")[0, 0] == 2
     # refused at the handshake, they are never connected: nothing is sent, nothing waits for a reply
