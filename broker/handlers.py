@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from zinfer.client import dtypes
@@ -10,9 +11,15 @@ from zinfer.client.errors import InvalidArgument, ProtocolError
 from zinfer.client.protocol import Command
 
 from .model_state import ModelState
+from .outbox import Outbox
 
 if TYPE_CHECKING:
-    from .server import Broker
+    from .admission import Admission
+    from .model_control import ModelControl
+    from .observer import Observer
+    from .region_intake import RegionIntake
+    from .regions import Region, RegionTable
+    from .registry import ModelRegistry
 
 log = logging.getLogger(__name__)
 
@@ -53,64 +60,79 @@ def metadata(state: ModelState, versions: list[int]) -> dict[str, Any]:
 
 
 class ClientHandlers:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        regions: RegionTable,
+        admission: Admission,
+        observer: Observer,
+        control: ModelControl,
+        intake: Callable[[], RegionIntake | None],
+        drop_region: Callable[[Region], None],
+        serving_ready: Callable[[], bool],
+    ) -> None:
+        self.registry = registry
+        self.regions = regions
+        self.admission = admission  # CANCEL
+        self.observer = observer  # SERVER_STATUS
+        self.control = control  # REPOSITORY_INDEX, UNLOAD
+        self.intake = intake  # where local clients hand over segments (None until the server starts)
+        self.drop_region = drop_region  # a region is gone: workers unmap it (``Broker.drop_region``)
+        self.serving_ready = serving_ready  # the server's readiness (``Broker.serving_ready``)
 
     def handle(self, identity: bytes, command: Command, header: dict[str, Any]) -> Any:
-        b = self.broker
         if command == Command.SERVER_LIVE:
             return True
         if command == Command.SERVER_READY:
-            return b.startup_done and b.draining_since is None and b.registry.all_ready()
+            return self.serving_ready()
         if command == Command.MODEL_READY:
             try:
-                return b.registry.resolve(_str(header, "model"), _version(header)).ready
+                return self.registry.resolve(_str(header, "model"), _version(header)).ready
             except Exception:
                 return False
         if command == Command.MODEL_METADATA:
-            state = b.registry.resolve(_str(header, "model"), _version(header))
-            return metadata(state, sorted(b.registry.models[state.name]))
+            state = self.registry.resolve(_str(header, "model"), _version(header))
+            return metadata(state, sorted(self.registry.models[state.name]))
         if command == Command.MODEL_CONFIG:
-            return b.registry.resolve(_str(header, "model"), _version(header)).config.to_dict()
+            return self.registry.resolve(_str(header, "model"), _version(header)).config.to_dict()
         if command == Command.STATISTICS:
             return self._statistics(header)
         if command == Command.CANCEL:
-            return {"state": b.admission.cancel(identity, _str(header, "target"))}
+            return {"state": self.admission.cancel(identity, _str(header, "target"))}
         if command == Command.SERVER_STATUS:
-            return b.observer.status()
+            return self.observer.status()
         if command == Command.REPOSITORY_INDEX:
-            return b.control.index()
+            return self.control.index()
         if command == Command.UNLOAD:
-            b.control.unload(_str(header, "model"))
+            self.control.unload(_str(header, "model"))
             return {"model": header["model"]}
         if command == Command.REGISTER:
             return self._register(identity, header)
         if command == Command.UNREGISTER:
-            region = b.regions.unregister(identity, _str(header, "name"))
-            b.drop_region(region)
+            region = self.regions.unregister(identity, _str(header, "name"))
+            self.drop_region(region)
             return None
         raise InvalidArgument(f"command {command.name} is not supported")
 
     def _register(self, identity: bytes, header: dict[str, Any]) -> dict[str, Any]:
         """Claim a segment handed over on the region socket (see ``region_intake``) for this connection."""
-        b = self.broker
-        if not b.outbox.is_local(identity) or b.intake is None:
+        intake = self.intake()
+        if not Outbox.is_local(identity) or intake is None:
             raise InvalidArgument("shared-memory regions can be registered only over the local socket")
         name = _str(header, "name")
-        handed = b.intake.claim(header.get("token"))
-        region, replaced = b.regions.register(identity, name, handed)
+        handed = intake.claim(header.get("token"))
+        region, replaced = self.regions.register(identity, name, handed)
         if replaced is not None:  # the same connection registered the name again: workers must remap
-            b.drop_region(replaced)
+            self.drop_region(replaced)
         return {"size": region.size}
 
     def _statistics(self, header: dict[str, Any]) -> dict[str, Any]:
-        b = self.broker
         if "model" in header:
             version = _version(header)
-            state = b.registry.resolve(_str(header, "model"), version)
-            states = [state] if version else list(b.registry.models[state.name].values())
+            state = self.registry.resolve(_str(header, "model"), version)
+            states = [state] if version else list(self.registry.models[state.name].values())
         else:
-            states = list(b.registry.serving())
+            states = list(self.registry.serving())
         return {
             "model_stats": [
                 {"name": s.name, "version": str(s.version), **s.stats.to_dict(), **_adaptive(s)}

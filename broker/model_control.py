@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,10 +20,13 @@ from zinfer.client.protocol import Command, Reply
 from zinfer.client.worker_protocol import Shutdown, empty_to_wire
 from zinfer.modelconfig.repository import load_model_entry
 
+from .instance_pool import InstancePool
 from .model_state import ModelState
+from .outbox import Outbox
+from .registry import ModelRegistry
 
 if TYPE_CHECKING:
-    from .server import Broker
+    from .server import ServerOptions
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +44,27 @@ class PendingLoad:
 
 
 class ModelControl:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.outbox = broker.outbox
-        self.pool = broker.pool
+    def __init__(
+        self,
+        options: ServerOptions,
+        registry: ModelRegistry,
+        pool: InstancePool,
+        outbox: Outbox,
+        attach: Callable[[ModelState], None],
+        start_instances: Callable[[ModelState, list[str]], None],
+    ) -> None:
+        self.options = options
+        self.registry = registry
+        self.pool = pool
+        self.outbox = outbox
+        self.attach = attach  # a new state's metric series (``Observer.attach``)
+        self.start_instances = start_instances  # a worker per device (``Broker.start_instances``)
         self.pending: list[PendingLoad] = []
         self._stopping: set[int] = set()  # ids of retiring states whose workers were told to stop
 
     @property
     def explicit(self) -> bool:
-        return self.broker.options.model_control_mode == "explicit"
+        return self.options.model_control_mode == "explicit"
 
     def load(self, name: str, now: float, client: bytes | None = None, request_id: str = "") -> None:
         """Start loading ``name``; the reply goes to ``client`` once it is ready or has failed."""
@@ -57,33 +72,31 @@ class ModelControl:
             raise Unsupported("model control is off: start the server with --model-control-mode explicit")
         if not _MODEL_NAME.fullmatch(name) or name in (".", ".."):
             raise InvalidArgument(f"invalid model name {name!r}")
-        model_dir = self.broker.options.model_repository / name
+        model_dir = self.options.model_repository / name
         if not model_dir.is_dir():
             raise NotFound(f"no model '{name}' in the repository")
-        self.broker.registry.known.add(name)
+        self.registry.known.add(name)
         if any(p.name == name for p in self.pending):
             raise Unavailable(f"model '{name}' is already being loaded")
-        prepared, error = self.broker.registry.prepare(
-            load_model_entry(model_dir), self.broker.options.max_batch_bytes
-        )
+        prepared, error = self.registry.prepare(load_model_entry(model_dir), self.options.max_batch_bytes)
         if error is not None:
-            self.broker.registry.fail(name, error)
+            self.registry.fail(name, error)
             log.error("event=model_load_failed model=%s error=%r", name, error)
             raise Unavailable(f"model '{name}' failed to load: {error}")
         states = [state for state, _ in prepared]
         for state in states:
-            self.broker.observer.attach(state)
-        self.broker.registry.loading.add(name)
+            self.attach(state)
+        self.registry.loading.add(name)
         self.pending.append(PendingLoad(name, states, client, request_id, now + LOAD_TIMEOUT_S))
         for state, devices in prepared:
-            self.broker.start_instances(state, devices)
+            self.start_instances(state, devices)
         log.info("event=model_loading model=%s versions=%s", name, ",".join(str(s.version) for s in states))
 
     def unload(self, name: str) -> None:
         if not self.explicit:
             raise Unsupported("model control is off: start the server with --model-control-mode explicit")
-        if not self.broker.registry.remove(name):
-            if self.broker.registry.load_errors.pop(name, None) is not None:
+        if not self.registry.remove(name):
+            if self.registry.load_errors.pop(name, None) is not None:
                 log.info("event=model_unloaded model=%s was=failed", name)  # no longer wanted: not "failed"
                 return
             raise NotFound(f"model '{name}' is not loaded")
@@ -97,15 +110,15 @@ class ModelControl:
                 failed = f"not ready within {LOAD_TIMEOUT_S:.0f} s"
             if failed is not None:
                 self.pending.remove(load)
-                self.broker.registry.loading.discard(load.name)
-                self.broker.registry.retire(load.states)
-                self.broker.registry.fail(load.name, failed)
+                self.registry.loading.discard(load.name)
+                self.registry.retire(load.states)
+                self.registry.fail(load.name, failed)
                 log.error("event=model_load_failed model=%s error=%r", load.name, failed)
                 self._answer(load, Unavailable(f"model '{load.name}' failed to load: {failed}"))
             elif all(self.pool.started(s) for s in load.states):
                 self.pending.remove(load)
-                self.broker.registry.loading.discard(load.name)
-                self.broker.registry.install(load.name, load.states)
+                self.registry.loading.discard(load.name)
+                self.registry.install(load.name, load.states)
                 log.info("event=model_loaded model=%s", load.name)
                 self._answer(load, None)
         self._stop_drained()
@@ -119,7 +132,7 @@ class ModelControl:
             self.outbox.send_client(load.client, Reply(load.request_id, error.status, error.wire_text()))
 
     def _stop_drained(self) -> None:
-        registry = self.broker.registry
+        registry = self.registry
         for state in list(registry.retiring):
             if state.queued or self.pool.busy(state):
                 continue
@@ -133,10 +146,10 @@ class ModelControl:
 
     def index(self) -> list[dict[str, Any]]:
         """Every model of the repository with its state, loaded or not (Triton's repository index)."""
-        registry = self.broker.registry
+        registry = self.registry
         rows: list[dict[str, Any]] = []
         names = set(registry.models) | set(registry.load_errors) | {p.name for p in self.pending}
-        repo = self.broker.options.model_repository
+        repo = self.options.model_repository
         if repo.is_dir():
             names |= {p.name for p in repo.iterdir() if p.is_dir() and not p.name.startswith(".")}
             registry.known |= names

@@ -10,17 +10,20 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import psutil
 
+from .cache_path import CachePath
 from .http_endpoints import HealthSnapshot, HttpEndpoints
+from .instance_pool import InstancePool
 from .latency_window import LatencyWindow
 from .metrics import ServerMetrics, WorkerRecord
 from .model_state import ModelState
-
-if TYPE_CHECKING:
-    from .server import Broker
+from .regions import RegionTable
+from .registry import ModelRegistry
+from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +31,21 @@ PUBLISH_INTERVAL_S = 0.25
 
 
 class Observer:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        regions: RegionTable,
+        caching: CachePath,
+        pool: InstancePool,
+        supervisor: Supervisor,
+        serving_ready: Callable[[], bool],
+    ) -> None:
+        self.registry = registry
+        self.regions = regions
+        self.caching = caching
+        self.pool = pool
+        self.supervisor = supervisor
+        self.serving_ready = serving_ready  # the server's readiness (``Broker.serving_ready``)
         self.worker_records: tuple[WorkerRecord, ...] = ()
         self.health = HealthSnapshot()
         self.metrics = ServerMetrics(lambda: self.worker_records)
@@ -45,7 +61,7 @@ class Observer:
     def attach(self, state: ModelState) -> None:
         """Give a new model state its metric series (shared with earlier loads of the same version)."""
         state.metrics = self.metrics.model(state.name, state.version, state.config.max_batch_size)
-        state.metrics.cache_enabled = self.broker.path.caching.enabled_for(state)
+        state.metrics.cache_enabled = self.caching.enabled_for(state)
         state.window = LatencyWindow()
 
     def maybe_publish(self, now: float) -> None:
@@ -54,20 +70,18 @@ class Observer:
             self.publish()
 
     def publish(self) -> None:
-        b = self.broker
-        serving = list(b.registry.serving())
+        serving = list(self.registry.serving())
         for s in serving:
             s.metrics.pending(s.queued)
         entries: list[tuple[str, int | None, bool]] = [(s.name, s.version, s.ready) for s in serving]
-        entries += [(name, None, False) for name in b.registry.load_errors]
-        ready = b.startup_done and b.draining_since is None and b.registry.all_ready()
-        self.health = HealthSnapshot.build(True, ready, entries)
-        self.metrics.shm_bytes(b.regions.total_bytes())
-        self.metrics.cache(b.path.caching.figures())
+        entries += [(name, None, False) for name in self.registry.load_errors]
+        self.health = HealthSnapshot.build(True, self.serving_ready(), entries)
+        self.metrics.shm_bytes(self.regions.total_bytes())
+        self.metrics.cache(self.caching.figures())
         records = []
-        busy = b.pool.busy_since()
-        for wp in b.supervisor.procs():
-            state = b.pool.state_of(wp.identity)
+        busy = self.pool.busy_since()
+        for wp in self.supervisor.procs():
+            state = self.pool.state_of(wp.identity)
             if state is None:
                 continue
             up = "READY" if wp.identity in state.instances else "LOADING"
@@ -88,16 +102,15 @@ class Observer:
 
     def status(self) -> dict[str, Any]:
         """The ``server_status`` answer (its shape is documented in ``status_view``)."""
-        b = self.broker
         now = time.monotonic()
-        procs = {wp.identity: wp for wp in b.supervisor.procs()}
-        busy = b.pool.busy_since()
+        procs = {wp.identity: wp for wp in self.supervisor.procs()}
+        busy = self.pool.busy_since()
         now_ns = int(now * 1e9)
         models = []
-        for s in sorted(b.registry.serving(), key=lambda s: (s.name, s.version)):
+        for s in sorted(self.registry.serving(), key=lambda s: (s.name, s.version)):
             ws = s.window.stats(now)
             instances = []
-            for identity in b.pool.workers_of(s):
+            for identity in self.pool.workers_of(s):
                 wp = procs.get(identity)
                 if wp is None:
                     continue
@@ -118,7 +131,7 @@ class Observer:
                 "p99_ms_1m": None if ws.p99_s is None else ws.p99_s * 1000, "rate_1m": ws.rate,
                 "instances": sorted(instances, key=lambda i: i["instance"]),
             })  # fmt: skip
-        for name, reason in sorted(b.registry.load_errors.items()):
+        for name, reason in sorted(self.registry.load_errors.items()):
             models.append({"name": name, "version": None, "state": "UNAVAILABLE", "reason": reason,
                            "queue_depth": 0, "rate_1m": 0.0, "instances": []})  # fmt: skip
         return {"server": {"pid": os.getpid(), "uptime_s": now - self.started, "ready": self.health.ready},

@@ -133,9 +133,16 @@ class Broker:
         self.frontend: zmq.Socket[bytes] | None = None
         self.tcp: TcpFrontend | None = None
         self.backend: zmq.Socket[bytes] | None = None
-        self.handlers = ClientHandlers(self)
-        self.control = ModelControl(self)
-        self.observer = Observer(self)
+        self.observer = Observer(
+            self.registry, self.regions, self.path.caching, self.pool, self.supervisor, self.serving_ready
+        )
+        self.control = ModelControl(
+            options, self.registry, self.pool, self.outbox, self.observer.attach, self.start_instances
+        )
+        self.handlers = ClientHandlers(
+            self.registry, self.regions, self.admission, self.observer, self.control,
+            lambda: self.intake, self.drop_region, self.serving_ready,
+        )  # fmt: skip
         self._spec_state: dict[WorkerSpec, ModelState] = {}
 
     # ------------------------------------------------------------------------------------ start / stop
@@ -310,6 +317,10 @@ class Broker:
     @property
     def startup_done(self) -> bool:
         return self._ready_logged
+
+    def serving_ready(self) -> bool:
+        """Triton's server readiness: started, not draining, and every model that should serve is ready."""
+        return self.startup_done and self.draining_since is None and self.registry.all_ready()
 
     # ------------------------------------------------------------------------------------ clients
 
