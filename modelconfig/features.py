@@ -61,7 +61,15 @@ SUPPORTED_FEATURES: frozenset[str] = frozenset(
 FEATURES: tuple[tuple[str, Callable[[ModelConfig], bool]], ...] = (
     ("version_policy", lambda c: c.version_policy.kind != "latest" or c.version_policy.num_versions != 1),
     ("runtime", lambda c: bool(c.runtime)),
-    ("default_model_filename", lambda c: bool(c.default_model_filename)),
+    # the python and onnxruntime backends read their model file by this name; the built-in kernels have none
+    (
+        "default_model_filename",
+        lambda c: (
+            bool(c.default_model_filename)
+            and c.backend not in ("python", "onnxruntime")
+            and c.platform != "onnxruntime_onnx"
+        ),
+    ),
     ("cc_model_filenames", lambda c: bool(c.cc_model_filenames)),
     ("input.reshape", lambda c: any(t.reshape is not None for t in c.input)),
     ("input.format", lambda c: any(t.format is not InputFormat.FORMAT_NONE for t in c.input)),

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from zinfer.client.errors import ConfigError
 
+from .autocomplete import complete_config
 from .model_config import CONFIG_FILENAME, ModelConfig, load_model_config, unsupported_features
 from .parameters import execution_limit_ns
 from .version_policy import VersionPolicy
@@ -100,6 +101,11 @@ def load_model_entry(model_dir: Path) -> ModelEntry:
         error = (
             f"{model_dir}: no version folder (such as {model_dir / '1'}) is selected by the version_policy"
         )
+    if versions and error is None:
+        try:
+            config = complete_config(config, model_dir, versions[-1])
+        except ConfigError as exc:
+            return ModelEntry(name, model_dir, config, versions, str(exc))
     return ModelEntry(name, model_dir, config, versions, error)
 
 

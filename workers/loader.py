@@ -1,9 +1,11 @@
 """Build the model a worker runs from its config, on its device.
 
 ``backend: "zinfer"`` picks a built-in kernel (``zinfer.workers.kernels``); ``backend: "python"`` runs the
-version folder's ``model.py`` (``zinfer.workers.python_model``). Every failure is a ConfigError whose
-text names the model and, where there is one, the file and the exception; the worker sends it to the
-broker, which marks that model unavailable with it and keeps serving the others.
+version folder's ``model.py`` (``zinfer.workers.python_model``); ``platform: "onnxruntime_onnx"`` or
+``backend: "onnxruntime"`` runs an ONNX model through ONNX Runtime (``zinfer.workers.onnx_model``).
+Every failure is a ConfigError whose text names the model and, where there is one, the file and the
+exception; the worker sends it to the broker, which marks that model unavailable with it and keeps
+serving the others.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from zinfer.client.errors import ConfigError
+from zinfer.modelconfig.autocomplete import is_onnx
 from zinfer.modelconfig.model_config import ModelConfig
 
 from .device import CPU, Device
@@ -18,7 +21,7 @@ from .kernels import load_kernel
 from .model import AnyModel
 from .python_model import load_python_model
 
-BACKENDS = ("zinfer", "python")
+BACKENDS = ("zinfer", "python", "onnxruntime")
 
 
 def load_model(config: ModelConfig, version_dir: Path, device: Device = CPU, instance: int = 0) -> AnyModel:
@@ -26,8 +29,13 @@ def load_model(config: ModelConfig, version_dir: Path, device: Device = CPU, ins
         return load_kernel(config, version_dir, device)
     if config.backend == "python":
         return load_python_model(config, version_dir, device, instance)
+    if is_onnx(config):
+        from .onnx_model import load_onnx_model  # onnxruntime is imported only by the models that use it
+
+        return load_onnx_model(config, version_dir, device)
     backend = config.backend or config.platform or "(none)"
     raise ConfigError(
         f"model {config.name!r}: backend {backend!r} is not supported yet "
-        '(use backend: "zinfer" with a kernel parameter, or backend: "python" with a model.py)'
+        '(use backend: "zinfer" with a kernel parameter, backend: "python" with a model.py, or '
+        'platform: "onnxruntime_onnx" with a model.onnx)'
     )

@@ -40,6 +40,7 @@ from zinfer.client.worker_protocol import (
     ready_to_wire,
     result_to_wire,
 )
+from zinfer.modelconfig.autocomplete import complete_config
 from zinfer.modelconfig.model_config import load_model_config
 from zinfer.modelconfig.signature import Signature
 
@@ -119,6 +120,7 @@ class Worker:
         a = self.args
         try:
             config = load_model_config(a.repository / a.model / "config.pbtxt", a.model)
+            config = complete_config(config, a.repository / a.model, a.version)
             bls.configure(a.server_url, a.model, sum(g.count for g in config.instance_group))
             self.device = open_device(a.device)
             self.regions.pinner = self.device

@@ -1,0 +1,177 @@
+"""ONNX models through ONNX Runtime: ``platform: "onnxruntime_onnx"`` or ``backend: "onnxruntime"``.
+
+The version folder's ``default_model_filename`` (``model.onnx`` when unset) is loaded into an
+``onnxruntime.InferenceSession`` (the optional extra ``zinfer[onnx]``). The model is a :class:`Model`:
+it gets the whole batch the dynamic batcher formed, as one array per input, and runs it in one
+``session.run``. At load the config's tensors are checked against the graph (the config as completed by
+``zinfer.modelconfig.autocomplete``): every graph input listed, every listed tensor in the graph with the
+same data type and a shape the graph accepts; a mismatch fails the load with a ConfigError naming the
+tensor.
+
+Instances: KIND_CPU runs on ONNX Runtime's CPU execution provider. KIND_GPU needs ``onnxruntime-gpu``
+with the CUDA execution provider and is refused at load without it; with it, the session runs on the
+instance's GPU, inputs are copied to the host first and outputs handed back as host arrays (no I/O
+binding to the worker's device buffers yet).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from zinfer.client.errors import ConfigError
+from zinfer.modelconfig.autocomplete import onnx_model_path
+from zinfer.modelconfig.model_config import ModelConfig, TensorConfig
+from zinfer.modelconfig.onnx_graph import ONNX_TO_CONFIG
+
+from .device import Device
+from .model import Array
+
+log = logging.getLogger(__name__)
+
+# ONNX Runtime's type strings -> ONNX TensorProto.DataType numbers
+_ORT_TYPES: dict[str, int] = {
+    "tensor(float)": 1,
+    "tensor(uint8)": 2,
+    "tensor(int8)": 3,
+    "tensor(uint16)": 4,
+    "tensor(int16)": 5,
+    "tensor(int32)": 6,
+    "tensor(int64)": 7,
+    "tensor(string)": 8,
+    "tensor(bool)": 9,
+    "tensor(float16)": 10,
+    "tensor(double)": 11,
+    "tensor(uint32)": 12,
+    "tensor(uint64)": 13,
+    "tensor(bfloat16)": 16,
+}
+
+
+def _import_onnxruntime(name: str) -> Any:
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ConfigError(
+            f"model {name!r}: backend 'onnxruntime' needs the onnxruntime package: "
+            "pip install 'zinfer[onnx]' (or onnxruntime-gpu for KIND_GPU instances)"
+        ) from None
+    return onnxruntime
+
+
+def _model_shape(tensor: TensorConfig, max_batch_size: int) -> tuple[int, ...]:
+    """The shape the model sees for ``tensor``: ``reshape`` when set, with the batch dim when batching."""
+    dims = tensor.reshape if tensor.reshape is not None else tensor.dims
+    return (-1, *dims) if max_batch_size > 0 else dims
+
+
+def _check_tensor(config: ModelConfig, tensor: TensorConfig, node: Any, what: str) -> None:
+    where = f"model {config.name!r}: {what} {tensor.name!r}"
+    graph_type = ONNX_TO_CONFIG.get(_ORT_TYPES.get(node.type, 0), node.type)
+    if graph_type != tensor.data_type:
+        raise ConfigError(f"{where} is {tensor.data_type} in config.pbtxt but {graph_type} in the graph")
+    if tensor.data_type == "TYPE_STRING":
+        raise ConfigError(f"{where}: TYPE_STRING tensors are not supported by the onnxruntime backend yet")
+    graph_shape = node.shape
+    if graph_shape is None:  # the graph does not say
+        return
+    shape = _model_shape(tensor, config.max_batch_size)
+    graph_dims = [d if isinstance(d, int) and d >= 0 else None for d in graph_shape]
+    shown = [-1 if d is None else d for d in graph_dims]
+    if len(shape) != len(graph_dims):
+        batch = " (with the batch dim max_batch_size > 0 adds)" if config.max_batch_size > 0 else ""
+        raise ConfigError(
+            f"{where} has shape {list(shape)}{batch} in config.pbtxt but rank {len(graph_dims)} "
+            f"({shown}) in the graph"
+        )
+    for i, (dim, graph_dim) in enumerate(zip(shape, graph_dims, strict=True)):
+        if graph_dim is not None and dim != graph_dim:
+            if i == 0 and config.max_batch_size > 0:
+                raise ConfigError(
+                    f"{where}: the graph fixes the leading dim to {graph_dim}, so the model cannot take "
+                    "a batch; set max_batch_size: 0 and give the full shape in dims"
+                )
+            raise ConfigError(f"{where} has shape {list(shape)} in config.pbtxt but {shown} in the graph")
+
+
+def check_signature(config: ModelConfig, session: Any) -> None:
+    """The config's inputs and outputs against the session's graph; a ConfigError on any mismatch."""
+    graph_inputs = {node.name: node for node in session.get_inputs()}
+    graph_outputs = {node.name: node for node in session.get_outputs()}
+    for tensor in config.input:
+        node = graph_inputs.get(tensor.name)
+        if node is None:
+            raise ConfigError(
+                f"model {config.name!r}: input {tensor.name!r} is not an input of the graph "
+                f"(the graph's inputs: {', '.join(sorted(graph_inputs)) or 'none'})"
+            )
+        _check_tensor(config, tensor, node, "input")
+    missing = sorted(set(graph_inputs) - {t.name for t in config.input})
+    if missing:
+        raise ConfigError(
+            f"model {config.name!r}: the graph needs input(s) {', '.join(missing)}, "
+            "which config.pbtxt does not list"
+        )
+    for out in config.output:
+        node = graph_outputs.get(out.name)
+        if node is None:
+            raise ConfigError(
+                f"model {config.name!r}: output {out.name!r} is not an output of the graph "
+                f"(the graph's outputs: {', '.join(sorted(graph_outputs)) or 'none'})"
+            )
+        _check_tensor(config, out, node, "output")
+
+
+def _providers(ort: Any, config: ModelConfig, device: Device) -> list[Any]:
+    if device.kind != "GPU":
+        return ["CPUExecutionProvider"]
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        raise ConfigError(
+            f"model {config.name!r}: a KIND_GPU instance of an onnxruntime model needs onnxruntime-gpu "
+            f"with the CUDA execution provider; this onnxruntime has {', '.join(available)} "
+            "(install onnxruntime-gpu, or use instance_group { kind: KIND_CPU })"
+        )
+    return [("CUDAExecutionProvider", {"device_id": device.id})]
+
+
+class OnnxModel:
+    """An ONNX Runtime session behind the :class:`Model` interface: the whole batch in one run."""
+
+    def __init__(self, session: Any, config: ModelConfig, device: Device) -> None:
+        self.session = session
+        self.device = device
+        self.outputs = [t.name for t in config.output]
+
+    def execute(self, inputs: Mapping[str, Array], /) -> Mapping[str, Array]:
+        """The batch runner has applied ``reshape`` already (and undoes it on the outputs)."""
+        if self.device.is_host:
+            feed: Mapping[str, Any] = inputs
+        else:
+            feed = {name: self.device.to_host(array) for name, array in inputs.items()}
+        results = self.session.run(self.outputs, feed)
+        return dict(zip(self.outputs, results, strict=True))
+
+    def finalize(self) -> None:
+        self.session = None
+
+
+def load_onnx_model(config: ModelConfig, version_dir: Path, device: Device) -> OnnxModel:
+    ort = _import_onnxruntime(config.name)
+    path = onnx_model_path(config, version_dir)
+    if not path.is_file():
+        raise ConfigError(f"model {config.name!r}: backend 'onnxruntime' needs {path}: not found")
+    providers = _providers(ort, config, device)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: its warnings would go to the worker's stderr
+    try:
+        session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+    except Exception as exc:
+        raise ConfigError(f"{path}: ONNX Runtime cannot load it: {type(exc).__name__}: {exc}") from None
+    check_signature(config, session)
+    log.info(
+        "event=onnx_loaded model=%s file=%s providers=%s", config.name, path.name, session.get_providers()
+    )
+    return OnnxModel(session, config, device)
