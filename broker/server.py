@@ -30,13 +30,9 @@ from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
 from zinfer.client.shm import reap_orphans
 from zinfer.client.worker_protocol import (
     DropRegion,
-    Heartbeat,
     Shutdown,
     drop_region_to_wire,
     empty_to_wire,
-    load_failed_from_wire,
-    ready_from_wire,
-    result_from_wire,
 )
 
 from .handlers import ClientHandlers
@@ -54,6 +50,7 @@ from .server_config import cpus_for
 from .supervisor import RestartPolicy, Supervisor, WorkerSpec
 from .tcp_access import TcpFrontend
 from .validation import DEFAULT_MAX_TENSOR_BYTES
+from .worker_inbox import WorkerInbox
 from .worker_watch import WorkerWatch
 
 log = logging.getLogger(__name__)
@@ -121,6 +118,7 @@ class Broker:
         )  # fmt: skip
         self.admission = self.path.admission
         self.completion = self.path.completion
+        self.worker_inbox = WorkerInbox(self.pool, self.outbox, self.completion)
         self.restarts = RestartPolicy()
         self._ready_logged = False
         self._next_reap = 0.0
@@ -259,7 +257,7 @@ class Broker:
                 time.sleep(timeout_ms / 1000)
             events = dict(poller.poll(int(timeout_ms)))
             if self.backend in events:
-                self._drain(self.backend, self._on_worker, b"")
+                self._drain(self.backend, self.worker_inbox.on_message, b"")
             if self.frontend in events:
                 self._drain(self.frontend, self._on_client, IPC_TAG)
             if tcp is not None and tcp in events:
@@ -355,51 +353,6 @@ class Broker:
         self.outbox.send_client(identity, Reply(rid, Status.OK, body=body))
 
     # ------------------------------------------------------------------------------------ workers
-
-    def _on_worker(self, identity: bytes, frames: list[Frame]) -> None:
-        try:
-            msg = protocol.decode(frames, protocol.WORKER_COMMANDS)
-        except ProtocolError as exc:
-            log.warning("event=bad_worker_message worker=%s error=%r", identity, str(exc))
-            return
-        if msg.command == Command.W_HEARTBEAT and identity.endswith(protocol.HEARTBEAT_SUFFIX):
-            worker = identity[: -len(protocol.HEARTBEAT_SUFFIX)]
-            if self.pool.heartbeat(worker, time.monotonic()):
-                self.outbox.send_worker(identity, Command.W_HEARTBEAT, empty_to_wire(Heartbeat()))
-            return
-        state = self.pool.state_of(identity)
-        if state is None:
-            log.warning("event=unknown_worker worker=%s", identity)
-            self.outbox.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
-            return
-        try:
-            ready = ready_from_wire(msg.header) if msg.command == Command.W_READY else None
-            if ready is not None and ready.slot != 1:
-                # a GPU worker that stages the next batch's inputs while it computes (gpu_prefetch) asks
-                # for a second place; models whose batches must wait for the last one's result get none
-                if self.pool.second_place(identity):
-                    log.info("event=instance_prefetch model=%s worker=%s", state.name, identity.decode())
-            elif ready is not None:
-                self.pool.ready(identity)
-                log.info(
-                    "event=instance_ready model=%s version=%d worker=%s pid=%s",
-                    state.name,
-                    state.version,
-                    identity.decode(),
-                    ready.pid,
-                )
-            elif msg.command == Command.W_LOAD_FAILED:
-                state.error = load_failed_from_wire(msg.header).error
-                log.error(
-                    "event=model_load_failed model=%s version=%d error=%r",
-                    state.name,
-                    state.version,
-                    state.error,
-                )
-            elif msg.command == Command.W_RESULT:
-                self.completion.on_result(identity, state, result_from_wire(msg.header), msg.frames)
-        except (ProtocolError, ServerError) as exc:
-            log.error("event=bad_worker_message worker=%s error=%r", identity, str(exc))
 
     def _reap_regions(self) -> None:
         """Regions of connections that are gone: unregister, unmap in the workers, close.

@@ -1,0 +1,93 @@
+"""Messages from the workers: heartbeats, READY (and the GPU look-ahead's second READY), LOAD_FAILED and
+RESULT, each read through its record in ``zinfer.client.worker_protocol``.
+
+A heartbeat is answered on the same socket (its identity carries ``protocol.HEARTBEAT_SUFFIX``); READY makes
+the worker an instance with a place in the pool (``instance_pool``); LOAD_FAILED marks its model
+unavailable with the worker's reason; RESULT goes to request completion (``completion.on_result``). A
+message from a worker the pool does not know is answered with SHUTDOWN; a malformed one is logged and
+dropped, never allowed to raise in the broker loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from zinfer.client import protocol
+from zinfer.client.errors import ProtocolError, ServerError
+from zinfer.client.protocol import Command, Frame
+from zinfer.client.worker_protocol import (
+    Heartbeat,
+    Shutdown,
+    empty_to_wire,
+    load_failed_from_wire,
+    ready_from_wire,
+    result_from_wire,
+)
+
+from .completion import Completion
+from .instance_pool import InstancePool
+from .outbox import Outbox
+
+log = logging.getLogger(__name__)
+
+
+class WorkerInbox:
+    def __init__(
+        self,
+        pool: InstancePool,
+        outbox: Outbox,
+        completion: Completion,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = pool
+        self.outbox = outbox
+        self.completion = completion
+        self.clock = clock
+
+    def on_message(self, identity: bytes, frames: list[Frame]) -> None:
+        """One message from the worker socket (``identity`` as the ROUTER names the sender)."""
+        try:
+            msg = protocol.decode(frames, protocol.WORKER_COMMANDS)
+        except ProtocolError as exc:
+            log.warning("event=bad_worker_message worker=%s error=%r", identity, str(exc))
+            return
+        if msg.command == Command.W_HEARTBEAT and identity.endswith(protocol.HEARTBEAT_SUFFIX):
+            worker = identity[: -len(protocol.HEARTBEAT_SUFFIX)]
+            if self.pool.heartbeat(worker, self.clock()):
+                self.outbox.send_worker(identity, Command.W_HEARTBEAT, empty_to_wire(Heartbeat()))
+            return
+        state = self.pool.state_of(identity)
+        if state is None:
+            log.warning("event=unknown_worker worker=%s", identity)
+            self.outbox.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
+            return
+        try:
+            ready = ready_from_wire(msg.header) if msg.command == Command.W_READY else None
+            if ready is not None and ready.slot != 1:
+                # a GPU worker that stages the next batch's inputs while it computes (gpu_prefetch) asks
+                # for a second place; models whose batches must wait for the last one's result get none
+                if self.pool.second_place(identity):
+                    log.info("event=instance_prefetch model=%s worker=%s", state.name, identity.decode())
+            elif ready is not None:
+                self.pool.ready(identity)
+                log.info(
+                    "event=instance_ready model=%s version=%d worker=%s pid=%s",
+                    state.name,
+                    state.version,
+                    identity.decode(),
+                    ready.pid,
+                )
+            elif msg.command == Command.W_LOAD_FAILED:
+                state.error = load_failed_from_wire(msg.header).error
+                log.error(
+                    "event=model_load_failed model=%s version=%d error=%r",
+                    state.name,
+                    state.version,
+                    state.error,
+                )
+            elif msg.command == Command.W_RESULT:
+                self.completion.on_result(identity, state, result_from_wire(msg.header), msg.frames)
+        except (ProtocolError, ServerError) as exc:
+            log.error("event=bad_worker_message worker=%s error=%r", identity, str(exc))
