@@ -48,7 +48,11 @@ from .regions import RegionTable
 from .validation import check_request
 
 if TYPE_CHECKING:
-    from .request_path import RequestPath
+    from .admission import Admission
+    from .cache_path import CachePath
+    from .completion import Completion
+    from .regions import RegionTable
+    from .registry import ModelRegistry
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +113,20 @@ def _server_segment(size: int) -> Segment:
 
 
 class EnsemblePath:
-    def __init__(self, path: RequestPath) -> None:
-        self.path = path
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        client_regions: RegionTable,
+        admission: Admission,
+        completion: Completion,
+        caching: CachePath,
+    ) -> None:
+        self.registry = registry
+        self.admission = admission  # a step's request joins its model's queue (``Admission.enqueue``)
+        self.completion = completion  # the ensemble's own reply
+        self.caching = caching
         self.arena = Arena(INITIAL_SHM_BYTES, MAX_SHM_BYTES, new_segment=_server_segment)
-        self.regions = ServerRegions(path.regions, self.arena)
+        self.regions = ServerRegions(client_regions, self.arena)
 
     # ------------------------------------------------------------------------------------ start
 
@@ -149,7 +163,7 @@ class EnsemblePath:
         step = run.plan.steps[i]
         p = run.p
         try:
-            target = self.path.registry.resolve(step.model, step.version)
+            target = self.registry.resolve(step.model, step.version)
             if not target.ready:
                 reason = target.error or "no instance is ready yet"
                 raise Unavailable(f"model '{target.name}' version {target.version} is not ready: {reason}")
@@ -165,13 +179,13 @@ class EnsemblePath:
                       "caller_id": r.caller_id}  # fmt: skip
             req = protocol.infer_from_wire(header)
             checked = check_request(req, frames, target.signature, self.regions, p.client,
-                                    self.path.admission.max_tensor_bytes)  # fmt: skip
-            sp = Pending(self.path.new_seq(), p.client, req, frames, inputs, outputs, checked.batch_size, now,
-                         input_bytes=checked.input_bytes)  # fmt: skip
+                                    self.admission.max_tensor_bytes)  # fmt: skip
+            sp = Pending(self.admission.new_seq(), p.client, req, frames, inputs, outputs, checked.batch_size,
+                         now, input_bytes=checked.input_bytes)  # fmt: skip
             sp.on_done = lambda reply, out_frames: self._step_done(run, i, reply, out_frames)
             run.outstanding[i] = (target, sp)
             try:
-                self.path.enqueue(target, sp, checked.shape_key, now)
+                self.admission.enqueue(target, sp, checked.shape_key, now)
             except BaseException:
                 run.outstanding.pop(i, None)
                 raise
@@ -302,12 +316,12 @@ class EnsemblePath:
         state.stats.last_inference_ms = int(time.time() * 1000)
         state.metrics.success(duration / 1000, 0.0, p.batch_size)
         state.window.record(now_ns / 1e9, duration / 1e9)
-        if p.cache_key is not None and self.path.cache is not None:
-            self.path.caching.store(state, p.cache_key, outs, frames)
+        if p.cache_key is not None and self.caching.cache is not None:
+            self.caching.store(state, p.cache_key, outs, frames)
         wire, out_frames = client_outputs(outs, frames)
         run.finished = True
         body = {"model": state.name, "version": state.version, "outputs": wire}
-        self.path.reply(state, p, Reply(p.request.request_id, Status.OK, body=body), out_frames)
+        self.completion.reply(state, p, Reply(p.request.request_id, Status.OK, body=body), out_frames)
         self._release(run)
 
     def _read(self, shm: list[Any] | None) -> bytes:
@@ -317,7 +331,7 @@ class EnsemblePath:
         seg = server_segment(self.arena, region)
         if seg is not None:
             return bytes(seg.buf[offset : offset + nbytes])
-        copied = self.path.readers.copy(ShmRef(region, offset, nbytes))
+        copied = self.caching.readers.copy(ShmRef(region, offset, nbytes))
         if copied is None:
             raise InternalError("an ensemble input region could not be read")
         return copied
@@ -336,7 +350,7 @@ class EnsemblePath:
                 run.outstanding.pop(i, None)
                 if target.order is not None:
                     for _, (q, ready, ready_frames) in target.order.drop(sp.seq):
-                        self.path.deliver(q, ready, ready_frames)
+                        self.completion.deliver(q, ready, ready_frames)
         duration = time.monotonic_ns() - int(p.arrival * 1e9)
         state.stats.fail.add(duration)
         if status == Status.CANCELLED:
@@ -345,7 +359,7 @@ class EnsemblePath:
             state.metrics.failure("BACKEND")
         text = _name_step(run.plan.name, step, error)
         log.info("event=ensemble_failed ensemble=%s step=%d model=%s", run.plan.name, step.index, step.model)
-        self.path.reply(state, p, Reply(p.request.request_id, status, text), [])
+        self.completion.reply(state, p, Reply(p.request.request_id, status, text), [])
         self._release(run)
 
     def _release(self, run: Run) -> None:

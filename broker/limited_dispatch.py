@@ -9,6 +9,7 @@ the server has fails its model, and that model's queued requests are answered at
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from zinfer.client.errors import Unavailable
@@ -19,7 +20,9 @@ from .batching.sequence_batcher import SequenceBatch
 from .model_state import ModelState, Pending
 
 if TYPE_CHECKING:
-    from .request_path import RequestPath
+    from .completion import Completion
+    from .instance_pool import InstancePool
+    from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +33,23 @@ def _model_key(state: ModelState) -> ModelKey:
     return (state.name, state.version, state.generation)
 
 
+Execute = Callable[[ModelState, bytes, "Batch[Pending] | SequenceBatch[Pending]", float], None]
+
+
 class LimitedDispatch:
-    def __init__(self, path: RequestPath, resources: tuple[tuple[str, int, str | None], ...]) -> None:
-        self.path = path
-        self.limiter: RateLimiter[bytes, ModelKey] = RateLimiter(resources)
+    def __init__(
+        self,
+        limiter: RateLimiter[bytes, ModelKey],
+        pool: InstancePool,
+        supervisor: Supervisor,
+        completion: Completion,
+        execute: Execute,
+    ) -> None:
+        self.limiter = limiter
+        self.pool = pool
+        self.supervisor = supervisor  # an instance's device, for the resources of that device
+        self.completion = completion
+        self.execute = execute  # send a batch to an instance (``RequestPath.execute``)
 
     def dispatch(self, states: list[ModelState], now: float) -> None:
         """One batch at a time to the model whose turn it is, on an idle instance whose resources are free."""
@@ -54,10 +70,10 @@ class LimitedDispatch:
                     del by_key[key]
                     break
                 worker, batch = picked
-                self.path.pool.take(state, worker)
+                self.pool.take(state, worker)
                 limiter.acquire(worker)
                 limiter.served(key, limiter.priority_of(worker))
-                self.path.execute(state, worker, batch, now)
+                self.execute(state, worker, batch, now)
                 if not (state.idle and state.queued):
                     del by_key[key]
                 break
@@ -76,7 +92,7 @@ class LimitedDispatch:
 
     def _register(self, state: ModelState, worker: bytes) -> None:
         """Tell the limiter about an instance: its device and its group's resources and priority."""
-        wp = self.path.supervisor.get(worker)
+        wp = self.supervisor.get(worker)
         instance, device = (wp.spec.instance, wp.spec.device) if wp is not None else (-1, "cpu")
         needs, priority = needs_of(state.group_of(instance))
         error = self.limiter.add(worker, _model_key(state), device, needs, priority)
@@ -89,4 +105,4 @@ class LimitedDispatch:
             cannot = Unavailable(f"model '{state.name}' cannot run: {error}")
             for p in queued:
                 state.metrics.failure("OTHER")
-                self.path.completion.finish_early(state, p, cannot)
+                self.completion.finish_early(state, p, cannot)

@@ -15,21 +15,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from zinfer.client.errors import ServerError
-from zinfer.client.protocol import Command, Frame, Reply
+from zinfer.client.protocol import Command, Reply
 from zinfer.client.worker_protocol import execute_to_wire
 
 from .admission import Admission
 from .batching.batcher import Batch
+from .batching.rate_limiter import RateLimiter
 from .batching.sequence_batcher import SequenceBatch
 from .cache_path import CachePath
 from .completion import Completion
 from .ensemble_path import EnsemblePath
 from .instance_pool import InstancePool
-from .limited_dispatch import LimitedDispatch
+from .limited_dispatch import LimitedDispatch, ModelKey
 from .messages import execute_message, sequence_controls
 from .model_state import ModelState, Pending
 from .outbox import Outbox
@@ -60,33 +61,19 @@ class RequestPath:
         self.regions = regions
         self.pool = pool
         self.outbox = outbox
-        self.supervisor = supervisor  # which device an instance runs on, for the rate limiter
         self.caching = CachePath(options.cache_bytes)
         self.cache = self.caching.cache
         self.readers = self.caching.readers  # client regions mapped read-only, for the cache
         self.readers.open_client = regions.map_readonly
-        self.limited = LimitedDispatch(self, options.rate_limit_resources)
-        self.limiter = self.limited.limiter
+        self.limiter: RateLimiter[bytes, ModelKey] = RateLimiter(options.rate_limit_resources)
         self.completion = Completion(pool, outbox, self.caching, self.limiter, registry.states)
+        self.limited = LimitedDispatch(self.limiter, pool, supervisor, self.completion, self.execute)
         self.admission = Admission(
             registry, regions, self.completion, self.caching, pool, draining,
             options.max_tensor_bytes, options.max_batch_bytes,
         )  # fmt: skip
-        self.ensembles = EnsemblePath(self)
+        self.ensembles = EnsemblePath(registry, regions, self.admission, self.completion, self.caching)
         self.admission.ensembles = self.ensembles
-
-    # what an ensemble's runner (``ensemble_path``) uses: its steps join their models' queues like any request
-    def enqueue(self, state: ModelState, p: Pending, shape_key: Hashable, now: float) -> None:
-        self.admission.enqueue(state, p, shape_key, now)
-
-    def new_seq(self) -> int:
-        return self.admission.new_seq()
-
-    def reply(self, state: ModelState, p: Pending, reply: Reply, frames: list[Frame]) -> None:
-        self.completion.reply(state, p, reply, frames)
-
-    def deliver(self, p: Pending, reply: Reply, frames: list[Frame]) -> None:
-        self.completion.deliver(p, reply, frames)
 
     # ------------------------------------------------------------------------------------ batches
 
