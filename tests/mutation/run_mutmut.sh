@@ -31,7 +31,7 @@ pytest_add_cli_args_test_selection = [
     "tests/unit/test_batcher.py", "tests/unit/test_priority.py", "tests/unit/test_adaptive.py",
     "tests/unit/test_ordering.py", "tests/unit/test_rate_limiter.py", "tests/unit/test_sequence_batcher.py",
     "tests/unit/test_batch_bytes.py", "tests/unit/test_validation.py", "tests/unit/test_region_handoff.py",
-    "tests/unit/test_region_limits.py", "tests/unit/test_batch_runner.py",
+    "tests/unit/test_region_limits.py", "tests/unit/test_batch_runner.py", "tests/unit/test_batcher_held_timeouts.py",
 ]
 
 [tool.pytest.ini_options]
