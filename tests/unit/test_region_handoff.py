@@ -35,14 +35,26 @@ def intake(tmp_path: Path) -> Iterator[tuple[RegionIntake, Clock]]:
     watched: set[int] = set()
     it.watch(lambda fd, on: watched.add(fd) if on else watched.discard(fd))
     stop = threading.Event()
+    # The broker calls on_readable and expire from its one loop; here a thread serves the socket, so the
+    # two are serialised by a lock (an expire closing a connection the thread is reading raced before).
+    lock = threading.Lock()
+    expire = it.expire
+
+    def locked_expire() -> None:
+        with lock:
+            expire()
+
+    setattr(it, "expire", locked_expire)  # noqa: B010 - an instance attribute, for this fixture only
 
     def serve() -> None:
         import select
 
         while not stop.is_set():
-            ready, _, _ = select.select(list(watched), [], [], 0.02)
-            for fd in ready:
-                it.on_readable(fd)
+            with lock:  # held through the select: expire waits at most 20 ms
+                ready, _, _ = select.select(list(watched), [], [], 0.02)
+                for fd in ready:
+                    if fd in watched:
+                        it.on_readable(fd)
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
