@@ -196,6 +196,22 @@ def test_batch_size_limits_and_input_bytes() -> None:
         _check(NOBATCH, {"A": (1, 2)})
 
 
+def test_inputs_must_agree_and_all_be_there() -> None:
+    with pytest.raises(InvalidArgument, match=r"disagree on the batch size: \[2, 3\]"):
+        _check(SIG, {"A": (2, 2), "B": (3, 2)})
+    with pytest.raises(InvalidArgument, match="missing input 'B' for model 'm'"):
+        _check(SIG, {"A": (1, 2)})
+
+
+def test_the_tensor_byte_limit_holds_at_its_value() -> None:
+    refs = (TensorRef("A", "FP32", (2, 2), frame=0), TensorRef("B", "FP32", (2, 2), frame=1))
+    req = InferRequest("r", "m", 0, refs)
+    frames = [b"\0" * 16, b"\0" * 16]
+    assert check_request(req, frames, SIG, RegionTable(), ME, max_tensor_bytes=16).input_bytes == 32
+    with pytest.raises(InvalidArgument, match="byte limit"):
+        check_request(req, frames, SIG, RegionTable(), ME, max_tensor_bytes=15)
+
+
 # ---------------------------------------------------------------------------------------------- hand-off
 
 
