@@ -25,7 +25,9 @@ from zinfer.client.errors import ConnectionFailed
 pytestmark = pytest.mark.integration
 
 NOBODY = 65534
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner to another user needs root")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="changing a file's owner to another user needs root"
+)
 
 
 def _mode(path: Path) -> int:
@@ -125,7 +127,9 @@ def test_client_refuses_a_socket_of_another_user(server_factory: Callable[..., S
     assert asyncio.run(use_async(NOBODY))
 
 
-def test_client_refuses_a_symlinked_socket(server_factory: Callable[..., ServerProcess], tmp_path: Path) -> None:
+def test_client_refuses_a_symlinked_socket(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
     server = server_factory()
     link = tmp_path / "zinfer.sock"
     link.symlink_to(server.runtime_dir / "zinfer.sock")
