@@ -289,6 +289,8 @@ class EnsemblePath:
         slot = self._alloc(run, len(raw))
         slot.view()[: len(raw)] = raw
         v.shm = [slot.region, slot.offset, len(raw)]
+        log.info("event=intermediate_moved_to_server_memory ensemble=%s tensor=%s bytes=%d",
+                 run.plan.name, tensor, len(raw))  # fmt: skip
         return v
 
     # ------------------------------------------------------------------------------------ the end

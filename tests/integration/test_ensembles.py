@@ -415,6 +415,8 @@ def test_a_step_output_larger_than_its_slot_is_moved_into_server_memory(server: 
     with Client(server.url) as c:
         out = c.infer("grow", {"X": x}).as_numpy("OUT")
     np.testing.assert_array_equal(out, x * np.arange(200_000, dtype=np.float32))
+    moved = [ln for ln in server.log().splitlines() if "event=intermediate_moved_to_server_memory" in ln]
+    assert any("ensemble=grow" in line and f"bytes={2 * 200_000 * 4}" in line for line in moved), moved
 
 
 def test_a_string_intermediate_and_a_pinned_step_version(server: ServerProcess) -> None:
