@@ -15,6 +15,7 @@ What comes out of the queues is dispatch's (``request_path``); every answer goes
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,8 @@ from .model_state import ModelState, Pending
 from .regions import RegionTable
 from .registry import ModelRegistry
 from .validation import check_request
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from .ensemble_path import EnsemblePath
@@ -200,7 +203,11 @@ class Admission:
             if seqs is not None:
                 due_seq = seqs.next_expiry()
                 if due_seq is not None and due_seq <= now:
+                    before = seqs.active()
                     seqs.expire(now)  # idle sequences are released; none of them has a queued request
+                    if seqs.active() < before:
+                        log.info("event=sequences_released model=%s reason=idle count=%d",
+                                 state.name, before - seqs.active())
             due = state.batcher.next_expiry()
             if due is None or due > now:
                 continue

@@ -234,6 +234,7 @@ def test_cancel_takes_a_request_out_of_the_queue(server: ServerProcess) -> None:
         calls.join(10)  # long before its 3 s batch delay would have sent it
         assert isinstance(calls.results[1], Cancelled)
         assert not c.cancel("r1")  # no longer in flight
+        wait_for(lambda: pending(server, "cancel") == 0, 5, "the pending gauge to drop the cancelled request")
         assert c.statistics("cancel")["model_stats"][0]["execution_count"] == 0
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import MODELS, ServerProcess, start_server
+from tests.conftest import MODELS, ServerProcess, start_server, wait_for
 from zinfer.client import Client
 from zinfer.client.errors import InvalidArgument
 
@@ -129,7 +128,9 @@ def test_idle_sequences_are_released(server: ServerProcess) -> None:
     with Client(server.url, timeout=30) as client:
         assert _step(client, IDLE, 9, 1.0, start=True) == 1.0
         assert _step(client, IDLE, 9, 1.0) == 2.0
-        time.sleep(0.6)
+        # the broker releases it once idle for 200 ms, and says so; wait for that, not for a fixed time
+        released = f"event=sequences_released model={IDLE} reason=idle"
+        wait_for(lambda: released in server.log(), 10, "the idle sequence's release")
         with pytest.raises(InvalidArgument, match="sequence 9 is not active"):
             _step(client, IDLE, 9, 1.0)
         assert _step(client, IDLE, 9, 5.0, start=True) == 5.0

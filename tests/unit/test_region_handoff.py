@@ -235,3 +235,40 @@ def test_worker_mappings_are_bounded_least_recently_used_first() -> None:
             os.close(fd)
         for s in segs:
             s.close()
+
+
+def test_at_most_64_hand_off_connections_are_held_at_once(tmp_path: Path) -> None:
+    """The 65th simultaneous connection is closed at once (the client sees end of file); the 64 before it
+    stay open, and a connection's slot frees when it closes."""
+    from zinfer.broker.region_intake import MAX_CONNECTIONS
+
+    assert MAX_CONNECTIONS == 64
+    it = RegionIntake(tmp_path / "r.sock")
+    clients: list[socket.socket] = []
+    try:
+        for batch in (40, 25):  # two turns of the accept loop, each within the listen backlog
+            for _ in range(batch):
+                c = socket.socket(socket.AF_UNIX, it.sock.type)
+                c.connect(str(it.path))
+                clients.append(c)
+            it.on_readable(it.sock.fileno())
+        assert len(it.fds()) - 1 == MAX_CONNECTIONS  # the listening socket and 64 connections
+        closed = []
+        for c in clients:
+            c.setblocking(False)
+            try:
+                closed.append(c.recv(1) == b"")
+            except BlockingIOError:
+                closed.append(False)
+        assert closed == [False] * 64 + [True], closed
+        clients[0].close()  # one slot frees when its client goes away
+        it.on_readable(sorted(it.fds() - {it.sock.fileno()})[0])
+        late = socket.socket(socket.AF_UNIX, it.sock.type)
+        late.connect(str(it.path))
+        clients.append(late)
+        it.on_readable(it.sock.fileno())
+        assert len(it.fds()) - 1 == MAX_CONNECTIONS
+    finally:
+        for c in clients:
+            c.close()
+        it.close()

@@ -212,6 +212,24 @@ def test_the_tensor_byte_limit_holds_at_its_value() -> None:
         check_request(req, frames, SIG, RegionTable(), ME, max_tensor_bytes=15)
 
 
+def test_dropping_a_connection_that_holds_no_region_drops_nothing() -> None:
+    table = RegionTable()
+    assert table.drop_client(b"nobody") == []
+    seg = Segment.create_sealed(4096)
+    try:
+        st = os.fstat(seg.fd)
+        handed = HandedRegion(os.dup(seg.fd), 4096, st.st_dev, st.st_ino, os.getuid(), 1e9)
+        table.register(ME, seg.name, handed)
+        assert table.drop_client(b"nobody") == []
+        dropped = table.drop_client(ME)
+        assert [r.name for r in dropped] == [seg.name]
+        for r in dropped:
+            RegionTable.release(r)
+    finally:
+        table.close()
+        seg.close()
+
+
 # ---------------------------------------------------------------------------------------------- hand-off
 
 

@@ -168,3 +168,41 @@ def test_region_table() -> None:
         table.close()
         for seg in segs:
             seg.close()
+
+
+def test_bytes_inputs_need_at_least_a_length_prefix_per_element(region: tuple[RegionTable, Segment]) -> None:
+    """Two BYTES elements need 8 bytes (two empty strings) at the least: 8 passes, 7 is refused."""
+    table, _ = region
+    x = TensorRef("X", "FP32", (2, 1, 3), frame=0)
+    t = TensorRef("T", "BYTES", (2, 1), frame=1)
+    assert check_request(_req(x, t), [b"\0" * 24, b"\0" * 8], SIG, table, ME).batch_size == 2
+    with pytest.raises(InvalidArgument, match="too short for 2 BYTES elements"):
+        check_request(_req(x, t), [b"\0" * 24, b"\0" * 7], SIG, table, ME)
+
+
+def test_shape_keys_ignore_the_batch_dim_only_when_the_model_batches(
+    region: tuple[RegionTable, Segment],
+) -> None:
+    """Requests batch together when their shapes past the batch dim agree; a model without batching has
+    no batch dim, so its whole shape is the key."""
+    table, _ = region
+    t1, t2 = TensorRef("T", "BYTES", (1, 1), frame=1), TensorRef("T", "BYTES", (2, 1), frame=1)
+    one = check_request(_req(TensorRef("X", "FP32", (1, 2, 3), frame=0), t1), [b"\0" * 24, b"\0" * 4],
+                        SIG, table, ME)  # fmt: skip
+    two = check_request(_req(TensorRef("X", "FP32", (2, 2, 3), frame=0), t2), [b"\0" * 48, b"\0" * 8],
+                        SIG, table, ME)  # fmt: skip
+    assert one.shape_key == two.shape_key  # batch sizes 1 and 2 of the same shape go together
+    flat = Signature.of(parse_model_config(
+        """
+        name: "f"
+        max_batch_size: 0
+        input [ { name: "A" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        """, source="test", model_name="f"))  # fmt: skip
+
+    def key(n: int) -> object:
+        req = InferRequest("r", "f", 0, (TensorRef("A", "FP32", (n,), frame=0),))
+        return check_request(req, [b"\0" * 4 * n], flat, table, ME).shape_key
+
+    assert key(3) == key(3)
+    assert key(3) != key(4)  # without batching the first dim is the model's own: it must not be dropped
