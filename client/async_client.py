@@ -194,10 +194,17 @@ class AsyncClient(_ClientBase):
         request_id: str | None = None,
         model_version: int | str = 0,
         client_timeout: float | None = None,
+        priority: int = 0,
+        timeout: int | None = None,
+        sequence_id: int | str = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
     ) -> AsyncIterator[InferResult]:
-        """The responses of a decoupled model to one request as they come (see ``Client.stream``)."""
+        """The responses of a decoupled model to one request as they come (see ``Client.stream``); the
+        request options are ``infer``'s (a decoupled model may be stateful: ``sequence_*``)."""
         info = await self._model_info(model, _version(model_version))
-        p = self._prepare(info, inputs, outputs, request_id, 0, None)
+        sequence = (sequence_id, sequence_start, sequence_end)
+        p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence)
         await self._register_new()
         wait = self.timeout if client_timeout is None else client_timeout
         rid = p.header["id"] = self._conn.new_id()

@@ -1,0 +1,227 @@
+"""The front door's connection to the broker: one ``Bridge`` (one ``AsyncClient``) per front-door process.
+
+Every method takes and returns the neutral records of ``bridge_records``; failures are zinfer's own
+exceptions (``zinfer.client.errors``), which ``errors.triton_error`` turns into Triton's answers. Versions
+are Triton's strings: ``""`` is the newest, anything else must be a non-negative integer.
+
+::
+
+    bridge = Bridge(url)
+    reply = await bridge.infer(InferCall("add", (Tensor("A", "FP32", (1, 4), a), ...)))
+    async for part in bridge.stream(call):  # a decoupled model's responses, the last with final=True
+        ...
+    await bridge.close()
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _package_version
+from typing import Any
+
+from zinfer.client import AsyncClient, InferResult
+from zinfer.client.dtypes import numpy_to_wire
+from zinfer.client.errors import NotFound
+
+from .bridge_records import (
+    BatchStat,
+    Duration,
+    InferCall,
+    InferReply,
+    ModelMetadata,
+    ModelStatistics,
+    RepositoryModel,
+    ServerMetadata,
+    Tensor,
+    TensorSpec,
+)
+from .errors import unknown_model
+
+__all__ = ["EXTENSIONS", "Bridge"]
+
+EXTENSIONS = (
+    "model_repository",
+    "model_configuration",
+    "model_repository(unload_dependents)",
+    "system_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "sequence",
+)
+"""Triton's protocol extensions the front door answers (server metadata lists them)."""
+
+_DURATIONS = (
+    "success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss",
+)  # fmt: skip
+
+
+def _zinfer_version() -> str:
+    try:
+        return _package_version("zinfer")
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree
+        return "0"
+
+
+def parse_version(model: str, version: str) -> int:
+    """Triton's version string as zinfer's integer (0 is the newest); a malformed one is unknown."""
+    if version == "":
+        return 0
+    if not version.isdigit() or len(version) > 18:
+        raise unknown_model(model, version)
+    return int(version)
+
+
+class Bridge:
+    """The broker as the front door sees it. ``url`` is the broker's client socket (``ipc://`` locally).
+
+    ``timeout`` bounds each call's wait for the broker (an infer with its own ``timeout_us`` waits at most
+    that long plus ``timeout`` seconds).
+    """
+
+    def __init__(self, url: str | None = None, *, timeout: float = 60.0) -> None:
+        self.timeout = timeout
+        self._client = AsyncClient(url, timeout=timeout)
+        self.url = self._client.url
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    # ------------------------------------------------------------------------------------ health
+
+    async def server_live(self) -> bool:
+        return await self._client.is_server_live()
+
+    async def server_ready(self) -> bool:
+        return await self._client.is_server_ready()
+
+    async def model_ready(self, model: str, version: str = "") -> bool:
+        try:
+            number = parse_version(model, version)
+        except NotFound:
+            return False
+        return await self._client.is_model_ready(model, number)
+
+    def server_metadata(self) -> ServerMetadata:
+        """Answered by the front door itself (no broker round trip)."""
+        return ServerMetadata("zinfer", _zinfer_version(), EXTENSIONS)
+
+    # ------------------------------------------------------------------------------------ models
+
+    async def model_metadata(self, model: str, version: str = "") -> ModelMetadata:
+        meta = await self._client.model_metadata(model, parse_version(model, version))
+        return ModelMetadata(
+            name=str(meta["name"]),
+            versions=tuple(str(v) for v in meta.get("versions", ())),
+            platform=str(meta.get("platform", "")),
+            max_batch_size=int(meta.get("max_batch_size", 0)),
+            inputs=_specs(meta.get("inputs", ())),
+            outputs=_specs(meta.get("outputs", ())),
+        )
+
+    async def model_config(self, model: str, version: str = "") -> Mapping[str, Any]:
+        """The parsed ``config.pbtxt`` in Triton's JSON form of its ``ModelConfig`` message (the HTTP
+        ``/config`` answer as it is; gRPC parses it into ``model_config_pb2.ModelConfig``)."""
+        config: dict[str, Any] = await self._client.model_config(model, parse_version(model, version))
+        return config
+
+    async def statistics(self, model: str = "", version: str = "") -> tuple[ModelStatistics, ...]:
+        """Every loaded model's statistics when ``model`` is empty, else that model's (all its versions
+        when ``version`` is empty)."""
+        number = parse_version(model, version) if model else 0
+        body = await self._client.statistics(model or None, number)
+        return tuple(_statistics(s) for s in body.get("model_stats", ()))
+
+    async def repository_index(self, ready_only: bool = False) -> tuple[RepositoryModel, ...]:
+        entries = await self._client.repository_index()
+        models = tuple(
+            RepositoryModel(
+                name=str(e.get("name", "")),
+                version=str(e.get("version", "")),
+                state=str(e.get("state", "")),
+                reason=str(e.get("reason", "")),
+            )
+            for e in entries
+        )
+        return tuple(m for m in models if m.state == "READY") if ready_only else models
+
+    async def load(self, model: str) -> None:
+        await self._client.load_model(model)
+
+    async def unload(self, model: str) -> None:
+        await self._client.unload_model(model)
+
+    # ------------------------------------------------------------------------------------ inference
+
+    async def infer(self, call: InferCall) -> InferReply:
+        result = await self._client.infer(
+            call.model,
+            {t.name: t.data for t in call.inputs},
+            outputs=list(call.outputs) or None,
+            request_id=call.request_id or None,
+            model_version=parse_version(call.model, call.version),
+            priority=call.priority,
+            timeout=call.timeout_us or None,
+            client_timeout=self._wait(call),
+            sequence_id=call.sequence_id,
+            sequence_start=call.sequence_start,
+            sequence_end=call.sequence_end,
+        )
+        return _reply(result, call.request_id)
+
+    async def stream(self, call: InferCall) -> AsyncIterator[InferReply]:
+        """A decoupled model's responses to one request as they come; a plain model's one response. The
+        last has ``final=True``. Leaving the loop early cancels the request in the broker."""
+        responses: AsyncGenerator[InferResult, None] = self._client.stream(  # type: ignore[assignment]
+            call.model,
+            {t.name: t.data for t in call.inputs},
+            outputs=list(call.outputs) or None,
+            request_id=call.request_id or None,
+            model_version=parse_version(call.model, call.version),
+            client_timeout=self._wait(call),
+            priority=call.priority,
+            timeout=call.timeout_us or None,
+            sequence_id=call.sequence_id,
+            sequence_start=call.sequence_start,
+            sequence_end=call.sequence_end,
+        )
+        try:
+            async for result in responses:
+                yield _reply(result, call.request_id)
+        finally:
+            await responses.aclose()
+
+    def _wait(self, call: InferCall) -> float:
+        return self.timeout + call.timeout_us / 1e6
+
+
+def _specs(items: Sequence[Mapping[str, Any]]) -> tuple[TensorSpec, ...]:
+    return tuple(
+        TensorSpec(str(t["name"]), str(t["datatype"]), tuple(int(d) for d in t["shape"])) for t in items
+    )
+
+
+def _statistics(s: Mapping[str, Any]) -> ModelStatistics:
+    stats = s.get("inference_stats", {})
+    return ModelStatistics(
+        name=str(s["name"]),
+        version=str(s["version"]),
+        last_inference_ms=int(s.get("last_inference", 0)),
+        inference_count=int(s.get("inference_count", 0)),
+        execution_count=int(s.get("execution_count", 0)),
+        durations={
+            k: Duration(int(stats[k]["count"]), int(stats[k]["ns"])) for k in _DURATIONS if k in stats
+        },
+        batch_stats=tuple(BatchStat(int(b["batch_size"]), int(b["count"])) for b in s.get("batch_stats", ())),
+    )
+
+
+def _reply(result: InferResult, request_id: str) -> InferReply:
+    outputs = []
+    for name in result.output_names:
+        data = result.as_numpy(name)
+        spec = result.get_output(name)
+        datatype = str(spec["datatype"]) if spec else numpy_to_wire(data.dtype)
+        outputs.append(Tensor(name, datatype, tuple(data.shape), data))
+    return InferReply(result.model_name, str(result.model_version), request_id, tuple(outputs), result.final)
