@@ -1,0 +1,213 @@
+"""zinfer against Triton 2.51 on the same Triton model repository, one after the other, in one run.
+
+The repository (``vs_triton_repo.py``, written into a temp dir): a ``TritonPythonModel`` ``add``
+(max_batch_size 64, preferred [16, 32, 64], delay 500 µs), ``big`` (4 MiB in and out) and a three-step text
+ensemble (``text_ensemble``: tokenizer → lm → detokenizer); zinfer's copy adds ``add0``, the built-in add
+with delay 0.
+
+Load shapes, each bounded in time and count:
+* add, concurrency 1, p50: perf_analyzer and tritonclient gRPC | zinfer's sync ``Client``;
+* add, concurrency 32 throughput: perf_analyzer | one ``AsyncClient``; with Python threads: 32 threads of
+  tritonclient gRPC (a client each) | 32 threads, a ``Client`` each and one shared ``Client``;
+* big 4 MiB, concurrency 8: perf_analyzer with system shared memory | 8 threads, inputs from ``client.empty``;
+* text_ensemble at concurrency 1 and 32: perf_analyzer | one ``AsyncClient``;
+* zinfer's own limit: ``add0`` at concurrency 1 (sync) and 128 in flight (AsyncClient) against the bare
+  DEALER → ROUTER → DEALER round trip of ``baseline.py`` (p50, one in flight; rate, 64 in flight), same run.
+CPU per request of every zinfer process (broker, workers, this client) is counted for each step.
+
+Usage: ``.venv/bin/python bench/bench_vs_triton.py --triton-venv DIR [--label before|after] [--quick]``.
+Without a Triton install (no ``--triton-venv``, or no Triton in it) it runs zinfer's half and says so.
+Results: bench/results/bench_vs_triton.json, one entry per label (a new run replaces its label's entry).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import baseline  # noqa: E402
+import triton_side  # noqa: E402
+import vs_triton_repo  # noqa: E402
+import zinfer_side as z  # noqa: E402
+from bench_serving import ROOT, bare_frames, machine, pct  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "bench_vs_triton.json"
+FULL = {"seconds": 3.0, "cap": 100_000, "pa_interval_ms": 3000, "bare_n": 3000, "bare_rate_n": 30_000}
+QUICK = {"seconds": 1.0, "cap": 20_000, "pa_interval_ms": 1000, "bare_n": 500, "bare_rate_n": 5_000}
+MODELS = ("add", "big", "tokenizer", "lm", "detokenizer", "text_ensemble")
+
+
+def run_triton(t: triton_side.TritonInstall, repo: Path, p: dict[str, Any]) -> dict[str, Any]:
+    iv = int(p["pa_interval_ms"])
+    add_shape = {"INPUT_A": 1, "INPUT_B": 1}
+    out: dict[str, Any] = {}
+    with triton_side.serve(t, repo, MODELS) as s:
+        pa = triton_side.perf_analyzer
+        out["add_c1_pa"] = pa(s, "add", 1, add_shape, iv)
+        out["add_c32_pa"] = pa(s, "add", 32, add_shape, iv)
+        out["add_c1_tritonclient"] = triton_side.tritonclient_threads(s, 1, p["seconds"], int(p["cap"]))
+        out["add_c32_tritonclient_threads"] = triton_side.tritonclient_threads(
+            s, 32, p["seconds"], int(p["cap"])
+        )
+        shm = ("--shared-memory", "system", "--output-shared-memory-size", str(4 << 20))
+        out["big_c8_pa_shm"] = pa(s, "big", 8, {"INPUT0": vs_triton_repo.BIG_ELEMENTS}, iv, shm)
+        text = ("--string-data", vs_triton_repo.TEXT.decode())
+        out["ensemble_c1_pa"] = pa(s, "text_ensemble", 1, {"TEXT": 1}, iv, text)
+        out["ensemble_c32_pa"] = pa(s, "text_ensemble", 32, {"TEXT": 1}, iv, text)
+    return out
+
+
+def run_zinfer(repo: Path, p: dict[str, Any]) -> dict[str, Any]:
+    sec, cap = float(p["seconds"]), int(p["cap"])
+    out: dict[str, Any] = {}
+    with z.serve(repo) as s:
+        out["add_c1_sync"] = z.sync_latency(s, "add", sec, cap)
+        out["add_c32_async"] = z.async_closed(s, "add", 32, sec, cap)
+        out["add_c32_threads_each"] = z.threads(s, "add", 32, sec, cap, False, z.add_inputs)
+        out["add_c32_threads_shared"] = z.threads(s, "add", 32, sec, cap, True, z.add_inputs)
+        out["add0_c1_sync"] = z.sync_latency(s, "add0", sec, cap)
+        out["add0_c32_async"] = z.async_closed(s, "add0", 32, sec, cap)
+        out["add0_c128_async"] = z.async_closed(s, "add0", 128, sec, cap)
+        out["big_c8_threads_shm"] = z.threads(s, "big", 8, sec, cap, False, z.big_inputs)
+        out["ensemble_c1_async"] = z.async_closed(s, "text_ensemble", 1, sec, cap)
+        out["ensemble_c32_async"] = z.async_closed(s, "text_ensemble", 32, sec, cap)
+    with baseline.bare_hop() as ep:
+        frames = bare_frames()
+        lats = baseline.bare_latency_us(ep, frames, int(p["bare_n"]))
+        out["bare"] = {
+            "p50_us": round(pct(lats, 50), 1),
+            "rate_64_in_flight_s": round(baseline.bare_rate(ep, frames, int(p["bare_rate_n"]), 64), 1),
+        }
+    return out
+
+
+def ratios(tr: dict[str, Any] | None, zr: dict[str, Any]) -> dict[str, Any]:
+    """Each goal of the issue as a ratio (goal in the key's comment in ``GOALS``)."""
+
+    def q(a: float, b: float) -> float | None:
+        return round(a / b, 3) if b else None
+
+    r: dict[str, Any] = {
+        "add0_c1_p50_over_bare_p50": q(zr["add0_c1_sync"]["p50_us"], zr["bare"]["p50_us"]),
+        "add0_c128_rate_over_bare_rate": q(
+            zr["add0_c128_async"]["throughput_s"], zr["bare"]["rate_64_in_flight_s"]
+        ),
+        "cpu_us_per_request_add_c32_async": zr["add_c32_async"]["cpu_per_request"]["total_us"],
+        "cpu_us_per_request_add0_c32_async": zr["add0_c32_async"]["cpu_per_request"]["total_us"],
+    }
+    if tr is not None:
+        r.update(
+            {
+                "add_c1_p50_over_triton_pa": q(zr["add_c1_sync"]["p50_us"], tr["add_c1_pa"]["p50_us"]),
+                "add_c32_async_over_triton_pa": q(
+                    zr["add_c32_async"]["throughput_s"], tr["add_c32_pa"]["throughput_s"]
+                ),
+                "add_c32_threads_each_over_tritonclient": q(
+                    zr["add_c32_threads_each"]["throughput_s"],
+                    tr["add_c32_tritonclient_threads"]["throughput_s"],
+                ),
+                "add_c32_threads_shared_over_tritonclient": q(
+                    zr["add_c32_threads_shared"]["throughput_s"],
+                    tr["add_c32_tritonclient_threads"]["throughput_s"],
+                ),
+                "big_c8_over_triton_pa_shm": q(
+                    zr["big_c8_threads_shm"]["throughput_s"], tr["big_c8_pa_shm"]["throughput_s"]
+                ),
+                "ensemble_c32_over_triton_pa": q(
+                    zr["ensemble_c32_async"]["throughput_s"], tr["ensemble_c32_pa"]["throughput_s"]
+                ),
+                "ensemble_c1_p50_over_triton_pa": q(
+                    zr["ensemble_c1_async"]["p50_us"], tr["ensemble_c1_pa"]["p50_us"]
+                ),
+            }
+        )
+    return r
+
+
+GOALS = {
+    "add_c1_p50_over_triton_pa": "<= 0.8",
+    "add0_c1_p50_over_bare_p50": "<= 1.5",
+    "add_c32_async_over_triton_pa": ">= 1.5",
+    "add_c32_threads_each_over_tritonclient": ">= 2",
+    "add_c32_threads_shared_over_tritonclient": ">= 2",
+    "add0_c128_rate_over_bare_rate": ">= 0.6",
+    "cpu_us_per_request_add_c32_async": "<= 100",
+    "cpu_us_per_request_add0_c32_async": "<= 100",
+    "big_c8_over_triton_pa_shm": ">= 2",
+    "ensemble_c32_over_triton_pa": ">= 1.5",
+    "ensemble_c1_p50_over_triton_pa": "<= 1",
+}
+
+
+def report(tr: dict[str, Any] | None, zr: dict[str, Any], r: dict[str, Any]) -> None:
+    if tr is None:
+        print("Triton: not given or not found (--triton-venv): zinfer's half only, no ratios to Triton")
+    else:
+        print("Triton 2.51")
+        for k, v in tr.items():
+            print(f"  {k:<30} {v['throughput_s']:>9.0f}/s  p50 {v['p50_us']:>8.0f} us")
+    print("zinfer                                             CPU us/request: broker workers client total")
+    for k, v in zr.items():
+        if k == "bare":
+            continue
+        c = v["cpu_per_request"]
+        print(
+            f"  {k:<26} {v['throughput_s']:>9.0f}/s  p50 {v['p50_us']:>8.0f} us  errors {v['errors']:<3}"
+            f"  {c['broker_us']:>7.0f} {c['workers_us']:>7.0f} {c['client_us']:>6.0f} {c['total_us']:>6.0f}"
+        )
+    b = zr["bare"]
+    print(
+        f"bare DEALER->ROUTER->DEALER: p50 {b['p50_us']:.0f} us, "
+        f"{b['rate_64_in_flight_s']:.0f} msg/s at 64 in flight"
+    )
+    print("goals (ratio  goal)")
+    for k, v in r.items():
+        print(f"  {k:<44} {v!s:>8}  {GOALS.get(k, '')}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument(
+        "--triton-venv", type=Path, help="a venv with nvidia-pytriton==0.7.0 and tritonclient[all]==2.51.0"
+    )
+    ap.add_argument("--label", default="latest", help="the results entry to write (e.g. before, after)")
+    ap.add_argument("--quick", action="store_true", help="1 s steps")
+    ap.add_argument("--zinfer-only", action="store_true", help="skip Triton even when it is given")
+    args = ap.parse_args()
+    p = QUICK if args.quick else FULL
+    install = None if args.zinfer_only else triton_side.find(args.triton_venv)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="zvt-") as tmp:
+        tri_repo = vs_triton_repo.write(Path(tmp) / "triton", zinfer_only=False)
+        z_repo = vs_triton_repo.write(Path(tmp) / "zinfer", zinfer_only=True)
+        tr = run_triton(install, tri_repo, p) if install is not None else None
+        zr = run_zinfer(z_repo, p)
+    r = ratios(tr, zr)
+    report(tr, zr, r)
+    doc: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    doc.setdefault("runs", {})[args.label] = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "mode": "quick" if args.quick else "full",
+        "params": p,
+        "machine": machine(),
+        "triton": tr if tr is not None else "not run (no Triton install given or found)",
+        "zinfer": zr,
+        "ratios": r,
+        "goals": GOALS,
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"written: {RESULTS} (label {args.label}), {time.monotonic() - t0:.0f} s")
+    errors = sum(v.get("errors", 0) for k, v in zr.items() if k != "bare")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
