@@ -29,7 +29,8 @@ from zinfer.client.errors import (
     Status,
     Unavailable,
 )
-from zinfer.client.protocol import Frame, Reply
+from zinfer.client.protocol import Command, Frame, Reply
+from zinfer.client.worker_protocol import CancelRequest, cancel_to_wire
 
 from .batching.batcher import BatchTooLarge, InvalidPriority, QueuedRequest, QueueFull
 from .batching.sequence_batcher import SequenceError, SequenceRequest, parse_sequence
@@ -190,6 +191,9 @@ class Admission:
             for p in batch.requests:
                 if p.client == identity and p.request.request_id == target and not p.cancelled:
                     p.cancelled = True
+                    # the model may look (Triton's request.is_cancelled()) and end it early
+                    cancel = cancel_to_wire(CancelRequest(batch.batch_id, p.seq))
+                    self.completion.outbox.send_worker(batch.worker, Command.W_CANCEL, cancel)
                     return "running"
         return "unknown"
 

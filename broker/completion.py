@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from zinfer.client import protocol
 from zinfer.client.errors import DeadlineExceeded, ServerError, Status, Unavailable
 from zinfer.client.protocol import Frame, Reply
-from zinfer.client.worker_protocol import WorkerResult
+from zinfer.client.worker_protocol import RequestResult, WorkerResult
 
 from .batching.rate_limiter import RateLimiter
 from .cache_path import CachePath
@@ -114,11 +114,44 @@ class Completion:
         by_seq = {p.seq: p for p in batch.requests}
         for res in result.results:
             p = by_seq.get(res.id)
-            if p is None or p.cancelled:
+            if p is None:
+                continue
+            if res.final:  # this request's stream ends here; the batch runs on for the others
+                batch.requests.remove(p)
+                self._finish_streamed(state, p, res, frames)
+                continue
+            if p.cancelled:
                 continue
             outputs, out_frames = client_outputs([protocol.tensor_to_wire(t) for t in res.outputs], frames)
             body = {"model": state.name, "version": state.version, "outputs": outputs, "final": False}
             self.outbox.send_client(p.client, Reply(p.request.request_id, Status.OK, body=body), out_frames)
+
+    def _finish_streamed(
+        self, state: ModelState, p: Pending, res: RequestResult, frames: list[Frame]
+    ) -> None:
+        """The last response of one request of a decoupled batch that still runs (Triton-style senders
+        finish their requests one by one): answered and counted now."""
+        now_ns = time.monotonic_ns()
+        duration = now_ns - int(p.arrival * 1e9)
+        rid = p.request.request_id
+        out_frames: list[Frame]
+        if p.cancelled:
+            state.metrics.cancelled()
+            reply, out_frames = Reply(rid, Status.CANCELLED, "Cancelled: the request was cancelled"), []
+        elif res.status == Status.OK:
+            state.stats.record_success(duration)
+            state.stats.inference_count += p.batch_size
+            state.metrics.success(duration / 1000, 0.0, p.batch_size)
+            state.window.record(now_ns / 1e9, duration / 1e9)
+            outputs, out_frames = client_outputs([protocol.tensor_to_wire(t) for t in res.outputs], frames)
+            body = {"model": state.name, "version": state.version, "outputs": outputs, "final": True}
+            reply = Reply(rid, Status.OK, body=body)
+        else:
+            state.stats.fail.add(duration)
+            state.metrics.failure("BACKEND")
+            reply, out_frames = Reply(rid, res.status, res.error), []
+        self._sequences_done(state, [p])
+        self.reply(state, p, reply, out_frames)
 
     def deliver(self, p: Pending, reply: Reply, frames: list[Frame]) -> None:
         """A final reply to its request's client, or to the ensemble run that sent the request."""

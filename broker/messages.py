@@ -11,6 +11,10 @@ from zinfer.client.worker_protocol import Execute, ExecuteRequest, SequenceContr
 
 from .model_state import Pending
 
+RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
+                                 "binary_data_output", "binary_data_size"})  # fmt: skip
+"""Request parameters that are fields of the request, not passed on to model code (as in Triton)."""
+
 
 def sequence_controls(specs: Sequence[dict[str, Any]]) -> tuple[SequenceControl, ...]:
     """A model's control inputs (``sequence_batcher.control_specs``) as the EXECUTE records carry them."""
@@ -70,7 +74,12 @@ def execute_message(
         if p.sequence is not None:
             s = p.sequence
             sequence = SequenceFlags(s["id"], bool(s["start"]), bool(s["end"]), controls)
-        requests.append(ExecuteRequest(p.seq, inputs, outputs, p.request.caller_id, sequence))
+        parameters = {
+            k: v
+            for k, v in p.request.parameters.items()
+            if k not in RESERVED_PARAMETERS and isinstance(v, bool | int | float | str)
+        }
+        requests.append(ExecuteRequest(p.seq, inputs, outputs, p.request.caller_id, sequence, parameters))
     return Execute(batch_id, tuple(requests), table), frames
 
 

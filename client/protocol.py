@@ -50,10 +50,12 @@ Worker -> broker (DEALER -> ROUTER; heartbeats on a second DEALER whose identity
 Broker -> worker::
 
     W_EXECUTE        {batch, requests: [{id, inputs: [tensor], outputs: [{name, slot?}], request_id?,
-                      sequence?: {id, start, end, controls: [{name, kind, data_type, values?}]}}],
+                      sequence?: {id, start, end, controls: [{name, kind, data_type, values?}]},
+                      parameters?: {name: bool | number | str}}],
                       regions?: {name: [fd, dev, ino]}}  + inline input frames, numbered across the batch
                                                           Execute, ExecuteRequest, SequenceFlags
     W_DROP_REGION    {name}                                                                    DropRegion
+    W_CANCEL         {batch, id}  (a running request its client cancelled)                 CancelRequest
     W_HEARTBEAT      {}  (the answer to each of the worker's)                                  Heartbeat
     W_SHUTDOWN       {}                                                                        Shutdown
 
@@ -117,6 +119,7 @@ class Command(IntEnum):
     W_SHUTDOWN = 0x45
     W_LOAD_FAILED = 0x46
     W_DROP_REGION = 0x47
+    W_CANCEL = 0x48
 
 
 HEARTBEAT_SUFFIX = b".hb"

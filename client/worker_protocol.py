@@ -167,6 +167,9 @@ class SequenceFlags(NamedTuple):
 
 
 NO_REGIONS: Mapping[str, tuple[int, int, int]] = MappingProxyType({})
+NO_PARAMETERS: Mapping[str, bool | int | float | str] = MappingProxyType({})
+MAX_PARAMETER_TEXT = 1 << 12
+"""The longest string value of a request parameter the worker takes."""
 
 
 class ExecuteRequest(NamedTuple):
@@ -178,6 +181,7 @@ class ExecuteRequest(NamedTuple):
     outputs: tuple[OutputRequest, ...]
     request_id: str = ""
     sequence: SequenceFlags | None = None
+    parameters: Mapping[str, bool | int | float | str] = NO_PARAMETERS  # the client's, for model code
 
 
 @dataclass(frozen=True)
@@ -237,7 +241,25 @@ def execute_request_to_wire(r: ExecuteRequest) -> dict[str, Any]:
         d["request_id"] = r.request_id
     if r.sequence is not None:
         d["sequence"] = sequence_to_wire(r.sequence)
+    if r.parameters:
+        d["parameters"] = dict(r.parameters)
     return d
+
+
+def parameters_from_wire(value: Any) -> Mapping[str, bool | int | float | str]:
+    """Request parameters as model code sees them: at most ``MAX_TENSORS`` of them, names of at most
+    ``MAX_NAME`` characters, values booleans, numbers or strings of at most ``MAX_PARAMETER_TEXT``."""
+    if not isinstance(value, dict) or len(value) > MAX_TENSORS:
+        raise ProtocolError(f"field 'parameters' must be a map of at most {MAX_TENSORS} entries")
+    out: dict[str, bool | int | float | str] = {}
+    for key, v in value.items():
+        if not isinstance(key, str) or not 0 < len(key) <= MAX_NAME:
+            raise ProtocolError("a parameter name must be a non-empty string")
+        too_long = isinstance(v, str) and len(v) > MAX_PARAMETER_TEXT
+        if not isinstance(v, bool | int | float | str) or too_long:
+            raise ProtocolError(f"parameter {key!r} must be a boolean, a number or a short string")
+        out[key] = v
+    return MappingProxyType(out)
 
 
 def execute_request_from_wire(d: Any) -> ExecuteRequest:
@@ -249,6 +271,7 @@ def execute_request_from_wire(d: Any) -> ExecuteRequest:
         outputs=tuple(output_from_wire(o) for o in _list(d, "outputs", MAX_TENSORS)),
         request_id=_get(d, "request_id", str, ""),
         sequence=sequence_from_wire(d["sequence"]) if "sequence" in d else None,
+        parameters=parameters_from_wire(d["parameters"]) if "parameters" in d else NO_PARAMETERS,
     )
 
 
@@ -280,6 +303,26 @@ def execute_from_wire(h: Mapping[str, Any]) -> Execute:
         requests=tuple(execute_request_from_wire(r) for r in _list(h, "requests", MAX_REQUESTS)),
         regions=_region_ids(h["regions"]) if "regions" in h else NO_REGIONS,
     )
+
+
+# ---------------------------------------------------------------------------------------------- W_CANCEL
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    """W_CANCEL: the client cancelled request ``id`` of the running batch ``batch``; the worker sets its
+    cancellation flag (Triton's ``request.is_cancelled()``), and the model may end it early."""
+
+    batch: int
+    id: int
+
+
+def cancel_to_wire(r: CancelRequest) -> dict[str, Any]:
+    return {"batch": r.batch, "id": r.id}
+
+
+def cancel_from_wire(h: Mapping[str, Any]) -> CancelRequest:
+    return CancelRequest(_int(h, "batch"), _int(h, "id"))
 
 
 # ---------------------------------------------------------------------------------------------- W_RESULT

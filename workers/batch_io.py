@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -12,7 +12,7 @@ import numpy as np
 from zinfer.client import dtypes
 from zinfer.client.errors import InternalError, ServerError
 from zinfer.client.protocol import Frame, OutputRequest, ShmRef, TensorRef
-from zinfer.client.worker_protocol import ExecuteRequest, RequestResult, sequence_to_wire
+from zinfer.client.worker_protocol import NO_PARAMETERS, ExecuteRequest, RequestResult, sequence_to_wire
 from zinfer.modelconfig.sequence_batching import control_value
 from zinfer.modelconfig.signature import Signature
 
@@ -29,12 +29,13 @@ class BatchRequest(NamedTuple):
     outputs: tuple[OutputRequest, ...]
     request_id: str = ""  # the id its client gave it ("" if none)
     sequence: dict[str, Any] | None = None  # a sequence request: id, start, end and the control inputs
+    parameters: Mapping[str, Any] = NO_PARAMETERS  # the client's request parameters
 
     @classmethod
     def from_broker(cls, r: ExecuteRequest) -> BatchRequest:
         """Build from an EXECUTE's request; its sequence becomes the mapping model code sees (the wire's)."""
         sequence = None if r.sequence is None else sequence_to_wire(r.sequence)
-        return cls(r.id, r.inputs, r.outputs, r.request_id, sequence)
+        return cls(r.id, r.inputs, r.outputs, r.request_id, sequence, r.parameters)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,14 @@ def _connection() -> Client:
         return _client
 
 
+def _check_self_call(model: str) -> None:
+    if _model and model == _model and _instances <= 1:
+        raise InvalidArgument(
+            f"model '{model}' calls itself with no other instance free to answer: it would wait forever "
+            "(give it more instances, or call another model)"
+        )
+
+
 def infer(
     model: str,
     inputs: Mapping[str, npt.ArrayLike],
@@ -56,14 +64,25 @@ def infer(
     timeout_s: float = BLS_TIMEOUT_S,
 ) -> dict[str, npt.NDArray[Any]]:
     """Run ``model`` on ``inputs`` through the server and return its outputs (raises zinfer errors)."""
-    if _model and model == _model and _instances <= 1:
-        raise InvalidArgument(
-            f"model '{model}' calls itself with no other instance free to answer: it would wait forever "
-            "(give it more instances, or call another model)"
-        )
+    _check_self_call(model)
     result = _connection().infer(model, inputs, outputs=outputs, model_version=model_version,
                                  client_timeout=timeout_s)  # fmt: skip
     return {name: np.array(result.as_numpy(name)) for name in result.output_names}
+
+
+def stream(
+    model: str,
+    inputs: Mapping[str, npt.ArrayLike],
+    outputs: Sequence[str] | None = None,
+    model_version: int = 0,
+    timeout_s: float = BLS_TIMEOUT_S,
+) -> Iterator[tuple[dict[str, npt.NDArray[Any]], bool]]:
+    """The responses of a decoupled ``model`` to one request, as they come: ``(outputs, final)`` each;
+    ``timeout_s`` bounds the wait for each response (raises zinfer errors)."""
+    _check_self_call(model)
+    for result in _connection().stream(model, inputs, outputs=outputs, model_version=model_version,
+                                       client_timeout=timeout_s):  # fmt: skip
+        yield {name: np.array(result.as_numpy(name)) for name in result.output_names}, result.final
 
 
 async def infer_async(
@@ -83,3 +102,16 @@ def close() -> None:
         if _client is not None:
             _client.close()
             _client = None
+
+
+def load_model(name: str) -> None:
+    """Load ``name`` in the server (explicit model control), as Triton's ``pb_utils.load_model``."""
+    _connection().load_model(name)
+
+
+def unload_model(name: str) -> None:
+    _connection().unload_model(name)
+
+
+def is_model_ready(name: str, version: int | str = 0) -> bool:
+    return _connection().is_model_ready(name, version)

@@ -11,6 +11,7 @@ Array values are NumPy arrays, or CuPy arrays on GPU instances.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -47,6 +48,8 @@ class RequestInputs(NamedTuple):
     inputs: dict[str, Array]
     outputs: tuple[str, ...]  # the output names the client asked for
     sequence: Mapping[str, Any] | None = None  # a sequence request: its id, start and end (and controls)
+    parameters: Mapping[str, Any] | None = None  # the client's request parameters
+    cancelled: threading.Event | None = None  # set by the worker when the client cancels the request
 
 
 RequestResult = Mapping[str, Array] | ServerError

@@ -1,7 +1,8 @@
 """Model code: ``backend: "python"`` runs the ``model.py`` of the version folder.
 
 The file is imported as a module of its own, with the version folder first on ``sys.path`` (so it can
-import its neighbours) and ``triton_python_backend_utils`` importable. Then:
+import its neighbours) and as the module's package path (so relative imports, ``from .helper import x``,
+work as they do in Triton), and ``triton_python_backend_utils`` importable. Then:
 
 - a class named ``TritonPythonModel`` runs the Triton way (``zinfer.workers.triton_model``): ``execute``
   receives the batch as a list of requests and returns one response per request;
@@ -64,7 +65,8 @@ def import_model_file(path: Path, config: ModelConfig, version: str) -> ModuleTy
     if folder not in sys.path:
         sys.path.insert(0, folder)
     name = "zinfer_model_" + re.sub(r"\W", "_", f"{config.name}_{version}")
-    spec = importlib.util.spec_from_file_location(name, path)
+    # a package over the version folder, so that ``from .helper import x`` finds the folder's helper.py
+    spec = importlib.util.spec_from_file_location(name, path, submodule_search_locations=[folder])
     if spec is None or spec.loader is None:
         raise ConfigError(f"{path}: cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)

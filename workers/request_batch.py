@@ -30,6 +30,7 @@ from .batch_io import (
     request_arrays,
     request_rows,
 )
+from .cancel_flags import cancel_flag
 from .device import CPU, Device
 from .model import RequestInputs, RequestModel, RequestResult
 from .regions import RegionCache
@@ -93,7 +94,8 @@ def run_requests(
         if states is not None:
             arrays.update(states.request_inputs(req))  # and its implicit state
         names = tuple(o.name for o in req.outputs)
-        inputs.append(RequestInputs(req.request_id, arrays, names, req.sequence))
+        inputs.append(RequestInputs(req.request_id, arrays, names, req.sequence, req.parameters,
+                                    cancel_flag(req.id)))  # fmt: skip
     t1 = time.perf_counter_ns()
     if not runnable:
         return out

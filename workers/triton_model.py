@@ -6,6 +6,11 @@ in order. A request of a sequence carries its control inputs (START, END, READY,
 them) among its input tensors, and its ``correlation_id()`` and ``flags()`` as in Triton. A response that
 carries an error fails that request alone, with the error's message and a status from its code; an
 exception raised by ``execute`` fails the whole batch, and so does a wrong number of responses.
+
+``execute`` runs on the worker's model thread, or, when it is ``async def``, on the worker's event loop
+(``zinfer.workers.model_loop``), while the worker's main thread reads the socket for cancellations.
+A decoupled model (``model_transaction_policy { decoupled: true }``) answers through response senders
+instead; ``zinfer.workers.triton_stream`` runs it.
 """
 
 from __future__ import annotations
@@ -15,30 +20,29 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from zinfer.client.errors import (
-    AlreadyExists,
-    Cancelled,
-    InternalError,
-    InvalidArgument,
-    NotFound,
-    ServerError,
-    Unavailable,
-    Unsupported,
-)
+from zinfer.client.errors import InternalError, ServerError
 from zinfer.modelconfig.model_config import ModelConfig
 
+from . import model_loop
 from . import triton_python_backend_utils as pb
 from .device import Device
 from .model import RequestInputs, RequestModel, RequestResult
+from .pb_errors import server_error
 
-_ERROR_BY_CODE: dict[int, type[ServerError]] = {
-    pb.TritonError.NOT_FOUND: NotFound,
-    pb.TritonError.INVALID_ARG: InvalidArgument,
-    pb.TritonError.UNAVAILABLE: Unavailable,
-    pb.TritonError.UNSUPPORTED: Unsupported,
-    pb.TritonError.ALREADY_EXISTS: AlreadyExists,
-    pb.TritonError.CANCELLED: Cancelled,
-}
+
+def instance_name(config: ModelConfig, instance: int, gpus: int = 1) -> str:
+    """Triton's name for instance number ``instance``: ``<group name>_<index in its group>``, an unnamed
+    group being ``<model>_<group index>``. Instances are numbered group by group, as the broker places
+    them (``count`` per listed GPU; ``gpus`` GPUs for a GPU group that lists none)."""
+    first = 0
+    for group in config.instance_group:
+        per_device = max(group.count, 1)
+        devices = 1 if group.kind in ("KIND_CPU", "KIND_MODEL") else (len(group.gpus) or gpus)
+        size = per_device * max(devices, 1)
+        if instance < first + size:
+            return f"{group.name}_{(instance - first) % per_device}"
+        first += size
+    return f"{config.name}_0_{instance}"
 
 
 def initialize_args(config: ModelConfig, version_dir: Path, device: Device, instance: int) -> dict[str, str]:
@@ -46,7 +50,7 @@ def initialize_args(config: ModelConfig, version_dir: Path, device: Device, inst
     return {
         "model_config": json.dumps(config.to_dict()),
         "model_instance_kind": device.kind,
-        "model_instance_name": f"{config.name}_{instance}",
+        "model_instance_name": instance_name(config, instance),
         "model_instance_device_id": str(device.id),
         "model_repository": str(version_dir.parent),
         "model_version": version_dir.name,
@@ -56,13 +60,10 @@ def initialize_args(config: ModelConfig, version_dir: Path, device: Device, inst
 
 def response_error(error: Any) -> ServerError:
     """The status and message a ``TritonError`` (or anything else given as an error) becomes."""
-    if isinstance(error, pb.TritonError):
-        return _ERROR_BY_CODE.get(error.code(), InternalError)(error.message())
-    message = getattr(error, "message", None)
-    return InternalError(str(message() if callable(message) else error))
+    return server_error(error)
 
 
-def _sequence_fields(sequence: Mapping[str, Any] | None) -> dict[str, Any]:
+def sequence_fields(sequence: Mapping[str, Any] | None) -> dict[str, Any]:
     """``correlation_id`` and ``flags`` of a sequence request, as Triton sets them (none otherwise)."""
     if sequence is None:
         return {}
@@ -72,28 +73,34 @@ def _sequence_fields(sequence: Mapping[str, Any] | None) -> dict[str, Any]:
     return {"correlation_id": sequence.get("id", 0), "flags": flags}
 
 
+def pb_request(r: RequestInputs, model_name: str) -> pb.InferenceRequest:
+    """The ``pb_utils.InferenceRequest`` model code sees for one request."""
+    return pb.InferenceRequest._served(
+        [pb.Tensor(name, array) for name, array in r.inputs.items()],
+        r.request_id,
+        r.outputs,
+        model_name,
+        parameters=r.parameters,
+        cancelled=r.cancelled,
+        **sequence_fields(r.sequence),
+    )
+
+
 class TritonModel(RequestModel):
     def __init__(self, instance: Any, path: Path, config: ModelConfig) -> None:
         self.instance = instance
         self.path = path
         self.name = config.name
+        self.decoupled = config.decoupled
 
     def execute_requests(self, requests: Sequence[RequestInputs], /) -> Sequence[RequestResult]:
-        pb_requests = [
-            pb.InferenceRequest(
-                inputs=[pb.Tensor(name, array) for name, array in r.inputs.items()],
-                request_id=r.request_id,
-                requested_output_names=r.outputs,
-                model_name=self.name,
-                **_sequence_fields(r.sequence),
-            )
-            for r in requests
-        ]
-        responses = self.instance.execute(pb_requests)
+        pb_requests = [pb_request(r, self.name) for r in requests]
+        responses = model_loop.run(self.instance.execute, pb_requests)
         if responses is None:
             raise InternalError(
                 "TritonPythonModel.execute returned None: it must return a list with one InferenceResponse "
-                "per request (decoupled models are not supported yet)"
+                "per request (or set model_transaction_policy { decoupled: true } and answer through "
+                "request.get_response_sender())"
             )
         try:
             responses = list(responses)

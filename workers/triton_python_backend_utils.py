@@ -1,226 +1,80 @@
 """``triton_python_backend_utils`` for model.py files written for Triton's Python backend.
 
 A worker registers this module under that name before it imports a model, so
-``import triton_python_backend_utils as pb_utils`` works unchanged. It has the part of Triton's API that
-a non-decoupled model uses: requests and their input tensors, tensors, responses, errors, the config
-helpers and the logger. Tensors live on the host (``as_numpy``), as in Triton's default. Not here yet:
-decoupled response senders and ``auto_complete_config``; using them
-raises :class:`TritonModelException` saying so.
+``import triton_python_backend_utils as pb_utils`` works unchanged. It gathers the API: requests, responses
+and response senders (``pb_request``), tensors and data-type helpers (``pb_tensor``), errors
+(``pb_errors``), the config helpers, the logger, BLS model loading, and the constants. What zinfer does not
+do is still here by name and raises :class:`TritonModelException` saying why (docs/models.md has the
+table, section by section of Triton's README).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
+
+from .pb_errors import TritonError, TritonModelException
+from .pb_request import (
+    TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
+    TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+    TRITONSERVER_REQUEST_RELEASE_ALL,
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+    InferenceRequest,
+    InferenceResponse,
+    InferenceResponseSender,
+    ResponseIterator,
+)
+from .pb_tensor import (
+    Tensor,
+    deserialize_bytes_tensor,
+    numpy_to_triton_type,
+    serialize_byte_tensor,
+    triton_to_numpy_type,
+)
 
 __all__ = [
+    "TRITONSERVER_MEMORY_CPU",
+    "TRITONSERVER_MEMORY_CPU_PINNED",
+    "TRITONSERVER_MEMORY_GPU",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
+    "TRITONSERVER_REQUEST_RELEASE_ALL",
+    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
+    "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
     "InferenceRequest",
     "InferenceResponse",
+    "InferenceResponseSender",
+    "LogLevel",
     "Logger",
+    "PreferredMemory",
+    "ResponseIterator",
     "Tensor",
     "TritonError",
     "TritonModelException",
+    "deserialize_bytes_tensor",
     "get_input_config_by_name",
     "get_input_tensor_by_name",
     "get_output_config_by_name",
     "get_output_tensor_by_name",
+    "is_model_ready",
+    "load_model",
+    "numpy_to_triton_type",
+    "serialize_byte_tensor",
     "triton_string_to_numpy",
+    "triton_to_numpy_type",
+    "unload_model",
+    "using_decoupled_model_transaction_policy",
 ]
 
 log = logging.getLogger("triton_python_backend_utils")
 
-TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
-TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
-TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
-TRITONSERVER_REQUEST_RELEASE_ALL = 1
-TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 TRITONSERVER_MEMORY_CPU = 0
 TRITONSERVER_MEMORY_CPU_PINNED = 1
 TRITONSERVER_MEMORY_GPU = 2
-
-NpArray = npt.NDArray[Any]
-
-
-class TritonModelException(Exception):
-    """Raised by a model's ``execute`` to fail the whole batch with its message."""
-
-
-class TritonError(Exception):
-    """An error for one response: ``InferenceResponse(error=TritonError("message"))``."""
-
-    UNKNOWN = 0
-    INTERNAL = 1
-    NOT_FOUND = 2
-    INVALID_ARG = 3
-    UNAVAILABLE = 4
-    UNSUPPORTED = 5
-    ALREADY_EXISTS = 6
-    CANCELLED = 7
-
-    def __init__(self, msg: str, code: int = INTERNAL) -> None:
-        super().__init__(msg)
-        self._message = str(msg)
-        self._code = int(code)
-
-    def message(self) -> str:
-        return self._message
-
-    def code(self) -> int:
-        return self._code
-
-
-class Tensor:
-    """A named host tensor: ``Tensor("OUTPUT0", np.array(...))``."""
-
-    def __init__(self, name: str, data: Any) -> None:
-        if not isinstance(name, str):
-            raise TritonModelException(f"Tensor name must be a string, got {type(name).__name__}")
-        self._name = name
-        self._array: NpArray = _host_array(data, name)
-
-    def name(self) -> str:
-        return self._name
-
-    def as_numpy(self) -> NpArray:
-        return self._array
-
-    def shape(self) -> list[int]:
-        return list(self._array.shape)
-
-    def is_cpu(self) -> bool:
-        return True
-
-    def to_dlpack(self) -> Any:
-        return self._array.__dlpack__()
-
-    @staticmethod
-    def from_dlpack(name: str, capsule: Any) -> Tensor:
-        """A tensor from an object with ``__dlpack__`` (a NumPy or CuPy array); device data is copied."""
-        return Tensor(name, capsule)
-
-    def __repr__(self) -> str:
-        return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
-
-
-def _host_array(data: Any, name: str) -> NpArray:
-    if isinstance(data, np.ndarray):
-        return data
-    get = getattr(data, "get", None)  # a CuPy array
-    if callable(get) and hasattr(data, "__cuda_array_interface__"):
-        return np.asarray(get())
-    if hasattr(data, "__dlpack__"):
-        try:
-            return np.from_dlpack(data)
-        except (TypeError, RuntimeError, BufferError):
-            pass
-    try:
-        return np.asarray(data)
-    except Exception as exc:
-        raise TritonModelException(f"Tensor {name!r}: cannot use {type(data).__name__} as an array") from exc
-
-
-class InferenceRequest:
-    """One request of a batch: its input tensors, id and requested outputs."""
-
-    def __init__(
-        self,
-        inputs: Iterable[Tensor] = (),
-        request_id: str = "",
-        requested_output_names: Sequence[str] = (),
-        model_name: str = "",
-        model_version: int = -1,
-        correlation_id: int | str = 0,
-        flags: int = 0,
-        timeout: int = 0,
-        parameters: dict[str, Any] | str | None = None,
-        **_: Any,
-    ) -> None:
-        self._inputs = list(inputs)
-        self._by_name = {t.name(): t for t in self._inputs}
-        self._request_id = request_id
-        self._outputs = list(requested_output_names)
-        self._model_name = model_name
-        self._model_version = model_version
-        self._correlation_id = correlation_id
-        self._flags = flags
-        self._timeout = timeout
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
-
-    def inputs(self) -> list[Tensor]:
-        return list(self._inputs)
-
-    def request_id(self) -> str:
-        return self._request_id
-
-    def requested_output_names(self) -> list[str]:
-        return list(self._outputs)
-
-    def correlation_id(self) -> int | str:
-        return self._correlation_id
-
-    def flags(self) -> int:
-        return self._flags
-
-    def timeout(self) -> int:
-        return self._timeout
-
-    def parameters(self) -> str:
-        return self._parameters
-
-    def model_name(self) -> str:
-        return self._model_name
-
-    def is_cancelled(self) -> bool:
-        return False
-
-    def get_response_sender(self) -> Any:
-        raise TritonModelException("decoupled models (response senders) are not supported yet in zinfer")
-
-    def exec(self, *args: Any, **kwargs: Any) -> InferenceResponse:
-        """BLS: run this request on ``model_name`` through the server; errors come back as values."""
-        from . import bls
-
-        try:
-            outputs = bls.infer(
-                self._model_name,
-                {t.name(): t.as_numpy() for t in self._inputs},
-                self._outputs or None,
-                max(self._model_version, 0),
-                self._timeout / 1e6 if self._timeout else bls.BLS_TIMEOUT_S,
-            )
-        except Exception as exc:
-            return InferenceResponse(error=TritonError(f"{type(exc).__name__}: {exc}"))
-        return InferenceResponse(output_tensors=[Tensor(name, value) for name, value in outputs.items()])
-
-    async def async_exec(self, *args: Any, **kwargs: Any) -> InferenceResponse:
-        """``exec`` without blocking the event loop: several may be awaited at once."""
-        import asyncio
-
-        return await asyncio.to_thread(self.exec)
-
-
-class InferenceResponse:
-    """The answer to one request: output tensors, or an error for that request alone."""
-
-    def __init__(
-        self, output_tensors: Iterable[Tensor] | None = None, error: TritonError | str | None = None
-    ) -> None:
-        self._tensors = list(output_tensors or ())
-        self._error = TritonError(error) if isinstance(error, str) else error
-
-    def output_tensors(self) -> list[Tensor]:
-        return list(self._tensors)
-
-    def has_error(self) -> bool:
-        return self._error is not None
-
-    def error(self) -> TritonError | None:
-        return self._error
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
@@ -231,9 +85,15 @@ def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor 
     return next((t for t in response.output_tensors() if t.name() == name), None)
 
 
-def _config_by_name(model_config: dict[str, Any] | str, key: str, name: str) -> dict[str, Any] | None:
+def _config(model_config: dict[str, Any] | str) -> dict[str, Any]:
     config = json.loads(model_config) if isinstance(model_config, str) else model_config
-    for entry in config.get(key, ()):
+    if not isinstance(config, dict):
+        raise TritonModelException("the model config must be a dict (json.loads(args['model_config']))")
+    return config
+
+
+def _config_by_name(model_config: dict[str, Any] | str, key: str, name: str) -> dict[str, Any] | None:
+    for entry in _config(model_config).get(key, ()):
         if entry.get("name") == name:
             return dict(entry)
     return None
@@ -245,6 +105,12 @@ def get_input_config_by_name(model_config: dict[str, Any] | str, name: str) -> d
 
 def get_output_config_by_name(model_config: dict[str, Any] | str, name: str) -> dict[str, Any] | None:
     return _config_by_name(model_config, "output", name)
+
+
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any] | str) -> bool:
+    """Whether the config sets ``model_transaction_policy { decoupled: true }``."""
+    policy = _config(model_config).get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False))
 
 
 _NUMPY_BY_TYPE: dict[str, Any] = {
@@ -276,17 +142,30 @@ def triton_string_to_numpy(triton_type_string: str) -> Any:
         raise TritonModelException(f"unknown data type {triton_type_string!r}") from None
 
 
+class LogLevel:
+    """The levels of ``Logger.log(message, level)``; VERBOSE lines are the worker's DEBUG lines."""
+
+    INFO = logging.INFO
+    WARNING = logging.WARNING
+    ERROR = logging.ERROR
+    VERBOSE = logging.DEBUG
+
+
 class Logger:
     """Triton's model logger; lines go to the worker's log (logger ``triton_python_backend_utils``)."""
 
-    class LogLevel:
-        INFO = logging.INFO
-        WARNING = logging.WARNING
-        ERROR = logging.ERROR
-        VERBOSE = logging.DEBUG
+    LogLevel = LogLevel
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
-    def log(message: str, level: int = logging.INFO) -> None:
+    def log(message: str, level: int = LogLevel.INFO) -> None:
+        if level not in (LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR, LogLevel.VERBOSE):
+            raise TritonModelException(
+                f"Logger.log: unknown level {level!r} (use pb_utils.LogLevel.INFO, ...)"
+            )
         log.log(level, "%s", message)
 
     @staticmethod
@@ -304,3 +183,56 @@ class Logger:
     @staticmethod
     def log_verbose(message: str) -> None:
         log.debug("%s", message)
+
+
+class PreferredMemory:
+    """Where a BLS call's outputs should land. zinfer hands models host tensors only, so a GPU preference
+    is accepted and the outputs still arrive on the host (``Tensor.is_cpu()`` says so)."""
+
+    def __init__(
+        self, preferred_memory_type: int = TRITONSERVER_MEMORY_CPU, preferred_device_id: int = 0
+    ) -> None:
+        if preferred_memory_type not in (TRITONSERVER_MEMORY_CPU, TRITONSERVER_MEMORY_CPU_PINNED,
+                                         TRITONSERVER_MEMORY_GPU):  # fmt: skip
+            raise TritonModelException(f"PreferredMemory: unknown memory type {preferred_memory_type!r}")
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load a model of the repository (the server must run in explicit model control mode)."""
+    if config or files:
+        raise TritonModelException(
+            "pb_utils.load_model with config or files is not supported by zinfer: a model loads from its "
+            "folder in the repository (write the config and files there, then load_model(name))"
+        )
+    from . import bls
+
+    try:
+        bls.load_model(model_name)
+    except Exception as exc:
+        raise TritonModelException(
+            f"load_model({model_name!r}) failed: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    from . import bls
+
+    try:
+        bls.unload_model(model_name)
+    except Exception as exc:
+        raise TritonModelException(
+            f"unload_model({model_name!r}) failed: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    from . import bls
+
+    try:
+        return bls.is_model_ready(model_name, model_version or 0)
+    except Exception as exc:
+        raise TritonModelException(
+            f"is_model_ready({model_name!r}) failed: {type(exc).__name__}: {exc}"
+        ) from None

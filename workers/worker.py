@@ -18,6 +18,7 @@ import os
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,11 +30,13 @@ from zinfer.client.errors import ConfigError, ProtocolError, ResourceExhausted
 from zinfer.client.protocol import Command, Frame, Message
 from zinfer.client.transport import send_frames
 from zinfer.client.worker_protocol import (
+    CancelRequest,
     Execute,
     LoadFailed,
     RequestResult,
     WorkerReady,
     WorkerResult,
+    cancel_from_wire,
     drop_region_from_wire,
     execute_from_wire,
     load_failed_to_wire,
@@ -44,7 +47,7 @@ from zinfer.modelconfig.autocomplete import complete_config
 from zinfer.modelconfig.model_config import load_model_config
 from zinfer.modelconfig.signature import Signature
 
-from . import bls
+from . import bls, cancel_flags, model_loop
 from .batch import BatchRequest, run_batch
 from .batch_io import error_result, request_arrays
 from .device import CPU, Device, DeviceWait, open_device, prefetch_wanted
@@ -54,6 +57,8 @@ from .model import AnyModel
 from .regions import RegionCache
 from .sequence_state import ImplicitStates, state_specs
 from .stream import run_stream
+from .triton_model import TritonModel
+from .triton_stream import run_triton_stream
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +128,7 @@ class Worker:
             config = complete_config(config, a.repository / a.model, a.version)
             bls.configure(a.server_url, a.model, sum(g.count for g in config.instance_group))
             self.device = open_device(a.device)
+            model_loop.configure(_device_setup(self.device))
             self.regions.pinner = self.device
             model = load_model(config, a.repository / a.model / str(a.version), self.device, a.instance)
             self.prefetch = prefetch_wanted(config, model, self.device)
@@ -177,6 +183,8 @@ class Worker:
                         self._execute(sig, model, execute_from_wire(msg.header), msg.frames)
                     elif msg.command == Command.W_DROP_REGION:
                         self.regions.drop(drop_region_from_wire(msg.header).name)
+                    elif msg.command == Command.W_CANCEL:
+                        self._cancel(cancel_from_wire(msg.header))
                 except ProtocolError as exc:
                     log.error("event=bad_message command=%s error=%r", msg.command.name, str(exc))
         finally:
@@ -244,18 +252,57 @@ class Worker:
         self.device.take_staged(batch_id)
         self.regions.use_table(execute.regions)
         requests = [BatchRequest.from_broker(r) for r in execute.requests]
+        cancel_flags.begin_batch(batch_id, [r.id for r in requests])
         if sig.decoupled:
 
             def partial(result: RequestResult, out_frames: list[Frame]) -> None:
                 self.send_result(WorkerResult(batch_id, (result,), partial=True), out_frames)
 
-            outcome = run_stream(model, sig, requests, frames, self.regions, partial)
+            if isinstance(model, TritonModel):
+                outcome = run_triton_stream(model, sig, requests, frames, self.regions, partial)
+            else:
+                outcome = run_stream(model, sig, requests, frames, self.regions, partial)
         else:
             outcome = run_batch(model, sig, requests, frames, self.regions, self.device, self.states)
         timings = (outcome.input_ns, outcome.infer_ns, outcome.output_ns)
         self.send_result(WorkerResult(batch_id, tuple(outcome.results), timings=timings), outcome.frames)
 
+    def _cancel(self, cancel: CancelRequest) -> None:
+        if cancel_flags.cancel(cancel.batch, cancel.id):
+            log.info("event=request_cancelled batch=%d request=%d", cancel.batch, cancel.id)
+
+    def _pump(self, done: Callable[[], bool]) -> bool:
+        """Wait for ``done()`` while the model runs on its own threads: read the socket (a CANCEL sets
+        its request's flag at once; anything else waits its turn in ``_pending``) and wake whenever
+        ``model_loop.WAKE`` is set. False when the worker is to stop (SHUTDOWN, SIGTERM, broker gone)."""
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(model_loop.WAKE.fd, zmq.POLLIN)
+        while not done():
+            if self._stop:
+                return False
+            events = dict(poller.poll(POLL_MS))
+            if model_loop.WAKE.fd in events:
+                model_loop.WAKE.clear()
+            if self.sock in events:
+                msg = self._receive()
+                if msg is None:
+                    continue
+                if msg.command == Command.W_CANCEL:
+                    try:
+                        self._cancel(cancel_from_wire(msg.header))
+                    except ProtocolError as exc:
+                        log.error("event=bad_message command=W_CANCEL error=%r", str(exc))
+                    continue
+                self._pending.append(msg)
+                if msg.command == Command.W_SHUTDOWN:
+                    return False
+            elif not events and os.getppid() != self.args.parent:
+                return False
+        return True
+
     def close(self) -> None:
+        model_loop.close()
         bls.close()
         self.heartbeat.stop()
         self.regions.close()
@@ -267,8 +314,25 @@ class Worker:
         self._ctx.term()
 
 
+def _device_setup(device: Device) -> Callable[[], None] | None:
+    """What the model's threads run first: a GPU instance makes its device current there too."""
+    if device.is_host:
+        return None
+
+    def use_device() -> None:
+        try:
+            import cupy
+
+            cupy.cuda.Device(device.id).use()
+        except Exception as exc:  # the model's own code then picks its device itself
+            log.warning("event=model_thread_device_failed device=%s error=%r", device.id, exc)
+
+    return use_device
+
+
 def main_loop(args: WorkerArgs) -> int:
     worker = Worker(args)
+    model_loop.set_pump(worker._pump)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the broker stops us
     signal.signal(signal.SIGTERM, worker.request_stop)
     started = time.monotonic()

@@ -74,6 +74,10 @@ execute_requests = st.builds(
     st.lists(outputs, max_size=3).map(tuple),
     texts,
     st.none() | sequences,
+    st.dictionaries(
+        names, st.booleans() | st.integers(-(1 << 63), (1 << 63) - 1) | st.floats(allow_nan=False) | texts,
+        max_size=3,
+    ),
 )
 executes = st.builds(
     wp.Execute,
@@ -126,6 +130,8 @@ RECORDS: list[tuple[str, st.SearchStrategy[Any], Command, Callable[[Any], Any], 
     ("ExecuteRequest", execute_requests, Command.W_EXECUTE, wp.execute_request_to_wire,
      wp.execute_request_from_wire),
     ("Execute", executes, Command.W_EXECUTE, wp.execute_to_wire, wp.execute_from_wire),
+    ("CancelRequest", st.builds(wp.CancelRequest, u63, u63), Command.W_CANCEL, wp.cancel_to_wire,
+     wp.cancel_from_wire),
     ("RequestResult", request_results, Command.W_RESULT, wp.request_result_to_wire,
      wp.request_result_from_wire),
     ("WorkerResult", worker_results, Command.W_RESULT, wp.result_to_wire, wp.result_from_wire),

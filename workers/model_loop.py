@@ -1,0 +1,158 @@
+"""Where a Triton-style model's ``execute`` runs: one model thread and one asyncio event loop per worker.
+
+A plain ``def execute`` runs on the model thread; an ``async def execute`` runs on the event loop, which
+lives as long as the worker, so what it awaits (``InferenceRequest.async_exec``, its own tasks) may
+outlive one call, as in Triton where the loop is shared by a model instance's requests. Neither is the
+worker's main thread: that one stays free to read the socket while the model runs (a client's CANCEL
+reaches ``request.is_cancelled()`` at once) and to send what a decoupled model's response senders queue
+from any thread. The main thread waits through a *pump* the worker installs (``set_pump``): it runs until
+its predicate holds, woken by :data:`WAKE`, which every finished call and every queued response sets.
+Without a worker (unit tests) the default pump just sleeps on ``WAKE``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import os
+import select
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from zinfer.client.errors import Unavailable
+
+
+class Wake:
+    """A self-pipe any thread may set; the worker's pump polls its ``fd`` beside the socket."""
+
+    def __init__(self) -> None:
+        self.fd, self._write = os.pipe()
+        os.set_blocking(self.fd, False)
+        os.set_blocking(self._write, False)
+
+    def set(self) -> None:
+        try:
+            os.write(self._write, b"x")
+        except BlockingIOError:
+            pass  # already full: the reader will wake anyway
+
+    def clear(self) -> None:
+        try:
+            while os.read(self.fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+
+WAKE = Wake()
+
+Pump = Callable[[Callable[[], bool]], bool]
+"""Runs until the predicate is true (True), or gives up because the worker is stopping (False)."""
+
+
+def _sleep_pump(done: Callable[[], bool]) -> bool:
+    while not done():
+        select.select([WAKE.fd], [], [], 0.5)
+        WAKE.clear()
+    return True
+
+
+_pump: Pump = _sleep_pump
+
+
+def set_pump(pump: Pump | None) -> None:
+    global _pump
+    _pump = pump or _sleep_pump
+
+
+def pump(done: Callable[[], bool]) -> bool:
+    return _pump(done)
+
+
+class ModelLoop:
+    """The model thread and the event loop thread, started on first use."""
+
+    def __init__(self, setup: Callable[[], None] | None = None) -> None:
+        self._setup = setup
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._run_loop, name="zinfer-model-loop", daemon=True)
+        self._loop_thread.start()
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="zinfer-model", initializer=self._thread_setup
+        )
+
+    def _thread_setup(self) -> None:
+        if self._setup is not None:
+            self._setup()
+
+    def _run_loop(self) -> None:
+        self._thread_setup()
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        """Start ``fn(*args)``: a coroutine function on the loop, anything else on the model thread (an
+        awaitable it returns is then awaited on the loop). ``WAKE`` is set when it is done."""
+        if inspect.iscoroutinefunction(fn):
+            future = asyncio.run_coroutine_threadsafe(fn(*args), self._loop)
+        else:
+            future = self._executor.submit(self._call, fn, *args)
+        future.add_done_callback(lambda _: WAKE.set())
+        return future
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        result = fn(*args)
+        if inspect.isawaitable(result):
+            return asyncio.run_coroutine_threadsafe(_awaited(result), self._loop).result()
+        return result
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+_lock = threading.Lock()
+_model_loop: ModelLoop | None = None
+_setup: Callable[[], None] | None = None
+
+
+def configure(setup: Callable[[], None] | None) -> None:
+    """What each of the two threads runs first (a GPU instance makes its device current there); threads
+    already started are replaced."""
+    global _setup
+    close()
+    _setup = setup
+
+
+def get() -> ModelLoop:
+    global _model_loop
+    with _lock:
+        if _model_loop is None:
+            _model_loop = ModelLoop(_setup)
+        return _model_loop
+
+
+def run(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on the model thread or loop, the calling thread pumping until it is done."""
+    future = get().submit(fn, *args)
+    if not pump(future.done):
+        raise Unavailable("the worker is stopping")
+    return future.result()
+
+
+def close() -> None:
+    global _model_loop
+    with _lock:
+        if _model_loop is not None:
+            _model_loop.close()
+            _model_loop = None

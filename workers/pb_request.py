@@ -1,0 +1,321 @@
+"""``pb_utils.InferenceRequest``, ``InferenceResponse`` and ``InferenceResponseSender``.
+
+A request the worker hands to ``execute`` carries its inputs, ids, parameters, a cancellation flag the
+worker sets when the client cancels, and its response sender. A request a model builds itself is a BLS
+call: ``exec()`` / ``async_exec()`` run it on another model through the server (``zinfer.workers.bls``)
+and return errors as values (``response.has_error()``), as Triton does; with ``decoupled=True`` they
+return the stream's responses as an iterator (the last may be empty: it carries only the end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from .pb_errors import TritonError, TritonModelException, triton_error
+from .pb_tensor import Tensor
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+
+class InferenceResponse:
+    """The answer to one request: output tensors, or an error for that request alone; ``parameters``
+    (a dict of str to bool, int, float or str, or its JSON text) go to the client with the response."""
+
+    def __init__(
+        self,
+        output_tensors: Iterable[Tensor] | None = None,
+        error: TritonError | str | None = None,
+        parameters: Mapping[str, Any] | str | None = None,
+    ) -> None:
+        self._tensors = list(output_tensors or ())
+        if not all(isinstance(t, Tensor) for t in self._tensors):
+            raise TritonModelException("InferenceResponse: output_tensors must be a list of pb_utils.Tensor")
+        self._error = TritonError(error) if isinstance(error, str) else error
+        self._parameters = _parameters(parameters, "InferenceResponse")
+
+    def output_tensors(self) -> list[Tensor]:
+        return list(self._tensors)
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+
+def _parameters(value: Mapping[str, Any] | str | None, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise TritonModelException(f"{where}: parameters must be a dict or its JSON text") from None
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, bool | int | float | str) for k, v in value.items()
+    ):
+        raise TritonModelException(f"{where}: parameters must map str keys to bool, int, float or str")
+    return dict(value)
+
+
+class _ModelName(str):
+    """A request's model name: Triton has it both as ``request.model_name`` and ``request.model_name()``."""
+
+    def __call__(self) -> str:
+        return str(self)
+
+
+Deliver = Callable[[InferenceResponse | None, bool], None]
+
+
+class InferenceResponseSender:
+    """Sends a request's responses, from ``execute`` or any thread after it returned. Decoupled models send
+    any number, the last with ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (or only the flag); other
+    models exactly one, then the flag. Sending after the final flag raises ``TritonModelException``."""
+
+    def __init__(self, deliver: Deliver, cancelled: threading.Event, decoupled: bool) -> None:
+        self._deliver = deliver
+        self._cancelled = cancelled
+        self._decoupled = decoupled
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sent = 0
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if response is None and flags == 0:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                "InferenceResponseSender.send takes a pb_utils.InferenceResponse, "
+                f"got {type(response).__name__}"
+            )
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        with self._lock:
+            if not self._decoupled and response is not None and self._sent > 0:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one response."
+                )
+            if not self._decoupled and response is None and self._sent == 0:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send complete final before "
+                    "sending a response."
+                )
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            self._closed = final
+            self._sent += 1
+        self._deliver(response, final)
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+
+class InferenceRequest:
+    """A request: one given to ``execute``, or one a model builds to call another model (BLS)."""
+
+    def __init__(
+        self,
+        inputs: Iterable[Tensor] = (),
+        request_id: str = "",
+        requested_output_names: Sequence[str] = (),
+        model_name: str | bytes = "",
+        model_version: int = -1,
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: Any = None,
+        trace: Any = None,
+        parameters: Mapping[str, Any] | str | None = None,
+    ) -> None:
+        self._inputs = list(inputs)
+        if not all(isinstance(t, Tensor) for t in self._inputs):
+            raise TritonModelException("InferenceRequest: inputs must be a list of pb_utils.Tensor")
+        self._by_name = {t.name(): t for t in self._inputs}
+        self._request_id = request_id
+        self._outputs = [_text(n, "requested_output_names") for n in requested_output_names]
+        self.model_name = _ModelName(_text(model_name, "model_name"))
+        self._model_version = int(model_version)
+        self._correlation_id = correlation_id
+        self._flags = int(flags)
+        self._timeout = int(timeout)
+        self._parameters = _parameters(parameters, "InferenceRequest")
+        self._cancelled = threading.Event()
+        self._sender: InferenceResponseSender | None = None
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+
+    @classmethod
+    def _served(
+        cls,
+        inputs: Iterable[Tensor],
+        request_id: str,
+        requested_output_names: Sequence[str],
+        model_name: str,
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        parameters: Mapping[str, Any] | None = None,
+        cancelled: threading.Event | None = None,
+    ) -> InferenceRequest:
+        """A request the worker hands to ``execute`` (its sender is attached by the worker)."""
+        request = cls(inputs, request_id, requested_output_names, model_name, correlation_id=correlation_id,
+                      flags=flags, parameters=dict(parameters or {}))  # fmt: skip
+        if cancelled is not None:
+            request._cancelled = cancelled
+        return request
+
+    def inputs(self) -> list[Tensor]:
+        return list(self._inputs)
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def requested_output_names(self) -> list[str]:
+        return list(self._outputs)
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def model_version(self) -> int:
+        return self._model_version
+
+    def parameters(self) -> str:
+        """The request's parameters as JSON text (``json.loads`` it), as in Triton."""
+        return json.dumps(self._parameters)
+
+    def is_cancelled(self) -> bool:
+        """Whether the client cancelled this request (set while ``execute`` runs, as the cancel arrives)."""
+        return self._cancelled.is_set()
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException(
+                "get_response_sender: only a request given to execute has a response sender (a request "
+                "built for a BLS call answers through exec/async_exec)"
+            )
+        return self._sender
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise TritonModelException(
+                "set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not supported by zinfer: "
+                "request rescheduling needs iterative sequence batching, which zinfer does not have"
+            )
+        if flags != TRITONSERVER_REQUEST_RELEASE_ALL:
+            raise TritonModelException(f"set_release_flags: unknown flags {flags!r}")
+        self._release_flags = flags
+
+    def exec(self, decoupled: bool = False) -> Any:
+        """BLS: run this request on ``model_name`` through the server. Errors come back as a response
+        whose ``has_error()`` is true; ``decoupled=True`` returns an iterator of the stream's responses."""
+        if decoupled:
+            return ResponseIterator(self)
+        from . import bls
+
+        try:
+            outputs = bls.infer(self.model_name, self._arrays(), self._outputs or None,
+                                max(self._model_version, 0), self._timeout_s())  # fmt: skip
+        except Exception as exc:
+            return InferenceResponse(error=triton_error(exc))
+        return InferenceResponse(output_tensors=[Tensor(name, value) for name, value in outputs.items()])
+
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        """``exec`` without blocking the event loop: several may be awaited at once. With
+        ``decoupled=True`` the result iterates both ways (``for`` and ``async for``)."""
+        if decoupled:
+            return ResponseIterator(self)
+        return await asyncio.to_thread(self.exec)
+
+    def _arrays(self) -> dict[str, Any]:
+        return {t.name(): t.as_numpy() for t in self._inputs}
+
+    def _timeout_s(self) -> float:
+        from . import bls
+
+        return self._timeout / 1e6 if self._timeout > 0 else bls.BLS_TIMEOUT_S
+
+
+def _text(value: Any, what: str) -> str:
+    """A name given as str, or as bytes (NumPy string tensors give ``np.bytes_``), as text."""
+    if isinstance(value, bytes):  # np.bytes_ is a bytes subclass
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            raise TritonModelException(f"InferenceRequest: {what} is not UTF-8: {value!r}") from None
+    if isinstance(value, str):
+        return str(value)
+    raise TritonModelException(f"InferenceRequest: {what} must be a str, got {type(value).__name__}")
+
+
+_END = object()
+
+
+class ResponseIterator:
+    """The responses of a BLS call to a decoupled model, as they come, for ``for`` and ``async for``.
+    The stream starts on the first ``next``; an error ends it as a last response that carries it."""
+
+    def __init__(self, request: InferenceRequest) -> None:
+        self._request = request
+        self._stream: Iterator[tuple[dict[str, Any], bool]] | None = None
+        self._done = False
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        item = self._next()
+        if item is _END:
+            raise StopIteration
+        assert isinstance(item, InferenceResponse)
+        return item
+
+    def __aiter__(self) -> ResponseIterator:
+        return self
+
+    async def __anext__(self) -> InferenceResponse:
+        item = await asyncio.to_thread(self._next)
+        if item is _END:
+            raise StopAsyncIteration
+        assert isinstance(item, InferenceResponse)
+        return item
+
+    def _next(self) -> object:
+        from . import bls
+
+        with self._lock:
+            if self._done:
+                return _END
+            r = self._request
+            try:
+                if self._stream is None:
+                    self._stream = bls.stream(r.model_name, r._arrays(), r._outputs or None,
+                                              max(r._model_version, 0), r._timeout_s())  # fmt: skip
+                outputs, final = next(self._stream)
+            except StopIteration:
+                self._done = True
+                return _END
+            except Exception as exc:
+                self._done = True
+                return InferenceResponse(error=triton_error(exc))
+            self._done = final
+            return InferenceResponse(output_tensors=[Tensor(name, value) for name, value in outputs.items()])

@@ -1,0 +1,204 @@
+"""A decoupled Triton-style model: responses through ``request.get_response_sender()``, from any thread.
+
+``execute`` gets the batch's requests and returns None; each request's sender sends any number of
+responses, the last with ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (or that flag alone), from ``execute``
+or from threads that run on after it returned. Senders only queue what they send and set
+``model_loop.WAKE``; the worker's main thread, pumping its socket meanwhile, takes each response off the
+queue and sends it to the broker at once, as a partial RESULT: ``final`` false, or true for the request's
+last, which ends that request's stream (its client gets it as the final response). The batch ends, and
+the instance takes its next one, when ``execute`` has returned and every request has ended.
+
+A request whose stream cannot end normally ends with an error instead, never a hang: ``execute`` raised,
+or returned something other than None, or the request's sender was released (garbage) without the final
+flag. A worker that dies, or a batch past the model's execution limit, fails its open requests in the
+broker as any other batch. An error response ends the client's stream with that error (zinfer's streams
+end at an error); what that request's sender sends later is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from zinfer.client.errors import InternalError, ServerError
+from zinfer.client.protocol import Frame
+from zinfer.client.worker_protocol import RequestResult
+from zinfer.modelconfig.signature import Signature
+
+from . import cancel_flags, model_loop
+from . import triton_python_backend_utils as pb
+from .batch_io import (
+    BatchOutcome,
+    BatchRequest,
+    check_output,
+    emit,
+    error_result,
+    model_failure,
+    request_arrays,
+)
+from .model import RequestInputs
+from .pb_errors import server_error
+from .regions import RegionCache
+from .triton_model import TritonModel, pb_request
+
+log = logging.getLogger(__name__)
+
+SendPartial = Callable[[RequestResult, list[Frame]], None]
+_RELEASED = object()
+
+
+class _Queue:
+    """What the senders of one batch sent, in order: ``(request id, response | None | _RELEASED, final)``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: deque[tuple[int, Any, bool]] = deque()
+
+    def put(self, rid: int, response: Any, final: bool) -> None:
+        with self._lock:
+            self._items.append((rid, response, final))
+        model_loop.WAKE.set()
+
+    def take(self) -> list[tuple[int, Any, bool]]:
+        with self._lock:
+            items = list(self._items)
+            self._items.clear()
+        return items
+
+
+def _attach_sender(request: pb.InferenceRequest, rid: int, queue: _Queue, decoupled: bool) -> None:
+    def deliver(response: pb.InferenceResponse | None, final: bool) -> None:
+        queue.put(rid, response, final)
+
+    sender = pb.InferenceResponseSender(deliver, request._cancelled, decoupled)
+    request._sender = sender
+    # released without the final flag (and nothing else will end it): the request ends with an error
+    weakref.finalize(sender, queue.put, rid, _RELEASED, True)
+
+
+class _Streams:
+    """The open requests of the batch and how each response becomes a partial RESULT."""
+
+    def __init__(self, sig: Signature, regions: RegionCache, send: SendPartial, name: str) -> None:
+        self.sig, self.regions, self.send, self.name = sig, regions, send, name
+        self.open: dict[int, tuple[BatchRequest, int]] = {}  # id -> (request, rows)
+
+    def end(self, rid: int, error: ServerError) -> None:
+        if self.open.pop(rid, None) is not None:
+            self.send(error_result(rid, error)._replace(final=True), [])
+
+    def end_all(self, error: ServerError) -> None:
+        for rid in list(self.open):
+            self.end(rid, error)
+
+    def response(self, rid: int, response: Any, final: bool) -> None:
+        entry = self.open.get(rid)
+        if entry is None:
+            if response is not _RELEASED:
+                log.debug("event=response_dropped model=%s request=%d", self.name, rid)
+            return
+        req, rows = entry
+        if response is _RELEASED:
+            why = "the request's response sender was released without sending the final flag"
+            self.end(rid, InternalError(f"{why} (TRITONSERVER_RESPONSE_COMPLETE_FINAL)"))
+            return
+        if response is not None and response.has_error():
+            self.end(rid, server_error(response.error()))
+            return
+        frames: list[Frame] = []
+        tensors = []
+        if response is not None:
+            try:
+                by_name = {t.name(): t.as_numpy() for t in response.output_tensors()}
+                for want in req.outputs:
+                    if want.name in by_name:
+                        arr = check_output(want.name, by_name[want.name], self.sig, rows)
+                        tensors.append(emit(want.name, arr, None, self.sig.outputs[want.name].wire,
+                                            self.regions, frames))  # fmt: skip
+            except ServerError as exc:
+                self.end(rid, exc)
+                return
+        if final:
+            del self.open[rid]
+        self.send(RequestResult(rid, outputs=tuple(tensors), final=final), frames)
+
+
+def run_triton_stream(
+    model: TritonModel,
+    sig: Signature,
+    requests: Sequence[BatchRequest],
+    frames: Sequence[Frame],
+    regions: RegionCache,
+    send_partial: SendPartial,
+) -> BatchOutcome:
+    """Run one batch of a decoupled Triton-style model; every request ends through ``send_partial``."""
+    out = BatchOutcome()
+    regions.begin_batch()
+    streams = _Streams(sig, regions, send_partial, sig.name)
+    queue = _Queue()
+    pb_requests: list[pb.InferenceRequest] = []
+    t0 = time.perf_counter_ns()
+    for req in requests:
+        try:
+            arrays = request_arrays(req, frames, regions)
+        except ServerError as exc:
+            out.results.append(error_result(req.id, exc))
+            continue
+        rows = next(iter(arrays.values())).shape[0] if sig.batching and arrays else 1
+        names = tuple(o.name for o in req.outputs)
+        inputs = RequestInputs(req.request_id, arrays, names, req.sequence, req.parameters,
+                               cancel_flags.cancel_flag(req.id))  # fmt: skip
+        request = pb_request(inputs, model.name)
+        _attach_sender(request, req.id, queue, decoupled=True)
+        pb_requests.append(request)
+        streams.open[req.id] = (req, rows)
+    if not pb_requests:
+        return out
+    future = model_loop.get().submit(_execute, model.instance.execute, pb_requests)
+    del pb_requests, request  # the model alone holds the requests (and their senders) now
+    returned = False
+    released: list[int] = []  # senders gone while execute ran: judged once it is known how it ended
+
+    def step() -> bool:
+        nonlocal returned
+        for rid, response, final in queue.take():
+            if response is _RELEASED and not returned:
+                released.append(rid)
+            else:
+                streams.response(rid, response, final)
+        if future.done() and not returned:
+            returned = True
+            for rid, response, final in queue.take():  # sent before execute returned
+                if response is _RELEASED:
+                    released.append(rid)
+                else:
+                    streams.response(rid, response, final)
+            exc = future.exception()
+            if exc is not None:
+                log.warning("event=model_failed model=%s error=%r", sig.name, exc)
+                streams.end_all(exc if isinstance(exc, ServerError) else model_failure(exc))
+            elif future.result() is not None:
+                streams.end_all(InternalError(
+                    "TritonPythonModel.execute of a decoupled model must return None and answer through "
+                    f"request.get_response_sender(); it returned {type(future.result()).__name__}"
+                ))  # fmt: skip
+            for rid in released:
+                streams.response(rid, _RELEASED, True)
+        return returned and not streams.open
+
+    if not model_loop.pump(step):
+        streams.end_all(InternalError("the worker is stopping"))
+    out.infer_ns = time.perf_counter_ns() - t0
+    return out
+
+
+def _execute(execute: Callable[[list[Any]], Any], holder: list[pb.InferenceRequest]) -> Any:
+    """Call ``execute`` with the requests, leaving no reference to them here once it returns."""
+    requests = list(holder)
+    holder.clear()
+    return execute(requests)
