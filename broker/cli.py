@@ -17,13 +17,15 @@ from typing import Any
 import zmq
 
 from zinfer.client.errors import ConfigError, ZinferError
-from zinfer.client.paths import default_runtime_dir
+from zinfer.client.paths import client_endpoint, default_runtime_dir
 from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
 
 from .batching.rate_limiter import normalize_resources
+from .cli_parser import parser as _parser
+from .frontdoor_procs import FrontDoorConfig, FrontDoorProcs, listen_problem
 from .sd_notify import Notifier
 from .server import Broker, ServerOptions
-from .server_config import FILE_ONLY_KEYS, KEYS, ConfigFileError, flag_defaults, host_port, load_config
+from .server_config import FILE_ONLY_KEYS, KEYS, ConfigFileError, flag_defaults, load_config
 
 log = logging.getLogger("zinfer.serve")
 
@@ -35,182 +37,6 @@ EXIT_CONFIG = 2  # a configuration error: systemd's RestartPreventExitStatus=2 k
 def bundled_models() -> Path:
     """The example model repository shipped with zinfer (``configs/models``)."""
     return Path(str(resources.files("zinfer.configs") / "models"))
-
-
-def _host_port(value: str) -> str:
-    try:
-        return host_port(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _metrics_address(value: str) -> str:
-    return value if value == "off" else _host_port(value)
-
-
-def _number(kind: Callable[[str], float], minimum: float, strict: bool = False) -> Callable[[str], Any]:
-    """An argparse type: a ``kind`` number >= ``minimum`` (> when ``strict``), else a usage error (exit 2)."""
-
-    def convert(value: str) -> Any:
-        try:
-            number = kind(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-        if number < minimum or (strict and number == minimum):
-            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {minimum:g}, got {value}")
-        return number
-
-    return convert
-
-
-def _parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
-    """The ``zinfer`` command line; ``serve_defaults`` (from a configuration file) replace the built-in
-    defaults of ``zinfer serve``, so that flags given on the command line override the file."""
-    p = argparse.ArgumentParser(prog="zinfer", description="zinfer: an intra-host inference server.")
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="serve a model repository")
-    s.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="TOML file with any of the options below (and more; see configs/zinfer.toml); flags override it",
-    )
-    s.add_argument(
-        "--model-repository",
-        type=Path,
-        default=None,
-        help="Triton-layout model repository (default: the bundled configs/models)",
-    )
-    s.add_argument(
-        "--runtime-dir",
-        type=Path,
-        default=None,
-        help="folder for the sockets (default: $ZINFER_RUNTIME_DIR, else $XDG_RUNTIME_DIR/zinfer, "
-        "else a per-user folder in the temp dir)",
-    )
-    s.add_argument(
-        "--tcp",
-        type=_host_port,
-        default=None,
-        metavar="HOST:PORT",
-        help="also accept clients over TCP (off by default; tensors then travel inline)",
-    )
-    s.add_argument(
-        "--metrics",
-        type=_metrics_address,
-        default="127.0.0.1:8002",
-        metavar="HOST:PORT",
-        help="serve /metrics and the /v2/health endpoints here (port 0: any free port; 'off': none)",
-    )
-    s.add_argument(
-        "--no-metrics",
-        action="store_const",
-        const="off",
-        dest="metrics",
-        help="serve no metrics or health endpoints (same as --metrics off)",
-    )
-    s.add_argument(
-        "--cache-bytes",
-        dest="cli_cache_bytes",
-        type=_number(int, 0),
-        default=None,
-        metavar="N",
-        help="response cache size in bytes for models with response_cache { enable: true } (0: off)",
-    )
-    s.add_argument(
-        "--rate-limit-resource",
-        dest="cli_rate_limits",
-        action="append",
-        default=None,
-        metavar="NAME:COUNT[:DEVICE]",
-        help="a rate-limiter resource's count, per DEVICE (cpu, gpu:N) or for every device (repeatable)",
-    )
-    s.add_argument(
-        "--heartbeat-interval",
-        dest="cli_heartbeat_interval",
-        type=_number(float, 0, strict=True),
-        default=None,
-        metavar="S",
-        help="seconds between heartbeats of the broker and its workers (default 1)",
-    )
-    s.add_argument(
-        "--heartbeat-liveness",
-        dest="cli_heartbeat_liveness",
-        type=_number(int, 1),
-        default=None,
-        metavar="N",
-        help="intervals of silence after which a worker is declared dead (default 5)",
-    )
-    s.add_argument(
-        "--socket-group",
-        default=None,
-        metavar="GROUP",
-        help="let this group's members use the client socket (folder 0750, socket 0660)",
-    )
-    s.add_argument(
-        "--curve-secret-key",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="server certificate (from 'zinfer keys'): TCP clients must then use CURVE",
-    )
-    s.add_argument(
-        "--curve-allow",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="folder of client public certificates allowed to connect over TCP",
-    )
-    s.add_argument(
-        "--max-tensor-bytes", type=_number(int, 1), default=1 << 32, help="largest tensor accepted, in bytes"
-    )
-    s.add_argument(
-        "--max-batch-bytes",
-        type=_number(int, 0),
-        default=0,
-        help="largest total of input bytes in one batch (default 0: twice --max-tensor-bytes)",
-    )
-    s.add_argument(
-        "--drain-timeout",
-        type=_number(float, 0),
-        default=30.0,
-        help="on SIGTERM or Ctrl-C, seconds to finish queued and running requests (twice: stop now)",
-    )
-    s.add_argument(
-        "--exit-timeout", type=_number(float, 0), default=5.0, help="seconds to wait for workers on shutdown"
-    )
-    s.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    s.add_argument(
-        "--model-control-mode",
-        choices=["none", "explicit"],
-        default="none",
-        help="none: load every model at start; explicit: only --load-model ones, then load/unload on request",
-    )
-    s.add_argument(
-        "--load-model",
-        action="append",
-        default=None,
-        metavar="NAME",
-        help="with --model-control-mode explicit: a model to load at start (repeatable; '*' loads all)",
-    )
-    if serve_defaults:
-        s.set_defaults(**serve_defaults)
-    for name, text in (("models", "list the repository's models and their state"),
-                       ("load", "load or reload a model (explicit model control)"),
-                       ("unload", "unload a model (explicit model control)")):  # fmt: skip
-        c = sub.add_parser(name, help=text)
-        c.add_argument("--url", default=None, help="server socket (default: the default runtime directory's)")
-        c.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the server")
-        if name != "models":
-            c.add_argument("model")
-    sub.add_parser("status", help="a terminal view of a running server (see 'zinfer status --help')")
-    sub.add_parser("perf", help="a load generator in the spirit of perf_analyzer (see 'zinfer perf --help')")
-    sub.add_parser("tune", help="sweep batching and instance settings on a live server (zinfer tune --help)")
-    k = sub.add_parser("keys", help="write a CURVE key pair: NAME.key (public) and NAME.key_secret")
-    k.add_argument("folder", type=Path)
-    k.add_argument("name")
-    return p
 
 
 def keys(args: argparse.Namespace) -> int:
@@ -304,6 +130,36 @@ def _resource(text: str) -> tuple[str, int, str | None]:
     return name, int(count), device or None
 
 
+def frontdoor_config(args: argparse.Namespace, options: ServerOptions) -> FrontDoorConfig:
+    """The front door's settings from the flags; a ``ConfigError`` for a combination that cannot serve."""
+    config = FrontDoorConfig(
+        workers=args.frontdoor_workers,
+        broker_url=client_endpoint(options.runtime_dir),
+        runtime_dir=options.runtime_dir,
+        grpc=args.grpc,
+        http=args.http,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+        insecure_remote=args.insecure_remote,
+        max_tensor_bytes=options.max_tensor_bytes,
+        log_level=options.log_level,
+    )
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    if config.tls_client_ca is not None and config.tls_cert is None:
+        raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
+    for path in (config.tls_cert, config.tls_key, config.tls_client_ca):
+        if path is not None and not path.is_file():
+            raise ConfigError(f"{path}: no such file")
+    for flag, address in (("--grpc", config.grpc), ("--http", config.http)):
+        problem = None if address is None else listen_problem(address, config.tls_cert is not None,
+                                                              config.insecure_remote)  # fmt: skip
+        if problem is not None:
+            raise ConfigError(f"{flag} {problem}")
+    return config
+
+
 def _names(names: list[str], limit: int = 8) -> str:
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return ", ".join(names[:limit]) + more
@@ -344,6 +200,23 @@ def _reporting(notifier: Notifier, broker: Broker, stop: dict[str, int]) -> Call
     return stop_requests
 
 
+def _with_frontdoors(stop_requests: Callable[[], int], doors: FrontDoorProcs) -> Callable[[], int]:
+    """The loop's stop-request callable, which also watches the front-door processes (restarting those that
+    died) and, once a stop is asked for, stops them so they take no new requests while the broker drains."""
+    if not doors.config.enabled:
+        return stop_requests
+
+    def check() -> int:
+        count = stop_requests()
+        if count:
+            doors.stop()
+        else:
+            doors.poll()
+        return count
+
+    return check
+
+
 def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level,
@@ -359,6 +232,7 @@ def serve(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     try:
         options = server_options(args, repo)
+        doors = FrontDoorProcs(frontdoor_config(args, options))
     except ConfigError as exc:
         log.error("event=bad_config error=%r", str(exc))
         notifier.send(f"STATUS=configuration error: {' '.join(str(exc).split())}")
@@ -387,10 +261,14 @@ def serve(args: argparse.Namespace) -> int:
         return EXIT_CONFIG if config else 1
     log.info("event=starting repository=%s runtime_dir=%s", repo, options.runtime_dir)
     try:
-        broker.run(_reporting(notifier, broker, stop))
+        if doors.config.enabled:
+            doors.start()
+            broker.observer.frontdoors = doors.snapshot
+        broker.run(_with_frontdoors(_reporting(notifier, broker, stop), doors))
     finally:
         log.info("event=stopping signal=%d", stop["signal"])
         notifier.stopping("stopping workers")
+        doors.close()
         broker.close()
         notifier.close()
     return 0

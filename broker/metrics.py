@@ -20,12 +20,18 @@ import ctypes
 import logging
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.metrics_core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 __all__ = [
     "BATCH_REASONS",
@@ -278,6 +284,7 @@ class ServerMetrics:
         self,
         workers: Callable[[], Sequence[WorkerRecord]] | None = None,
         *,
+        frontdoors: Callable[[], Sequence[Mapping[str, Any]]] | None = None,
         gpu: bool = True,
         process: bool = True,
         clock_ns: Callable[[], int] = time.monotonic_ns,
@@ -285,6 +292,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self._clock_ns = clock_ns  # for how long a worker has been busy, at scrape time
         self._workers = workers or (lambda: ())
+        self._frontdoors = frontdoors or (lambda: ())
         self._index: dict[tuple[str, int], ModelMetrics] = {}
         self._models: tuple[ModelMetrics, ...] = ()
         self._shm_bytes = 0
@@ -293,6 +301,7 @@ class ServerMetrics:
         self._gpu_collector = _Collector(self._nvml.collect if self._nvml else tuple)
         self.registry.register(_Collector(self._collect_models))
         self.registry.register(_Collector(self._collect_workers))
+        self.registry.register(_Collector(self._collect_frontdoors))
         if self._nvml is not None:
             self.registry.register(self._gpu_collector)
         if process:  # the broker's own process_* figures
@@ -405,6 +414,26 @@ class ServerMetrics:
             rss.add_metric(values, float(mem.rss))
             cpu.add_sample(cpu.name + "_total", label_map, times.user + times.system)
         yield from (rss, cpu, restarts, up, busy, busy_s)
+
+    def _collect_frontdoors(self) -> Iterator[Metric]:
+        """The front-door processes (``zinfer serve --grpc/--http``): up, restarts, requests answered."""
+        rows = list(self._frontdoors())
+        if not rows:
+            return
+        up = GaugeMetricFamily("zinfer_frontdoor_up", "1 while the front-door process runs", labels=["index"])
+        restarts = _counter("zinfer_frontdoor_restarts_total", "Restarts of this front-door process")
+        requests = CounterMetricFamily(
+            "zinfer_frontdoor_requests", "Requests a front-door process answered, by protocol and result",
+            labels=["index", "protocol", "result"],
+        )  # fmt: skip
+        for row in rows:
+            index = str(row["index"])
+            up.add_metric([index], 1.0 if row["up"] else 0.0)
+            restarts.add_sample(restarts.name + "_total", {"index": index}, float(row["restarts"]))
+            for protocol, counts in sorted(row.get("requests", {}).items()):
+                for result in ("ok", "failed"):
+                    requests.add_metric([index, protocol, result], float(counts.get(result, 0)))
+        yield from (up, restarts, requests)
 
 
 def _cache_families(cache: CacheFigures | None) -> Iterator[Metric]:

@@ -48,10 +48,13 @@ class Observer:
         self.serving_ready = serving_ready  # the server's readiness (``Broker.serving_ready``)
         self.worker_records: tuple[WorkerRecord, ...] = ()
         self.health = HealthSnapshot()
-        self.metrics = ServerMetrics(lambda: self.worker_records)
+        self.metrics = ServerMetrics(lambda: self.worker_records, frontdoors=lambda: self.frontdoor_records)
+        self.frontdoor_records: tuple[dict[str, Any], ...] = ()
         self.http: HttpEndpoints | None = None
         self.started = time.monotonic()
         self._next_publish = 0.0
+        # the front-door processes (``frontdoor_procs.FrontDoorProcs.snapshot``), when zinfer serve runs any
+        self.frontdoors: Callable[[], list[dict[str, Any]]] | None = None
 
     def start_http(self, address: str) -> None:
         host, _, port = address.rpartition(":")
@@ -99,6 +102,8 @@ class Observer:
                 )
             )
         self.worker_records = tuple(records)
+        if self.frontdoors is not None:
+            self.frontdoor_records = tuple(self.frontdoors())
 
     def status(self) -> dict[str, Any]:
         """The ``server_status`` answer (its shape is documented in ``status_view``)."""
@@ -134,8 +139,11 @@ class Observer:
         for name, reason in sorted(self.registry.load_errors.items()):
             models.append({"name": name, "version": None, "state": "UNAVAILABLE", "reason": reason,
                            "queue_depth": 0, "rate_1m": 0.0, "instances": []})  # fmt: skip
-        return {"server": {"pid": os.getpid(), "uptime_s": now - self.started, "ready": self.health.ready},
-                "models": models}  # fmt: skip
+        answer = {"server": {"pid": os.getpid(), "uptime_s": now - self.started, "ready": self.health.ready},
+                  "models": models}  # fmt: skip
+        if self.frontdoors is not None:
+            answer["frontdoors"] = self.frontdoors()
+        return answer
 
     def close(self) -> None:
         self.health = HealthSnapshot()

@@ -95,6 +95,12 @@ def _metrics(value: object, base: Path) -> str:
         raise _Bad('"HOST:PORT" or "off"') from None
 
 
+def _flag(value: object, _base: Path) -> bool:
+    if not isinstance(value, bool):
+        raise _Bad("true or false")
+    return value
+
+
 def _integer(minimum: int) -> Callable[[object, Path], int]:
     def convert(value: object, _base: Path) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -255,6 +261,14 @@ KEYS: dict[str, Key] = {
     "rate_limit_resources": Key(_resources, None, "rate_limit_resources"),
     "gpus": Key(_gpus, None, "gpus"),
     "cpu_affinity": Key(_affinity, None, "cpu_affinity"),
+    # the KServe v2 front door (frontdoor/): Triton's gRPC and HTTP APIs in processes of their own
+    "grpc": Key(_address, "--grpc", "grpc"),
+    "http": Key(_address, "--http", "http"),
+    "frontdoor_workers": Key(_integer(1), "--frontdoor-workers", "frontdoor_workers"),
+    "tls_cert": Key(_path, "--tls-cert", "tls_cert"),
+    "tls_key": Key(_path, "--tls-key", "tls_key"),
+    "tls_client_ca": Key(_path, "--tls-client-ca", "tls_client_ca"),
+    "insecure_remote": Key(_flag, "--insecure-remote", "insecure_remote"),
 }  # fmt: skip
 """Every key the file may hold."""
 

@@ -20,6 +20,9 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _package_version
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from zinfer.client import AsyncClient, InferResult
 from zinfer.client.dtypes import numpy_to_wire
 from zinfer.client.errors import NotFound
@@ -84,6 +87,17 @@ class Bridge:
         self.timeout = timeout
         self._client = AsyncClient(url, timeout=timeout)
         self.url = self._client.url
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
+        """An array in the bridge's shared-memory arena: an input built there goes to the broker as a
+        descriptor, without another copy. Plain memory when the broker is not local."""
+        if not self.uses_shm:
+            return np.empty(shape, dtype)
+        return self._client.empty(shape, dtype)
+
+    @property
+    def uses_shm(self) -> bool:
+        return self.url.startswith("ipc://")
 
     async def close(self) -> None:
         await self._client.close()

@@ -98,6 +98,20 @@ _MODEL_HEADERS = ("MODEL", "VER", "STATE", "QUEUE", "BATCH/1m", "P99 ms/1m", "RE
 _MODEL_RIGHT = (False, True, False, True, True, True, True, False)
 _INSTANCE_HEADERS = ("INSTANCE", "PID", "DEVICE", "STATE", "RSS", "CPU s", "RESTARTS", "BUSY s")
 _INSTANCE_RIGHT = (False, True, False, False, True, True, True, True)
+_FRONTDOOR_HEADERS = ("FRONT DOOR", "PID", "STATE", "RESTARTS", "gRPC ok/failed", "HTTP ok/failed")
+_FRONTDOOR_RIGHT = (False, True, False, True, True, True)
+
+
+def _frontdoor_rows(doors: Any) -> list[_Row]:
+    rows: list[_Row] = []
+    for d in doors or []:
+        counts = d.get("requests") or {}
+        pair = {p: f"{(counts.get(p) or {}).get('ok', 0)}/{(counts.get(p) or {}).get('failed', 0)}"
+                for p in ("grpc", "http")}  # fmt: skip
+        state = "UP" if d.get("up") else ("GAVE UP" if d.get("given_up") else "DOWN")
+        rows.append((_text(d.get("index")), _text(d.get("pid")), state, _fmt_num(d.get("restarts"), "d"),
+                     pair["grpc"], pair["http"]))  # fmt: skip
+    return rows
 
 
 def render(status: Mapping[str, Any], reason_width: int = 60) -> str:
@@ -141,6 +155,9 @@ def render(status: Mapping[str, Any], reason_width: int = 60) -> str:
     lines += _table(_MODEL_HEADERS, model_rows, _MODEL_RIGHT) if model_rows else ["no models"]
     if instance_rows:
         lines += ["", *_table(_INSTANCE_HEADERS, instance_rows, _INSTANCE_RIGHT)]
+    door_rows = _frontdoor_rows(status.get("frontdoors"))
+    if door_rows:
+        lines += ["", *_table(_FRONTDOOR_HEADERS, door_rows, _FRONTDOOR_RIGHT)]
     return "\n".join(lines) + "\n"
 
 

@@ -42,6 +42,13 @@ model_control_mode = "explicit"
 load_models = ["add", "identity"]
 cache_bytes = 1024
 gpus = [1, 0]
+grpc = "127.0.0.1:8101"
+http = "127.0.0.1:8100"
+frontdoor_workers = 3
+tls_cert = "tls/server.crt"
+tls_key = "/etc/zinfer/tls/server.key"
+tls_client_ca = "/etc/zinfer/tls/ca.crt"
+insecure_remote = true
 
 [rate_limit_resources]
 R1 = 4
@@ -74,6 +81,13 @@ EXPECTED: dict[str, Any] = {
     "gpus": (1, 0),
     "rate_limit_resources": {"R1": 4, "gpu memory": 0},
     "cpu_affinity": {"*": (frozenset({0, 1, 2, 3}),), "linear": (frozenset({0, 1, 8}), frozenset({2, 3}))},
+    "grpc": "127.0.0.1:8101",
+    "http": "127.0.0.1:8100",
+    "frontdoor_workers": 3,
+    "tls_cert": Path("tls/server.crt"),
+    "tls_key": Path("/etc/zinfer/tls/server.key"),
+    "tls_client_ca": Path("/etc/zinfer/tls/ca.crt"),
+    "insecure_remote": True,
 }
 
 
@@ -87,7 +101,7 @@ def test_every_key_is_read_and_converted(tmp_path: Path) -> None:
     values = load_config(_write(tmp_path, EVERY_KEY))
     assert set(values) == set(KEYS) == set(EXPECTED)
     expected = dict(EXPECTED)
-    for key in ("model_repository", "curve_secret_key"):
+    for key in ("model_repository", "curve_secret_key", "tls_cert"):
         expected[key] = tmp_path / EXPECTED[key]
     assert values == expected
 
@@ -151,7 +165,18 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         "--log-level", "ERROR",
         "--model-control-mode", "none",
         "--load-model", "linear",
+        "--grpc", "127.0.0.1:7003",
+        "--http", "127.0.0.1:7004",
+        "--frontdoor-workers", "2",
+        "--tls-cert", "/t/c.crt",
+        "--tls-key", "/t/c.key",
+        "--tls-client-ca", "/t/ca.crt",
+        "--insecure-remote",
     )  # fmt: skip
+    assert (args.grpc, args.http, args.frontdoor_workers) == ("127.0.0.1:7003", "127.0.0.1:7004", 2)
+    assert (args.tls_cert, args.tls_key, args.tls_client_ca) == (Path("/t/c.crt"), Path("/t/c.key"),
+                                                                 Path("/t/ca.crt"))  # fmt: skip
+    assert args.insecure_remote is True
     assert opts.model_repository == tmp_path / "other"
     assert opts.runtime_dir == (tmp_path / "rt").resolve()
     assert (opts.tcp, opts.metrics, opts.socket_group) == ("127.0.0.1:7001", "127.0.0.1:7002", "staff")
@@ -171,6 +196,7 @@ def test_every_flag_key_is_overridden_by_its_flag(capsys: pytest.CaptureFixture[
         "curve_allow", "max_tensor_bytes", "max_batch_bytes", "drain_timeout_s", "exit_timeout_s",
         "log_level",
         "model_control_mode", "load_models",
+        "grpc", "http", "frontdoor_workers", "tls_cert", "tls_key", "tls_client_ca", "insecure_remote",
     }  # fmt: skip
     with pytest.raises(SystemExit):
         cli.parse_args(["serve", "--help"])
@@ -324,3 +350,44 @@ def test_the_example_names_every_key_and_its_commented_lines_are_valid(tmp_path:
     )
     values = load_config(_write(tmp_path, uncommented))
     assert set(values) == set(KEYS)
+
+
+def test_the_file_sets_the_front_door(tmp_path: Path) -> None:
+    text = 'grpc = "127.0.0.1:8101"\nhttp = "127.0.0.1:8100"\nfrontdoor_workers = 3\n'
+    args, opts = _options(tmp_path, text)
+    config = cli.frontdoor_config(args, opts)
+    assert (config.grpc, config.http, config.workers, config.enabled) == (
+        "127.0.0.1:8101",
+        "127.0.0.1:8100",
+        3,
+        True,
+    )
+    assert config.broker_url == f"ipc://{opts.runtime_dir / 'zinfer.sock'}"
+    assert config.max_tensor_bytes == opts.max_tensor_bytes
+    assert not cli.frontdoor_config(*_options(tmp_path, "")).enabled
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--grpc", "0.0.0.0:8001"], "not a loopback address"),
+        (["--http", "192.0.2.1:8000"], "not a loopback address"),
+        (["--grpc", "127.0.0.1:8001", "--tls-cert", "/nonexistent/c.crt"], "go together"),
+        (
+            ["--grpc", "0.0.0.0:8001", "--tls-cert", "/nonexistent/c", "--tls-key", "/nonexistent/k"],
+            "no such file",
+        ),
+        (["--grpc", "127.0.0.1:8001", "--tls-client-ca", "/nonexistent/ca"], "needs --tls-cert"),
+    ],
+)
+def test_a_front_door_that_cannot_serve_safely_is_a_config_error(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    args, opts = _options(tmp_path, "", *flags)
+    with pytest.raises(cli.ConfigError, match=message):
+        cli.frontdoor_config(args, opts)
+
+
+def test_insecure_remote_allows_a_non_loopback_address(tmp_path: Path) -> None:
+    args, opts = _options(tmp_path, "", "--grpc", "0.0.0.0:8001", "--insecure-remote")
+    assert cli.frontdoor_config(args, opts).grpc == "0.0.0.0:8001"

@@ -1,0 +1,196 @@
+"""The front-door processes of ``zinfer serve --grpc/--http``: started, watched, restarted and stopped.
+
+Each is ``python -m zinfer.frontdoor.process``, an ordinary client of the broker over its local socket, so
+the broker stays one loop and knows nothing of gRPC or HTTP; all of them listen on the same ports
+(SO_REUSEPORT) and the kernel spreads connections among them. One that dies is started again after a
+growing backoff (given up after ``len(RESTART_BACKOFF_S)`` crashes within ``CRASH_WINDOW_S``, as for
+workers). Their pids and request counts come from the status file each writes every second
+(``<runtime dir>/frontdoor/<index>.json``); ``snapshot`` is what ``zinfer status`` and the metrics show.
+
+The broker imports nothing of ``zinfer.frontdoor``: it starts a command line.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .supervisor import CRASH_WINDOW_S, RESTART_BACKOFF_S
+
+log = logging.getLogger(__name__)
+
+FOLDER_NAME = "frontdoor"
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listen_problem(address: str, tls: bool, insecure_remote: bool) -> str | None:
+    """Why the front door may not listen on ``address``, or None: a non-loopback address needs TLS or an
+    explicit ``--insecure-remote`` (the front-door process checks the same again)."""
+    if _is_loopback(address) or tls or insecure_remote:
+        return None
+    return (
+        f"{address} is not a loopback address: give --tls-cert and --tls-key (and --tls-client-ca for mutual "
+        "TLS), or --insecure-remote to serve it without encryption"
+    )
+
+
+@dataclass(frozen=True)
+class FrontDoorConfig:
+    """What ``zinfer serve`` passes to every front-door process."""
+
+    workers: int
+    broker_url: str
+    runtime_dir: Path
+    grpc: str | None = None
+    http: str | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    insecure_remote: bool = False
+    max_tensor_bytes: int = 1 << 32
+    log_level: str = "INFO"
+
+    @property
+    def enabled(self) -> bool:
+        return self.workers > 0 and (self.grpc is not None or self.http is not None)
+
+    @property
+    def folder(self) -> Path:
+        return self.runtime_dir / FOLDER_NAME
+
+    def command(self, index: int) -> list[str]:
+        cmd = [
+            sys.executable, "-m", "zinfer.frontdoor.process",
+            "--broker-url", self.broker_url,
+            "--shm-folder", str(self.folder / "shm"),
+            "--status-file", str(self.folder / f"{index}.json"),
+            "--index", str(index),
+            "--parent", str(os.getpid()),
+            "--max-tensor-bytes", str(self.max_tensor_bytes),
+            "--log-level", self.log_level,
+        ]  # fmt: skip
+        optional = (("--grpc", self.grpc), ("--http", self.http), ("--tls-cert", self.tls_cert),
+                    ("--tls-key", self.tls_key), ("--tls-client-ca", self.tls_client_ca))  # fmt: skip
+        for flag, value in optional:
+            if value is not None:
+                cmd += [flag, str(value)]
+        if self.insecure_remote:
+            cmd.append("--insecure-remote")
+        return cmd
+
+
+@dataclass
+class _Slot:
+    index: int
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    crashes: list[float] = field(default_factory=list)
+    due: float | None = None  # when to start it again after a crash
+    given_up: bool = False
+
+
+class FrontDoorProcs:
+    """``config.workers`` front-door processes. Call ``poll`` often (the server does, from its loop)."""
+
+    def __init__(self, config: FrontDoorConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self._slots = [_Slot(i) for i in range(config.workers)]
+        self._stopping = False
+
+    def start(self) -> None:
+        self.config.folder.mkdir(mode=0o700, exist_ok=True)
+        for slot in self._slots:
+            self._spawn(slot)
+
+    def _spawn(self, slot: _Slot) -> None:
+        slot.proc = subprocess.Popen(
+            self.config.command(slot.index), stdin=subprocess.DEVNULL, close_fds=True
+        )
+        slot.due = None
+        log.info("event=frontdoor_spawned index=%d pid=%d", slot.index, slot.proc.pid)
+
+    def poll(self) -> None:
+        """Notice exits and start again the processes whose backoff has passed."""
+        if self._stopping:
+            return
+        now = self.clock()
+        for slot in self._slots:
+            if slot.proc is not None and (code := slot.proc.poll()) is not None:
+                log.warning("event=frontdoor_exited index=%d pid=%d code=%d", slot.index, slot.proc.pid, code)
+                slot.proc = None
+                slot.crashes = [t for t in slot.crashes if now - t < CRASH_WINDOW_S]
+                if len(slot.crashes) >= len(RESTART_BACKOFF_S):
+                    slot.given_up = True
+                    log.error("event=frontdoor_given_up index=%d crashes=%d", slot.index, len(slot.crashes))
+                    continue
+                slot.due = now + RESTART_BACKOFF_S[len(slot.crashes)]
+                slot.crashes.append(now)
+            if slot.proc is None and slot.due is not None and now >= slot.due:
+                slot.restarts += 1
+                self._spawn(slot)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Each process: index, pid, up, restarts and its request counts (from its status file)."""
+        rows = []
+        for slot in self._slots:
+            proc = slot.proc
+            up = proc is not None and proc.poll() is None
+            figures: dict[str, Any] = {}
+            if up:
+                try:
+                    figures = json.loads(
+                        (self.config.folder / f"{slot.index}.json").read_text(encoding="utf-8")
+                    )
+                except (OSError, ValueError):
+                    figures = {}
+                if figures.get("pid") != proc.pid:  # type: ignore[union-attr]
+                    figures = {}  # not written by this incarnation yet
+            rows.append({
+                "index": slot.index, "pid": proc.pid if proc is not None else None, "up": up,
+                "restarts": slot.restarts, "given_up": slot.given_up,
+                "grpc": self.config.grpc, "http": self.config.http,
+                "requests": figures.get("requests", {}),
+            })  # fmt: skip
+        return rows
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM every process (they finish what they hold for up to 2 s), SIGKILL those still there."""
+        self._stopping = True
+        procs = [s.proc for s in self._slots if s.proc is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            try:
+                proc.wait(max(0.05, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        for slot in self._slots:
+            slot.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.config.folder, ignore_errors=True)

@@ -1,0 +1,113 @@
+"""One front-door process's parts: its options, its bridge to the broker, the shared-memory registry and
+its request counters. The gRPC and HTTP servers of the process share one ``FrontDoor``."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .bridge import Bridge
+from .sysshm import SystemShm
+
+__all__ = ["Counters", "FrontDoor", "FrontDoorOptions", "is_loopback", "is_local_peer", "listen_problem"]
+
+
+@dataclass(frozen=True)
+class FrontDoorOptions:
+    broker_url: str
+    shm_folder: Path  # the system shared memory registry, shared by the front-door processes
+    grpc: str | None = None  # HOST:PORT
+    http: str | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # mutual TLS: clients must present a certificate signed by it
+    insecure_remote: bool = False
+    max_tensor_bytes: int = 1 << 30
+    status_file: Path | None = None  # where the process writes its pid and request counts
+    index: int = 0
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None and self.tls_key is not None
+
+    @property
+    def message_limit(self) -> int:
+        """The largest request or response message: one tensor's limit plus room for the rest."""
+        return min(self.max_tensor_bytes + (1 << 20), (1 << 31) - 1)
+
+
+def is_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listen_problem(address: str, tls: bool, insecure_remote: bool) -> str | None:
+    """Why the front door may not listen on ``address``, or None: a non-loopback address needs TLS or an
+    explicit ``--insecure-remote``."""
+    if is_loopback(address) or tls or insecure_remote:
+        return None
+    return (
+        f"{address} is not a loopback address: give --tls-cert and --tls-key (and --tls-client-ca for mutual "
+        "TLS), or --insecure-remote to serve it without encryption"
+    )
+
+
+def is_local_peer(peer: str) -> bool:
+    """Whether a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, ``unix:...``) is on this
+    host."""
+    kind, _, rest = peer.partition(":")
+    if kind == "unix":
+        return True
+    if kind in ("ipv4", "ipv6"):
+        host = rest.rpartition(":")[0].strip("[]")
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+    return False
+
+
+@dataclass
+class Counters:
+    """Requests answered per protocol, ok and failed; written to the status file the server reads."""
+
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, protocol: str, ok: bool) -> None:
+        with self._lock:
+            entry = self.counts.setdefault(protocol, {"ok": 0, "failed": 0})
+            entry["ok" if ok else "failed"] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "pid": os.getpid(),
+                "started": self.started,
+                "requests": json.loads(json.dumps(self.counts)),
+            }
+
+    def write(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.snapshot()), encoding="utf-8")
+        os.replace(tmp, path)
+
+
+@dataclass
+class FrontDoor:
+    options: FrontDoorOptions
+    bridge: Bridge
+    shm: SystemShm
+    counters: Counters = field(default_factory=Counters)

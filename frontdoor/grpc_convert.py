@@ -1,0 +1,319 @@
+"""Triton's gRPC messages (tritonclient's generated ``service_pb2``) to the bridge's records and back.
+
+Pure functions: no sockets, no broker. Every field of a request is hostile until checked here (data type on
+the allow-list, dims non-negative, byte counts equal to shape times item size, shared-memory ranges within
+their region), and a bad one is an ``InvalidArgument`` or a ``FrontDoorError`` naming the tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2
+
+from zinfer.client import dtypes
+from zinfer.client.errors import InvalidArgument
+
+from .bridge_records import InferCall, InferReply, ModelMetadata, ModelStatistics, RepositoryModel, Tensor
+from .errors import FrontDoorError
+from .sysshm import SystemShm
+
+__all__ = [
+    "config_message",
+    "infer_call",
+    "infer_response",
+    "metadata_message",
+    "repository_message",
+    "statistics_message",
+]
+
+MAX_DIMS = 16
+MAX_ELEMENTS = 1 << 40  # past any message limit: a shape claiming more is malformed, not merely large
+_CONTENTS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+_REFUSED_OUTPUT_PARAMETERS = ("classification",)
+Alloc = Callable[[tuple[int, ...], np.dtype[Any]], npt.NDArray[Any]]
+"""Where an input read from shared memory goes (the bridge's arena: ``Bridge.empty``)."""
+
+
+# ---------------------------------------------------------------------------------------- parameters
+
+
+def parameter(p: service_pb2.InferParameter) -> bool | int | float | str:
+    kind = p.WhichOneof("parameter_choice")
+    if kind is None:
+        return ""
+    value: bool | int | float | str = getattr(p, kind)
+    return value
+
+
+def parameters(entries: Mapping[str, service_pb2.InferParameter]) -> dict[str, bool | int | float | str]:
+    return {k: parameter(v) for k, v in entries.items()}
+
+
+def _int(params: Mapping[str, Any], key: str, default: int = 0) -> int:
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"parameter '{key}' must be an integer")
+    return value
+
+
+def _bool(params: Mapping[str, Any], key: str) -> bool:
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"parameter '{key}' must be a bool")
+    return value
+
+
+def _sequence_id(params: Mapping[str, Any]) -> int | str:
+    value = params.get("sequence_id", 0)
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise InvalidArgument("parameter 'sequence_id' must be an integer or a string")
+    if isinstance(value, int) and not 0 <= value < 1 << 64:
+        raise InvalidArgument("parameter 'sequence_id' must be an unsigned 64-bit integer")
+    if isinstance(value, str) and len(value) > 256:
+        raise InvalidArgument("parameter 'sequence_id' is longer than 256 characters")
+    return value
+
+
+# ---------------------------------------------------------------------------------------- requests
+
+
+def _shm_ref(params: Mapping[str, Any], what: str) -> tuple[str, int, int] | None:
+    region = params.get("shared_memory_region")
+    if region is None:
+        return None
+    if not isinstance(region, str):
+        raise InvalidArgument(f"{what}: parameter 'shared_memory_region' must be a string")
+    return region, _int(params, "shared_memory_offset"), _int(params, "shared_memory_byte_size")
+
+
+def _shape(name: str, dims: Any) -> tuple[int, ...]:
+    shape = tuple(int(d) for d in dims)
+    if len(shape) > MAX_DIMS or any(d < 0 for d in shape) or math.prod(shape) > MAX_ELEMENTS:
+        raise InvalidArgument(f"input '{name}' has an invalid shape {list(shape)[:MAX_DIMS]}")
+    return shape
+
+
+def _expected_bytes(name: str, model: str, datatype: str, shape: tuple[int, ...], got: int) -> int:
+    count = math.prod(shape)
+    expected = count * dtypes.itemsize(datatype)
+    if expected != got:
+        raise InvalidArgument(
+            f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, got {got}"
+        )
+    return count
+
+
+def _from_bytes(
+    name: str, model: str, datatype: str, shape: tuple[int, ...], raw: bytes | npt.NDArray[Any]
+) -> npt.NDArray[Any]:
+    if datatype == dtypes.BYTES:
+        return dtypes.deserialize_bytes(raw if isinstance(raw, bytes) else raw.tobytes(), shape)
+    count = _expected_bytes(name, model, datatype, shape, len(raw) if isinstance(raw, bytes) else raw.nbytes)
+    return np.frombuffer(raw, dtype=dtypes.wire_to_numpy(datatype), count=count).reshape(shape)
+
+
+def _from_contents(name: str, datatype: str, shape: tuple[int, ...], contents: Any) -> npt.NDArray[Any]:
+    field = _CONTENTS.get(datatype)
+    if field is None:
+        raise InvalidArgument(f"input '{name}': {datatype} data must come in raw_input_contents")
+    values = getattr(contents, field)
+    if len(values) != math.prod(shape):
+        raise InvalidArgument(
+            f"unexpected number of {datatype} values for input '{name}': expected {math.prod(shape)}, "
+            f"got {len(values)}"
+        )
+    if datatype == dtypes.BYTES:
+        return np.array(list(values), dtype=np.object_).reshape(shape)
+    return np.array(values, dtype=dtypes.wire_to_numpy(datatype)).reshape(shape)
+
+
+def infer_call(
+    request: service_pb2.ModelInferRequest, shm: SystemShm | None, alloc: Alloc | None = None
+) -> InferCall:
+    """The bridge's call for a ``ModelInferRequest``; inputs in shared memory are read from their region
+    (into ``alloc``'s arrays when given)."""
+    model = request.model_name
+    if not model:
+        raise InvalidArgument("the request names no model")
+    params = parameters(request.parameters)
+    raw = list(request.raw_input_contents)
+    used_raw = 0
+    inputs = []
+    seen: set[str] = set()
+    for t in request.inputs:
+        if t.name in seen:
+            raise InvalidArgument(f"input '{t.name}' appears more than once")
+        seen.add(t.name)
+        if t.datatype not in dtypes.WIRE_TYPES:
+            raise InvalidArgument(f"input '{t.name}' has an unknown data type {t.datatype!r}")
+        shape = _shape(t.name, t.shape)
+        ref = _shm_ref(parameters(t.parameters), f"input '{t.name}'")
+        data: npt.NDArray[Any]
+        if ref is not None:
+            if shm is None:
+                raise InvalidArgument("system shared memory is not available here")
+            region, offset, size = ref
+            if t.datatype != dtypes.BYTES:
+                _expected_bytes(t.name, model, t.datatype, shape, size)
+            if alloc is not None and t.datatype != dtypes.BYTES and size > 0:
+                arr = alloc(shape, dtypes.wire_to_numpy(t.datatype))
+                shm.read(region, offset, size, arr.reshape(-1).view(np.uint8))
+                data = arr
+            else:
+                data = _from_bytes(t.name, model, t.datatype, shape, shm.read(region, offset, size))
+        elif t.HasField("contents"):
+            data = _from_contents(t.name, t.datatype, shape, t.contents)
+        else:
+            if used_raw >= len(raw):
+                raise InvalidArgument(f"input '{t.name}' has no data")
+            data = _from_bytes(t.name, model, t.datatype, shape, raw[used_raw])
+            used_raw += 1
+        inputs.append(Tensor(t.name, t.datatype, shape, data))
+    if used_raw != len(raw):
+        raise InvalidArgument(f"the request has {len(raw)} raw_input_contents for {used_raw} inputs")
+    outputs = []
+    for o in request.outputs:
+        oparams = parameters(o.parameters)
+        for key in _REFUSED_OUTPUT_PARAMETERS:
+            if key in oparams:
+                raise FrontDoorError("INVALID_ARGUMENT", 400, f"output '{o.name}': {key} is not supported")
+        outputs.append(o.name)
+    return InferCall(
+        model=model,
+        inputs=tuple(inputs),
+        version=request.model_version,
+        outputs=tuple(outputs),
+        request_id=request.id,
+        priority=_int(params, "priority"),
+        timeout_us=_int(params, "timeout"),
+        sequence_id=_sequence_id(params),
+        sequence_start=_bool(params, "sequence_start"),
+        sequence_end=_bool(params, "sequence_end"),
+        parameters=params,
+    )
+
+
+def output_regions(request: service_pb2.ModelInferRequest) -> dict[str, tuple[str, int, int]]:
+    """The outputs the request wants written into shared memory: ``{name: (region, offset, byte_size)}``."""
+    found = {}
+    for o in request.outputs:
+        ref = _shm_ref(parameters(o.parameters), f"output '{o.name}'")
+        if ref is not None:
+            found[o.name] = ref
+    return found
+
+
+# ---------------------------------------------------------------------------------------- responses
+
+
+def _set(entry: service_pb2.InferParameter, value: int | str) -> None:
+    if isinstance(value, str):
+        entry.string_param = value
+    else:
+        entry.int64_param = value
+
+
+def infer_response(
+    reply: InferReply,
+    regions: Mapping[str, tuple[str, int, int]] | None = None,
+    shm: SystemShm | None = None,
+) -> service_pb2.ModelInferResponse:
+    """The response for ``reply``; outputs named in ``regions`` go into shared memory instead."""
+    response = service_pb2.ModelInferResponse(
+        model_name=reply.model, model_version=reply.version, id=reply.request_id
+    )
+    for t in reply.outputs:
+        out = response.outputs.add(name=t.name, datatype=t.datatype, shape=list(t.shape))
+        data = _tensor_bytes(t)
+        ref = (regions or {}).get(t.name)
+        if ref is not None and shm is not None:
+            region, offset, size = ref
+            shm.write(region, offset, size, data)
+            _set(out.parameters["shared_memory_region"], region)
+            _set(out.parameters["shared_memory_byte_size"], len(data))
+            if offset:
+                _set(out.parameters["shared_memory_offset"], offset)
+        else:
+            response.raw_output_contents.append(bytes(data))
+    return response
+
+
+def _tensor_bytes(t: Tensor) -> bytes | memoryview:
+    if t.datatype == dtypes.BYTES:
+        return dtypes.serialize_bytes(t.data)
+    arr = np.ascontiguousarray(t.data)
+    return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------- the rest
+
+
+def metadata_message(meta: ModelMetadata) -> service_pb2.ModelMetadataResponse:
+    response = service_pb2.ModelMetadataResponse(
+        name=meta.name, versions=list(meta.versions), platform=meta.platform
+    )
+    for spec in meta.inputs:
+        response.inputs.add(name=spec.name, datatype=spec.datatype, shape=list(spec.shape))
+    for spec in meta.outputs:
+        response.outputs.add(name=spec.name, datatype=spec.datatype, shape=list(spec.shape))
+    return response
+
+
+def config_message(config: Mapping[str, Any]) -> service_pb2.ModelConfigResponse:
+    """Triton's JSON form of a config as ``ModelConfig``; fields Triton's message lacks are dropped."""
+    message = model_config_pb2.ModelConfig()
+    json_format.ParseDict(_drop_empty(dict(config)), message, ignore_unknown_fields=True)
+    return service_pb2.ModelConfigResponse(config=message)
+
+
+def _drop_empty(value: Any) -> Any:
+    """Nulls out (protobuf's JSON parser refuses ``null`` for message and scalar fields)."""
+    if isinstance(value, dict):
+        return {k: _drop_empty(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_empty(v) for v in value]
+    return value
+
+
+def statistics_message(stats: tuple[ModelStatistics, ...]) -> service_pb2.ModelStatisticsResponse:
+    response = service_pb2.ModelStatisticsResponse()
+    for s in stats:
+        m = response.model_stats.add(
+            name=s.name,
+            version=s.version,
+            last_inference=s.last_inference_ms,
+            inference_count=s.inference_count,
+            execution_count=s.execution_count,
+        )
+        for key, d in s.durations.items():
+            getattr(m.inference_stats, key).CopyFrom(service_pb2.StatisticDuration(count=d.count, ns=d.ns))
+        for b in s.batch_stats:
+            batch = m.batch_stats.add(batch_size=b.batch_size)
+            batch.compute_infer.count = b.count  # zinfer counts executions per size, not their time
+    return response
+
+
+def repository_message(models: tuple[RepositoryModel, ...]) -> service_pb2.RepositoryIndexResponse:
+    response = service_pb2.RepositoryIndexResponse()
+    for m in models:
+        response.models.add(name=m.name, version=m.version, state=m.state, reason=m.reason)
+    return response

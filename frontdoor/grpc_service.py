@@ -1,0 +1,261 @@
+"""``inference.GRPCInferenceService`` on grpc.aio: Triton's gRPC API answered through the bridge.
+
+Every method answers any failure with Triton's status code and text (``errors.triton_error``) and never
+lets an exception leave the process's loop. CUDA shared memory, trace and log settings answer
+UNIMPLEMENTED with what zinfer offers instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from zinfer.client.errors import InvalidArgument
+
+from . import grpc_convert as convert
+from .bridge_records import InferCall
+from .door import FrontDoor, is_local_peer
+from .errors import triton_error
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_STREAM_QUEUE = 64  # responses waiting for a slow stream reader before its requests wait too
+_UNIMPLEMENTED_SHM = "CUDA shared memory is not supported by zinfer: use system shared memory"
+
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    def __init__(self, door: FrontDoor) -> None:
+        self.door = door
+        self.bridge = door.bridge
+
+    async def _answer(
+        self, context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[T]]
+    ) -> T:
+        try:
+            result = await call()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # every failure becomes Triton's answer
+            answer = triton_error(exc)
+            if answer.grpc_code == "INTERNAL" and not str(exc):
+                log.exception("event=frontdoor_error protocol=grpc")
+            self.door.counters.record("grpc", False)
+            await context.abort(getattr(grpc.StatusCode, answer.grpc_code), answer.message)
+            raise AssertionError("unreachable") from None  # abort raises
+        self.door.counters.record("grpc", True)
+        return result
+
+    # ------------------------------------------------------------------------------------ health
+
+    async def ServerLive(self, request: Any, context: Any) -> service_pb2.ServerLiveResponse:
+        async def run() -> service_pb2.ServerLiveResponse:
+            return service_pb2.ServerLiveResponse(live=await self.bridge.server_live())
+
+        return await self._answer(context, run)
+
+    async def ServerReady(self, request: Any, context: Any) -> service_pb2.ServerReadyResponse:
+        async def run() -> service_pb2.ServerReadyResponse:
+            return service_pb2.ServerReadyResponse(ready=await self.bridge.server_ready())
+
+        return await self._answer(context, run)
+
+    async def ModelReady(self, request: Any, context: Any) -> service_pb2.ModelReadyResponse:
+        async def run() -> service_pb2.ModelReadyResponse:
+            ready = await self.bridge.model_ready(request.name, request.version)
+            return service_pb2.ModelReadyResponse(ready=ready)
+
+        return await self._answer(context, run)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> service_pb2.ServerMetadataResponse:
+        async def run() -> service_pb2.ServerMetadataResponse:
+            meta = self.bridge.server_metadata()
+            return service_pb2.ServerMetadataResponse(
+                name=meta.name, version=meta.version, extensions=list(meta.extensions)
+            )
+
+        return await self._answer(context, run)
+
+    # ------------------------------------------------------------------------------------ models
+
+    async def ModelMetadata(self, request: Any, context: Any) -> service_pb2.ModelMetadataResponse:
+        async def run() -> service_pb2.ModelMetadataResponse:
+            return convert.metadata_message(await self.bridge.model_metadata(request.name, request.version))
+
+        return await self._answer(context, run)
+
+    async def ModelConfig(self, request: Any, context: Any) -> service_pb2.ModelConfigResponse:
+        async def run() -> service_pb2.ModelConfigResponse:
+            return convert.config_message(await self.bridge.model_config(request.name, request.version))
+
+        return await self._answer(context, run)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> service_pb2.ModelStatisticsResponse:
+        async def run() -> service_pb2.ModelStatisticsResponse:
+            return convert.statistics_message(await self.bridge.statistics(request.name, request.version))
+
+        return await self._answer(context, run)
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> service_pb2.RepositoryIndexResponse:
+        async def run() -> service_pb2.RepositoryIndexResponse:
+            return convert.repository_message(await self.bridge.repository_index(request.ready))
+
+        return await self._answer(context, run)
+
+    async def RepositoryModelLoad(
+        self, request: Any, context: Any
+    ) -> service_pb2.RepositoryModelLoadResponse:
+        async def run() -> service_pb2.RepositoryModelLoadResponse:
+            if request.parameters:
+                raise InvalidArgument("load parameters (config or file overrides) are not supported")
+            await self.bridge.load(request.model_name)
+            return service_pb2.RepositoryModelLoadResponse()
+
+        return await self._answer(context, run)
+
+    async def RepositoryModelUnload(
+        self, request: Any, context: Any
+    ) -> service_pb2.RepositoryModelUnloadResponse:
+        async def run() -> service_pb2.RepositoryModelUnloadResponse:
+            await self.bridge.unload(request.model_name)
+            return service_pb2.RepositoryModelUnloadResponse()
+
+        return await self._answer(context, run)
+
+    # ------------------------------------------------------------------------------------ inference
+
+    async def ModelInfer(self, request: Any, context: Any) -> service_pb2.ModelInferResponse:
+        async def run() -> service_pb2.ModelInferResponse:
+            call, regions = self._call(request)
+            reply = await self.bridge.infer(call)
+            return convert.infer_response(reply, regions, self.door.shm)
+
+        return await self._answer(context, run)
+
+    def _call(self, request: Any) -> tuple[InferCall, dict[str, tuple[str, int, int]]]:
+        alloc = self.bridge.empty if self.bridge.uses_shm else None
+        return convert.infer_call(request, self.door.shm, alloc), convert.output_regions(request)
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[Any], context: Any
+    ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
+        """Requests run as they come (a sequence's requests one after the other); responses, a decoupled
+        model's several per request, go back as they are ready; an error is a response's error_message."""
+        queue: asyncio.Queue[service_pb2.ModelStreamInferResponse | None] = asyncio.Queue(_STREAM_QUEUE)
+        tasks: set[asyncio.Task[None]] = set()
+        last_of_sequence: dict[int | str, asyncio.Task[None]] = {}
+
+        async def one(request: Any, before: asyncio.Task[None] | None) -> None:
+            if before is not None:
+                await asyncio.wait([before])
+            try:
+                call, regions = self._call(request)
+                empty_final = call.parameters.get("triton_enable_empty_final_response") is True
+                async for reply in self.bridge.stream(call):
+                    if reply.final and not reply.outputs and not empty_final:
+                        continue
+                    response = convert.infer_response(reply, regions, self.door.shm)
+                    if empty_final:
+                        response.parameters["triton_final_response"].bool_param = reply.final
+                    await queue.put(service_pb2.ModelStreamInferResponse(infer_response=response))
+                self.door.counters.record("grpc", True)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.door.counters.record("grpc", False)
+                error = triton_error(exc).message
+                response = service_pb2.ModelInferResponse(
+                    model_name=request.model_name, model_version=request.model_version, id=request.id
+                )
+                await queue.put(
+                    service_pb2.ModelStreamInferResponse(error_message=error, infer_response=response)
+                )
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    sequence = convert.parameters(request.parameters).get("sequence_id") or None
+                    before = last_of_sequence.get(sequence) if isinstance(sequence, (int, str)) else None
+                    task = asyncio.create_task(one(request, before))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    if isinstance(sequence, (int, str)):
+                        last_of_sequence[sequence] = task
+                if tasks:
+                    await asyncio.wait(set(tasks))
+            finally:
+                await queue.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    break
+                yield item
+        finally:
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+
+    # ------------------------------------------------------------------------------------ shared memory
+
+    async def SystemSharedMemoryStatus(
+        self, request: Any, context: Any
+    ) -> service_pb2.SystemSharedMemoryStatusResponse:
+        async def run() -> service_pb2.SystemSharedMemoryStatusResponse:
+            response = service_pb2.SystemSharedMemoryStatusResponse()
+            for r in self.door.shm.status(request.name):
+                response.regions[r.name].CopyFrom(
+                    service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(
+                        name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
+                    )
+                )
+            return response
+
+        return await self._answer(context, run)
+
+    async def SystemSharedMemoryRegister(
+        self, request: Any, context: Any
+    ) -> service_pb2.SystemSharedMemoryRegisterResponse:
+        async def run() -> service_pb2.SystemSharedMemoryRegisterResponse:
+            local = is_local_peer(context.peer())
+            self.door.shm.register(request.name, request.key, request.offset, request.byte_size, local=local)
+            return service_pb2.SystemSharedMemoryRegisterResponse()
+
+        return await self._answer(context, run)
+
+    async def SystemSharedMemoryUnregister(
+        self, request: Any, context: Any
+    ) -> service_pb2.SystemSharedMemoryUnregisterResponse:
+        async def run() -> service_pb2.SystemSharedMemoryUnregisterResponse:
+            self.door.shm.unregister(request.name)
+            return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+        return await self._answer(context, run)
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, _UNIMPLEMENTED_SHM)
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, _UNIMPLEMENTED_SHM)
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, _UNIMPLEMENTED_SHM)
+
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "trace settings are not supported by zinfer: see zinfer status and /metrics",
+        )
+
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "log settings are not supported by zinfer: use zinfer serve --log-level",
+        )

@@ -1,0 +1,128 @@
+"""A front-door process: ``python -m zinfer.frontdoor.process --broker-url URL --grpc HOST:PORT ...``.
+
+``zinfer serve --grpc/--http`` starts ``--frontdoor-workers`` of them, all on the same ports
+(SO_REUSEPORT), restarts one that dies and stops them with SIGTERM. Each holds one ``Bridge`` to the broker,
+answers until SIGTERM (or until its parent, the server, is gone) and writes its pid and request counts to
+``--status-file`` every second for ``zinfer status``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from zinfer.client.errors import ConfigError
+
+from .bridge import Bridge
+from .door import FrontDoor, FrontDoorOptions
+from .sysshm import SystemShm
+
+log = logging.getLogger("zinfer.frontdoor")
+
+STATUS_INTERVAL_S = 1.0
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[FrontDoorOptions, int | None, str]:
+    p = argparse.ArgumentParser(prog="zinfer-frontdoor")
+    p.add_argument("--broker-url", required=True)
+    p.add_argument("--shm-folder", type=Path, required=True)
+    p.add_argument("--grpc")
+    p.add_argument("--http")
+    p.add_argument("--tls-cert", type=Path)
+    p.add_argument("--tls-key", type=Path)
+    p.add_argument("--tls-client-ca", type=Path)
+    p.add_argument("--insecure-remote", action="store_true")
+    p.add_argument("--max-tensor-bytes", type=int, default=1 << 30)
+    p.add_argument("--status-file", type=Path)
+    p.add_argument("--index", type=int, default=0)
+    p.add_argument("--parent", type=int)
+    p.add_argument("--log-level", default="INFO")
+    a = p.parse_args(argv)
+    options = FrontDoorOptions(
+        broker_url=a.broker_url,
+        shm_folder=a.shm_folder,
+        grpc=a.grpc,
+        http=a.http,
+        tls_cert=a.tls_cert,
+        tls_key=a.tls_key,
+        tls_client_ca=a.tls_client_ca,
+        insecure_remote=a.insecure_remote,
+        max_tensor_bytes=a.max_tensor_bytes,
+        status_file=a.status_file,
+        index=a.index,
+    )
+    return options, a.parent, a.log_level
+
+
+async def serve(options: FrontDoorOptions, parent: int | None = None) -> None:
+    """Run the gRPC (and HTTP) servers until SIGTERM/SIGINT or the parent's exit."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    door = FrontDoor(options, Bridge(options.broker_url), SystemShm(options.shm_folder))
+    servers: list[Any] = []
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        if options.grpc:
+            from .grpc_server import start_grpc
+
+            servers.append(await start_grpc(door, options.grpc))
+        if options.http:
+            try:
+                http: Any = importlib.import_module("zinfer.frontdoor.http_server")
+            except ImportError:
+                log.error("event=frontdoor_http_unavailable reason='zinfer.frontdoor.http_server is missing'")
+            else:
+                tasks.append(asyncio.create_task(http.serve_http(door, stop)))
+        log.info(
+            "event=frontdoor_listening index=%d pid=%d grpc=%s http=%s",
+            options.index, os.getpid(), options.grpc or "off", options.http or "off",
+        )  # fmt: skip
+        while not stop.is_set():
+            if options.status_file is not None:
+                door.counters.write(options.status_file)
+            if parent is not None and os.getppid() != parent:
+                log.warning("event=frontdoor_parent_gone index=%d", options.index)
+                break
+            if any(t.done() for t in tasks):
+                break
+            try:
+                await asyncio.wait_for(stop.wait(), STATUS_INTERVAL_S)
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        stop.set()
+        for server in servers:
+            await server.stop(grace=2.0)
+        for task in tasks:
+            try:
+                await asyncio.wait_for(task, 5.0)
+            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - stopping: logged, not raised
+                log.exception("event=frontdoor_http_stop_failed")
+        door.shm.close()
+        await door.bridge.close()
+        log.info("event=frontdoor_stopped index=%d", options.index)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options, parent, level = parse_args(argv)
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        asyncio.run(serve(options, parent))
+    except ConfigError as exc:
+        log.error("event=frontdoor_failed error=%r", str(exc))
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
