@@ -1,0 +1,402 @@
+"""KServe v2 inference over HTTP, as pure functions: a request body in, ``HttpInferRequest`` out; an
+``InferReply`` in, a response body out. No sockets, no shared memory, no broker.
+
+A request body is a JSON object, optionally followed by Triton's binary-data extension: the header
+``Inference-Header-Content-Length: N`` says the first N bytes are the JSON, and each input whose
+``parameters`` carry ``binary_data_size`` takes that many bytes of what follows, in input order. A response
+puts an output's bytes after its JSON the same way when the output (or the request's
+``binary_data_output``) asks for ``binary_data``.
+
+Every field is hostile until checked, and every check fails with ``InvalidArgument`` (HTTP 400) carrying
+Triton's text where Triton has one: malformed JSON, a wrong type anywhere, a shape with negative or too
+many dimensions, a tensor over ``--max-tensor-bytes``, binary sections that are too short or too long, JSON
+data that does not match its shape. Nothing here allocates more than the body already holds plus the one
+tensor being checked, and nothing recurses on the client's nesting.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from zinfer.client.dtypes import BYTES, WIRE_TYPES, deserialize_bytes, itemsize, wire_to_numpy
+from zinfer.client.errors import InvalidArgument
+
+from .bridge_records import Tensor
+
+__all__ = [
+    "HEADER_LENGTH",
+    "NO_JSON",
+    "HttpInferRequest",
+    "InputSpec",
+    "Limits",
+    "OutputSpec",
+    "ShmRef",
+    "decode_infer_request",
+    "parse_header_length",
+    "resolve_inputs",
+    "tensor_from_bytes",
+]
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+_U64 = (1 << 64) - 1
+_I64 = (1 << 63) - 1
+NO_JSON = frozenset({"FP16", "BF16"})  # Triton takes and gives these only as binary data
+_RESERVED_PREFIX = "triton_"
+_KNOWN_PARAMETERS = frozenset(
+    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """``max_tensor_bytes`` bounds each tensor (``--max-tensor-bytes``); ``max_json_bytes`` the JSON part
+    (JSON tensors cost several times their binary size to parse); the rest bound counts."""
+
+    max_tensor_bytes: int = 1 << 30
+    max_json_bytes: int = 64 << 20
+    max_tensors: int = 1024
+    max_dims: int = 32
+    max_name: int = 1024
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body: its JSON and one maximal tensor, plus room for a few small ones."""
+        return self.max_json_bytes + self.max_tensor_bytes + (1 << 20)
+
+
+@dataclass(frozen=True)
+class ShmRef:
+    """A tensor in a registered system shared memory region."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """An input with its data decoded (``data``), or in shared memory (``shm``, read by the caller)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: npt.NDArray[Any] | None = None
+    shm: ShmRef | None = None
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """A requested output: ``binary`` None means the request's ``binary_data_output`` decides."""
+
+    name: str
+    binary: bool | None = None
+    shm: ShmRef | None = None
+
+
+@dataclass(frozen=True)
+class HttpInferRequest:
+    request_id: str
+    inputs: tuple[InputSpec, ...]
+    outputs: tuple[OutputSpec, ...] = ()
+    binary_output: bool = False
+    priority: int = 0
+    timeout_us: int = 0
+    sequence_id: int | str = 0
+    sequence_start: bool = False
+    sequence_end: bool = False
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _bad(message: str) -> InvalidArgument:
+    return InvalidArgument(message)
+
+
+# ------------------------------------------------------------------------------------------ scalars
+
+
+def _uint(value: Any, what: str, top: int = _U64) -> int:
+    if type(value) is not int or not 0 <= value <= top:
+        raise _bad(f"Unable to parse '{what}'")
+    return value
+
+
+def _bool(value: Any, what: str) -> bool:
+    if type(value) is not bool:
+        raise _bad(f"Unable to parse '{what}'")
+    return value
+
+
+def _string(value: Any, what: str, limit: int) -> str:
+    if type(value) is not str or len(value) > limit:
+        raise _bad(f"Unable to parse '{what}'")
+    return value
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise _bad(f"Unable to parse '{what}'")
+    return value
+
+
+def _array(value: Any, what: str) -> list[Any]:
+    if type(value) is not list:
+        raise _bad(f"Unable to parse '{what}'")
+    return value
+
+
+def parse_header_length(value: str | None, content_length: int) -> int | None:
+    """The ``Inference-Header-Content-Length`` header: None when absent (the whole body is JSON)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isdigit() or len(text) > 19:
+        raise _bad(f"Unable to parse {HEADER_LENGTH}, got: {value[:64]}")
+    length = int(text)
+    if length > content_length:
+        raise _bad(f"inference header size should be in range (0, {content_length}), got: {text}")
+    return length
+
+
+# ------------------------------------------------------------------------------------------ tensors
+
+
+def _byte_size(name: str, datatype: str, shape: tuple[int, ...], limits: Limits) -> int:
+    """Bytes of a fixed-size tensor (its element count for BYTES), checked against the limit."""
+    count = math.prod(shape)
+    size = count * (itemsize(datatype) or 1)
+    if size > limits.max_tensor_bytes:
+        raise _bad(
+            f"input '{name}' of shape {list(shape)} needs {size} bytes, more than the limit of "
+            f"{limits.max_tensor_bytes} (--max-tensor-bytes)"
+        )
+    return size
+
+
+def tensor_from_bytes(name: str, datatype: str, shape: tuple[int, ...], raw: Any) -> npt.NDArray[Any]:
+    """A tensor from its raw little-endian bytes (Triton's layout; BYTES as 4-byte-length items)."""
+    view = memoryview(raw).cast("B")
+    if datatype == BYTES:
+        try:
+            return deserialize_bytes(view, shape)
+        except InvalidArgument as exc:
+            raise _bad(f"input '{name}': {exc}") from None
+    dtype = wire_to_numpy(datatype)
+    expected = math.prod(shape) * dtype.itemsize
+    if view.nbytes != expected:
+        raise _bad(f"unexpected total byte size {view.nbytes} for input '{name}', expecting {expected}")
+    return np.frombuffer(view, dtype=dtype).reshape(shape)
+
+
+def _flatten(data: list[Any], name: str) -> list[Any]:
+    """The leaves of nested JSON arrays, row-major, without recursion."""
+    out: list[Any] = []
+    stack: list[Any] = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if type(item) is list:
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> npt.NDArray[Any]:
+    if datatype in NO_JSON:
+        raise _bad(
+            f"receiving {datatype} data via JSON is not supported. Please use the binary data format for "
+            f"input {name}"
+        )
+    items = _flatten(_array(data, "data"), name)
+    if len(items) != math.prod(shape):
+        raise _bad("Unable to parse 'data': Shape does not match true shape of 'data' field")
+    if datatype == BYTES:
+        if any(type(v) is not str for v in items):
+            raise _bad("Unable to parse 'data'")
+        out = np.empty(len(items), dtype=object)
+        out[:] = [v.encode("utf-8", "surrogatepass") for v in items]
+        return out.reshape(shape)
+    dtype = wire_to_numpy(datatype)
+    if datatype == "BOOL":
+        ok = all(type(v) is bool for v in items)
+    elif dtype.kind in "iu":
+        ok = all(type(v) is int for v in items)
+    else:
+        ok = all(type(v) is float or type(v) is int for v in items)
+    if not ok:
+        raise _bad("Unable to parse 'data'")
+    try:
+        return np.array(items, dtype=dtype).reshape(shape)
+    except (OverflowError, ValueError):
+        raise _bad(f"Unable to parse 'data': a value does not fit {datatype} for input '{name}'") from None
+
+
+def _shm_ref(params: Mapping[str, Any]) -> ShmRef | None:
+    if "shared_memory_region" not in params:
+        return None
+    return ShmRef(
+        region=_string(params["shared_memory_region"], "shared_memory_region", 256),
+        offset=_uint(params.get("shared_memory_offset", 0), "shared_memory_offset", _I64),
+        byte_size=_uint(params.get("shared_memory_byte_size", 0), "shared_memory_byte_size", _I64),
+    )
+
+
+def _content_kind(name: str, body: Mapping[str, Any], params: Mapping[str, Any]) -> str:
+    kinds = [k for k, present in (
+        ("'data'", "data" in body),
+        ("'binary_data_size'", "binary_data_size" in params),
+        ("'shared_memory_region'", "shared_memory_region" in params),
+    ) if present]  # fmt: skip
+    if len(kinds) != 1:
+        got = " no field is set" if not kinds else " set " + " ".join(kinds)
+        raise _bad(
+            "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
+            f"'shared_memory_region' in 'parameters'. But{got}"
+        )
+    return kinds[0]
+
+
+def _input(item: Any, binary: memoryview, pos: int, model: str, limits: Limits) -> tuple[InputSpec, int]:
+    body = _object(item, "inputs")
+    params = _object(body.get("parameters", {}), "parameters")
+    name = _string(body.get("name"), "name", limits.max_name)
+    kind = _content_kind(name, body, params)
+    datatype = _string(body.get("datatype"), "datatype", 16)
+    if datatype not in WIRE_TYPES:
+        raise _bad(f"invalid datatype for input {name}")
+    dims = _array(body.get("shape"), "shape")
+    if len(dims) > limits.max_dims:
+        raise _bad(f"input '{name}' has {len(dims)} dimensions, more than {limits.max_dims}")
+    shape = tuple(_uint(d, "shape", _I64) for d in dims)
+    size = _byte_size(name, datatype, shape, limits)
+    if kind == "'shared_memory_region'":
+        return InputSpec(name, datatype, shape, shm=_shm_ref(params)), pos
+    if kind == "'data'":
+        if size == 0:
+            return InputSpec(name, datatype, shape, data=tensor_from_bytes(name, datatype, shape, b"")), pos
+        return InputSpec(name, datatype, shape, data=_json_tensor(name, datatype, shape, body["data"])), pos
+    nbytes = _uint(params["binary_data_size"], "binary_data_size")
+    if nbytes > limits.max_tensor_bytes:
+        raise _bad(f"input '{name}' declares {nbytes} bytes, over the limit of {limits.max_tensor_bytes}")
+    if nbytes > len(binary) - pos:
+        raise _bad(
+            f"unexpected size for input '{name}', expecting {nbytes - (len(binary) - pos)} additional "
+            f"bytes for model '{model}'"
+        )
+    data = tensor_from_bytes(name, datatype, shape, binary[pos : pos + nbytes])
+    return InputSpec(name, datatype, shape, data=data), pos + nbytes
+
+
+def _output(item: Any, limits: Limits) -> OutputSpec:
+    body = _object(item, "outputs")
+    params = _object(body.get("parameters", {}), "parameters")
+    name = _string(body.get("name"), "name", limits.max_name)
+    if "classification" in params:
+        raise _bad(f"output '{name}': classification is not supported by zinfer; ask for the tensor itself")
+    binary = _bool(params["binary_data"], "binary_data") if "binary_data" in params else None
+    shm = _shm_ref(params)
+    if shm is not None and binary:
+        raise _bad("Output can't set both 'shared_memory_region' and 'binary_data'")
+    return OutputSpec(name, binary, shm)
+
+
+def _request_parameters(params: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if key == "sequence_id":
+            out[key] = value if type(value) is int and 0 <= value <= _U64 else _string(value, key, 1024)
+        elif key in ("sequence_start", "sequence_end", "binary_data_output"):
+            out[key] = _bool(value, key)
+        elif key in ("priority", "timeout"):
+            out[key] = _uint(value, key)
+        elif key.startswith(_RESERVED_PREFIX):
+            raise _bad(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should not be "
+                "specified."
+            )
+        elif type(value) not in (str, int, bool, float):
+            raise _bad(f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
+        else:
+            out[key] = value
+    return out
+
+
+def decode_infer_request(
+    body: bytes | memoryview, header_length: int | None, model: str, limits: Limits
+) -> HttpInferRequest:
+    """An inference request from its body (``header_length``: the parsed header, None when absent)."""
+    view = memoryview(body).cast("B")
+    if header_length == 0:
+        raise _bad(
+            f"a raw binary request ({HEADER_LENGTH}: 0) is not supported; send a JSON header with "
+            "'binary_data_size' per input"
+        )
+    end = len(view) if header_length is None else header_length
+    if end > limits.max_json_bytes:
+        raise _bad(f"the request's JSON is {end} bytes, more than the limit of {limits.max_json_bytes}")
+    try:
+        doc = json.loads(bytes(view[:end]))
+    except (ValueError, RecursionError) as exc:
+        raise _bad(f"failed to parse the request JSON buffer: {str(exc)[:200]}") from None
+    request = _object(doc, "request")
+    request_id = _string(request["id"], "id", limits.max_name) if "id" in request else ""
+    params = _request_parameters(_object(request.get("parameters", {}), "parameters"))
+    items = _array(request.get("inputs"), "inputs")
+    if len(items) > limits.max_tensors:
+        raise _bad(f"the request has {len(items)} inputs, more than {limits.max_tensors}")
+    binary = view[end:]
+    pos = 0
+    inputs: list[InputSpec] = []
+    for item in items:
+        spec, pos = _input(item, binary, pos, model, limits)
+        inputs.append(spec)
+    if pos != len(binary):
+        raise _bad(f"unexpected additional input data for model '{model}'")
+    names = [i.name for i in inputs]
+    if len(set(names)) != len(names):
+        raise _bad(f"input names repeat in the request for model '{model}'")
+    outputs: Sequence[Any] = _array(request["outputs"], "outputs") if "outputs" in request else []
+    if len(outputs) > limits.max_tensors:
+        raise _bad(f"the request has {len(outputs)} outputs, more than {limits.max_tensors}")
+    sequence_id = params.pop("sequence_id", 0)
+    return HttpInferRequest(
+        request_id=request_id,
+        inputs=tuple(inputs),
+        outputs=tuple(_output(o, limits) for o in outputs),
+        binary_output=params.pop("binary_data_output", False),
+        priority=params.pop("priority", 0),
+        timeout_us=params.pop("timeout", 0),
+        sequence_id=sequence_id,
+        sequence_start=params.pop("sequence_start", False),
+        sequence_end=params.pop("sequence_end", False),
+        parameters=params,
+    )
+
+
+def resolve_inputs(
+    request: HttpInferRequest, read: Callable[[str, int, int], Any], limits: Limits
+) -> tuple[Tensor, ...]:
+    """The request's inputs as tensors: those in shared memory read with ``read(region, offset, size)``."""
+    out = []
+    for spec in request.inputs:
+        if spec.shm is None:
+            assert spec.data is not None
+            out.append(Tensor(spec.name, spec.datatype, spec.shape, spec.data))
+            continue
+        if spec.shm.byte_size > limits.max_tensor_bytes:
+            raise _bad(
+                f"input '{spec.name}' names {spec.shm.byte_size} bytes of shared memory, more than the limit "
+                f"of {limits.max_tensor_bytes}"
+            )
+        raw = read(spec.shm.region, spec.shm.offset, spec.shm.byte_size)
+        data = tensor_from_bytes(spec.name, spec.datatype, spec.shape, raw)
+        out.append(Tensor(spec.name, spec.datatype, spec.shape, data))
+    return tuple(out)

@@ -1,0 +1,92 @@
+"""The body of a KServe v2 HTTP inference response, as a pure function of the reply and the request: the
+JSON header, then (Triton's binary-data extension) each binary output's raw bytes in output order, with
+``Inference-Header-Content-Length`` naming the JSON's size."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zinfer.client.dtypes import BYTES, serialize_bytes
+from zinfer.client.errors import InvalidArgument
+
+from .bridge_records import InferReply, Tensor
+from .http_codec import NO_JSON, HttpInferRequest
+
+__all__ = ["EncodedReply", "encode_infer_reply", "tensor_to_bytes"]
+
+
+@dataclass(frozen=True)
+class EncodedReply:
+    """The response: ``json`` then ``binary`` parts in order; ``header_length`` is set (the
+    ``Inference-Header-Content-Length`` header) when there are binary parts."""
+
+    json: bytes
+    binary: tuple[memoryview, ...]
+
+    @property
+    def header_length(self) -> int | None:
+        return len(self.json) if self.binary else None
+
+    @property
+    def content_length(self) -> int:
+        return len(self.json) + sum(p.nbytes for p in self.binary)
+
+
+def tensor_to_bytes(tensor: Tensor) -> memoryview:
+    """An output's raw bytes, without a copy where the array is contiguous."""
+    if tensor.datatype == BYTES:
+        return memoryview(serialize_bytes(tensor.data))
+    data = np.ascontiguousarray(tensor.data)
+    return data.reshape(-1).view(np.uint8).data
+
+
+def _json_data(tensor: Tensor) -> list[Any]:
+    if tensor.datatype in NO_JSON:
+        raise InvalidArgument(
+            f"sending {tensor.datatype} data via JSON is not supported. Please use the binary data format "
+            "for output"
+        )
+    flat = tensor.data.reshape(-1)
+    if tensor.datatype == BYTES:
+        return [
+            (v if isinstance(v, bytes) else str(v).encode()).decode("utf-8", "replace") for v in flat.tolist()
+        ]
+    values: list[Any] = flat.tolist()
+    return values
+
+
+def encode_infer_reply(
+    reply: InferReply, request: HttpInferRequest, in_shm: frozenset[str] = frozenset()
+) -> EncodedReply:
+    """The response body for ``reply``: outputs named in ``in_shm`` were written to shared memory (no data);
+    the others go as JSON data or binary parts, as their request (or ``binary_data_output``) asks."""
+    wanted = {o.name: o for o in request.outputs}
+    outputs: list[dict[str, Any]] = []
+    parts: list[memoryview] = []
+    for tensor in reply.outputs:
+        spec = wanted.get(tensor.name)
+        if request.outputs and spec is None:
+            continue
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype}
+        entry["shape"] = list(tensor.shape)
+        if tensor.name in in_shm:
+            pass
+        elif spec.binary if spec is not None and spec.binary is not None else request.binary_output:
+            raw = tensor_to_bytes(tensor)
+            entry["parameters"] = {"binary_data_size": raw.nbytes}
+            if raw.nbytes:
+                parts.append(raw)
+        else:
+            entry["data"] = _json_data(tensor)
+        outputs.append(entry)
+    head: dict[str, Any] = {}
+    if reply.request_id or request.request_id:
+        head["id"] = reply.request_id or request.request_id
+    head["model_name"] = reply.model
+    head["model_version"] = reply.version
+    head["outputs"] = outputs
+    return EncodedReply(json.dumps(head, separators=(",", ":")).encode(), tuple(parts))

@@ -1,0 +1,379 @@
+"""The KServe v2 HTTP/REST front door (Triton's HTTP API and extensions) on aiohttp's low-level server.
+
+``serve_http(door, stop)`` listens on ``door.options.http`` (SO_REUSEPORT, so every front-door process
+shares the port; TLS when the options carry a certificate) until ``stop`` is set. Routes, as Triton's:
+
+- ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``: server metadata; health (200, else 400)
+- ``GET /v2/models/{m}[/versions/{v}][/ready|/config|/stats]``: model metadata, readiness, config, statistics;
+  ``GET /v2/models/stats``: every model's statistics
+- ``POST /v2/models/{m}[/versions/{v}]/infer``: inference with JSON and binary tensors, or shared memory
+- ``POST /v2/repository/index``, ``/v2/repository/models/{m}/load|unload``: the model repository extension
+- ``GET|POST /v2/systemsharedmemory[/region/{r}]/status|register|unregister``: system shared memory
+
+CUDA shared memory, trace and log settings answer 501 (status and unregister of CUDA regions answer as a
+server with none). Errors are ``{"error": "..."}`` with Triton's HTTP status (400, 404, 503, 501, 500) and
+text. The request body is bounded (``Limits.max_body_bytes``) and read within ``BODY_TIMEOUT_S``; open
+connections are bounded by ``MAX_CONNECTIONS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import re
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from zinfer.client.errors import InvalidArgument
+
+from .bridge_records import InferCall, Tensor
+from .door import FrontDoor
+from .errors import FrontDoorError, triton_error
+from .http_codec import (
+    HEADER_LENGTH,
+    HttpInferRequest,
+    Limits,
+    ShmRef,
+    decode_infer_request,
+    parse_header_length,
+    resolve_inputs,
+)
+from .http_reply import encode_infer_reply, tensor_to_bytes
+from .http_views import (
+    dumps,
+    error_body,
+    model_metadata,
+    optional_json,
+    repository_index,
+    server_metadata,
+    shm_register_body,
+    shm_status,
+    statistics,
+)
+
+__all__ = ["BODY_TIMEOUT_S", "MAX_CONNECTIONS", "HttpFrontDoor", "http_status", "serve_http"]
+
+log = logging.getLogger(__name__)
+
+BODY_TIMEOUT_S = 60.0
+MAX_CONNECTIONS = 1024
+STOP_GRACE_S = 2.0
+_SMALL_BODY = 64 << 10  # responses up to this size are sent as one buffer
+
+_SERVER = re.compile(r"/v2(?:/health/(live|ready))?")
+_MODEL = re.compile(
+    r"/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(infer|ready|config|stats|trace/setting))?"
+)
+_CONTROL = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
+_SYSSHM = re.compile(r"/v2/systemsharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
+_CUDASHM = re.compile(r"/v2/cudasharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
+_UNSUPPORTED = re.compile(r"/v2/(?:trace/setting|logging)")
+
+# Triton's HTTP statuses by error kind (HttpCodeFromError): a full queue or an expired queue timeout is
+# Triton's UNAVAILABLE; whatever Triton has no code for is 400
+_STATUS = {"INTERNAL": 500, "NOT_FOUND": 404, "UNAVAILABLE": 503, "RESOURCE_EXHAUSTED": 503,
+           "DEADLINE_EXCEEDED": 503, "UNIMPLEMENTED": 501, "PERMISSION_DENIED": 403}  # fmt: skip
+
+
+class _BodyRefused(InvalidArgument):
+    """The body was refused unread: the connection is closed after the answer."""
+
+
+def http_status(grpc_code: str) -> int:
+    return _STATUS.get(grpc_code, 400)
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    return web.Response(body=dumps(value), status=status, content_type="application/json")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.Response(body=error_body(message), status=status, content_type="application/json")
+
+
+def _not_allowed() -> web.Response:
+    return _error(405, "Method Not Allowed")
+
+
+def _is_local(peer: Any) -> bool:
+    if isinstance(peer, tuple) and peer:
+        try:
+            return ipaddress.ip_address(str(peer[0]).split("%", 1)[0]).is_loopback
+        except ValueError:
+            return False
+    return isinstance(peer, str)  # a Unix socket
+
+
+class HttpFrontDoor:
+    """The request handler of one front-door process (one per process, shared by its connections)."""
+
+    def __init__(self, door: FrontDoor) -> None:
+        self.door = door
+        self.bridge = door.bridge
+        self.limits = Limits(max_tensor_bytes=door.options.max_tensor_bytes)
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            response = await self._route(request)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes Triton's answer, never a 500 page
+            answer = triton_error(exc)
+            if answer.grpc_code == "INTERNAL" and not isinstance(exc, FrontDoorError):
+                log.exception("event=http_internal_error path=%r", request.raw_path[:200])
+            response = _error(http_status(answer.grpc_code), answer.message)
+            if isinstance(exc, _BodyRefused):
+                response.force_close()
+        self.door.counters.record("http", response.status < 400)
+        return response
+
+    async def _body(self, request: web.BaseRequest, limit: int) -> bytes:
+        length = request.content_length
+        if length is not None and length > limit:
+            raise _BodyRefused(f"request body of {length} bytes is more than the limit of {limit}")
+        try:
+            return await asyncio.wait_for(self._read(request, length, limit), BODY_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise _BodyRefused(f"the request body did not arrive within {BODY_TIMEOUT_S:g} s") from None
+        except asyncio.IncompleteReadError as exc:
+            raise _BodyRefused(f"the request body ended after {len(exc.partial)} of {length} bytes") from None
+
+    @staticmethod
+    async def _read(request: web.BaseRequest, length: int | None, limit: int) -> bytes:
+        if length is not None:
+            return await request.content.readexactly(length) if length else b""
+        chunks, total = [], 0
+        async for chunk in request.content.iter_any():  # chunked transfer encoding
+            total += len(chunk)
+            if total > limit:
+                raise _BodyRefused(f"request body is more than the limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _route(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.raw_path.split("?", 1)[0]
+        method = request.method
+        if m := _SERVER.fullmatch(path):
+            if method != "GET":
+                return _not_allowed()
+            if m.group(1) is None:
+                return _json(server_metadata(self.bridge.server_metadata()))
+            ok = await (self.bridge.server_live() if m.group(1) == "live" else self.bridge.server_ready())
+            return web.Response(status=200 if ok else 400)
+        if m := _MODEL.fullmatch(path):
+            model, version, kind = unquote(m.group(1)), m.group(2) or "", m.group(3) or ""
+            return await self._model(request, model, version, kind)
+        if m := _CONTROL.fullmatch(path):
+            if method != "POST":
+                return _not_allowed()
+            return await self._repository(request, m.group(1), unquote(m.group(3) or ""), m.group(4) or "")
+        if m := _SYSSHM.fullmatch(path):
+            return await self._system_shm(request, unquote(m.group(1) or ""), m.group(2))
+        if m := _CUDASHM.fullmatch(path):
+            if m.group(2) == "status" and method == "GET":
+                return _json([])  # zinfer holds no CUDA shared memory regions
+            if m.group(2) == "unregister" and method == "POST":
+                return web.Response(status=200, content_type="application/json")
+            raise FrontDoorError("UNIMPLEMENTED", 501, "CUDA shared memory is not supported by zinfer")
+        if _UNSUPPORTED.fullmatch(path):
+            raise FrontDoorError("UNIMPLEMENTED", 501, "trace and log settings are not supported by zinfer")
+        return _error(400, "Not Found")
+
+    async def _model(
+        self, request: web.BaseRequest, model: str, version: str, kind: str
+    ) -> web.StreamResponse:
+        method = request.method
+        if kind == "infer":
+            return await self._infer(request, model, version) if method == "POST" else _not_allowed()
+        if method != "GET":
+            return _not_allowed()
+        if kind == "" and model == "stats" and not version:
+            return _json(statistics(await self.bridge.statistics()))
+        if kind == "":
+            return _json(model_metadata(await self.bridge.model_metadata(model, version)))
+        if kind == "ready":
+            if await self.bridge.model_ready(model, version):
+                return web.Response(status=200)
+            return _error(400, "Model version not ready")
+        if kind == "config":
+            return _json(dict(await self.bridge.model_config(model, version)))
+        if kind == "stats":
+            return _json(statistics(await self.bridge.statistics(model, version)))
+        raise FrontDoorError("UNIMPLEMENTED", 501, "trace settings are not supported by zinfer")
+
+    async def _repository(
+        self, request: web.BaseRequest, repository: str | None, model: str, action: str
+    ) -> web.StreamResponse:
+        body = optional_json(await self._body(request, 1 << 20))
+        if repository:
+            raise FrontDoorError("UNIMPLEMENTED", 501, "'repository_name' specification is not supported")
+        if not action:
+            ready = body.get("ready", False)
+            if type(ready) is not bool:
+                raise InvalidArgument("Unable to parse 'ready'")
+            return _json(repository_index(await self.bridge.repository_index(ready_only=ready)))
+        params = body.get("parameters", {})
+        if type(params) is not dict:
+            raise InvalidArgument("Unable to parse 'parameters'")
+        if action == "load":
+            if any(k == "config" or k.startswith("file:") for k in params):
+                raise FrontDoorError(
+                    "UNIMPLEMENTED", 501, "loading a model with a config or files in the request is not "
+                    "supported by zinfer: put them in the model repository",
+                )  # fmt: skip
+            await self.bridge.load(model)
+        else:
+            if type(params.get("unload_dependents", False)) is not bool:
+                raise InvalidArgument("Unable to parse 'unload_dependents'")
+            await self.bridge.unload(model)
+        return web.Response(status=200, content_type="application/json")
+
+    async def _system_shm(self, request: web.BaseRequest, region: str, action: str) -> web.StreamResponse:
+        if (action == "status") != (request.method == "GET") or request.method not in ("GET", "POST"):
+            return _not_allowed()
+        shm = self.door.shm
+        if action == "status":
+            return _json(shm_status(shm.status(region)))
+        body = await self._body(request, 1 << 20)
+        if action == "register":
+            if not region:
+                raise InvalidArgument("'region name' is necessary to register system shared memory region")
+            key, offset, size = shm_register_body(body)
+            local = _is_local(request.transport.get_extra_info("peername") if request.transport else None)
+            shm.register(region, key, offset, size, local=local)
+        else:
+            shm.unregister(region)
+        return web.Response(status=200, content_type="application/json")
+
+    async def _infer(self, request: web.BaseRequest, model: str, version: str) -> web.StreamResponse:
+        body = await self._body(request, self.limits.max_body_bytes)
+        header_length = parse_header_length(request.headers.get(HEADER_LENGTH), len(body))
+        parsed = decode_infer_request(body, header_length, model, self.limits)
+        inputs = resolve_inputs(parsed, self.door.shm.read, self.limits)
+        call = InferCall(
+            model=model,
+            inputs=inputs,
+            version=version,
+            outputs=tuple(o.name for o in parsed.outputs),
+            request_id=parsed.request_id,
+            priority=parsed.priority,
+            timeout_us=parsed.timeout_us,
+            sequence_id=parsed.sequence_id,
+            sequence_start=parsed.sequence_start,
+            sequence_end=parsed.sequence_end,
+            parameters=parsed.parameters,
+        )
+        reply = await self.bridge.infer(call)
+        in_shm = self._write_shm_outputs(parsed, reply.outputs)
+        encoded = encode_infer_reply(reply, parsed, in_shm)
+        headers = {}
+        if encoded.header_length is not None:
+            headers[HEADER_LENGTH] = str(encoded.header_length)
+        content_type = "application/octet-stream" if encoded.binary else "application/json"
+        if encoded.content_length <= _SMALL_BODY:
+            body_out = encoded.json + b"".join(encoded.binary) if encoded.binary else encoded.json
+            return web.Response(body=body_out, headers=headers, content_type=content_type)
+        response = web.StreamResponse(headers=headers)
+        response.content_type = content_type
+        response.content_length = encoded.content_length
+        await response.prepare(request)
+        await response.write(encoded.json)
+        for part in encoded.binary:
+            await response.write(part)
+        await response.write_eof()
+        return response
+
+    def _write_shm_outputs(self, parsed: HttpInferRequest, outputs: tuple[Tensor, ...]) -> frozenset[str]:
+        refs: dict[str, ShmRef] = {o.name: o.shm for o in parsed.outputs if o.shm is not None}
+        for tensor in outputs:
+            ref = refs.get(tensor.name)
+            if ref is None:
+                continue
+            raw = tensor_to_bytes(tensor)
+            if raw.nbytes > ref.byte_size:
+                raise FrontDoorError(
+                    "INTERNAL", 500, f"shared memory size specified with the request for output "
+                    f"'{tensor.name}' ({ref.byte_size} bytes) should be at least {raw.nbytes} bytes to hold "
+                    "the results",
+                )  # fmt: skip
+            self.door.shm.write(ref.region, ref.offset, ref.byte_size, raw)
+        return frozenset(refs)
+
+
+# ------------------------------------------------------------------------------------------ serving
+
+
+def listen_socket(address: str) -> socket.socket:
+    """A listening TCP socket on ``HOST:PORT`` with SO_REUSEPORT (every front-door process binds it)."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)  # proto TCP: asyncio then sets TCP_NODELAY on each connection
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(addr)
+        sock.listen(1024)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def tls_context(door: FrontDoor) -> ssl.SSLContext | None:
+    o = door.options
+    if o.tls_cert is None or o.tls_key is None:
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(str(o.tls_cert), str(o.tls_key))
+    if o.tls_client_ca is not None:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(str(o.tls_client_ca))
+    return ctx
+
+
+class _Refuse(asyncio.Protocol):
+    """Closes a connection past the limit at once."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+def _bounded(server: web.Server, limit: int) -> Callable[[], asyncio.Protocol]:
+    """A protocol factory that refuses connections past ``limit`` open ones."""
+
+    def make() -> asyncio.Protocol:
+        if len(server.connections) >= limit:
+            log.warning("event=http_connection_refused open=%d", len(server.connections))
+            return _Refuse()
+        return server()
+
+    return make
+
+
+async def serve_http(door: FrontDoor, stop: asyncio.Event) -> None:
+    """Serve HTTP on ``door.options.http`` until ``stop`` is set."""
+    address = door.options.http
+    if not address:
+        raise FrontDoorError("INVALID_ARGUMENT", 400, "no HTTP address")
+    handler = HttpFrontDoor(door)
+    handle: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]] = handler.handle
+    lowlevel = web.Server(handle, access_log=None, max_field_size=16384, keepalive_timeout=75)
+    sock = listen_socket(address)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_bounded(lowlevel, MAX_CONNECTIONS), sock=sock, ssl=tls_context(door))
+    log.info("event=http_frontdoor_listening address=%s tls=%s", address, door.options.tls)
+    try:
+        await stop.wait()
+    finally:
+        server.close()
+        await lowlevel.shutdown(STOP_GRACE_S)
+        await server.wait_closed()
+        log.info("event=http_frontdoor_stopped address=%s", address)
