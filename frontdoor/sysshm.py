@@ -101,14 +101,14 @@ class SystemShm:
         if len(os.listdir(self.folder)) >= MAX_REGIONS:
             raise FrontDoorError("RESOURCE_EXHAUSTED", 429, f"at most {MAX_REGIONS} shared memory regions")
         fd = self._open(name, key)
-        try:
-            st = os.fstat(fd)
-            if offset + byte_size > st.st_size:
-                raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
-            record = _Record(name, key, offset, byte_size, st.st_dev, st.st_ino)
-        finally:
+        st = os.fstat(fd)
+        if offset + byte_size > st.st_size:
             os.close(fd)
+            raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
+        record = _Record(name, key, offset, byte_size, st.st_dev, st.st_ino)
+        self._keep(record, fd)  # held open while registered: the inode cannot be freed and reused
         if any(r.key == key for r in self._records()):
+            self._close_unused()
             raise InvalidArgument(
                 f'registering an active shared memory key, "{key}", under a different name is not '
                 "currently supported"
@@ -118,6 +118,7 @@ class SystemShm:
         try:
             os.link(tmp, self._path(name))  # fails if another process registered the name meanwhile
         except FileExistsError:
+            self._close_unused()
             raise AlreadyExists(f"shared memory region '{name}' already in manager") from None
         finally:
             tmp.unlink(missing_ok=True)
@@ -230,11 +231,17 @@ class SystemShm:
         if (st.st_dev, st.st_ino) != ident:  # the key names another segment than the one registered
             os.close(fd)
             raise InvalidArgument(f"shared memory region '{record.name}' changed since it was registered")
+        self._keep(record, fd)
+        return fd
+
+    def _keep(self, record: _Record, fd: int) -> None:
         with self._lock:
+            old = self._fds.pop((record.dev, record.ino), None)
+            if old is not None:
+                os.close(old)
             if len(self._fds) >= _MAX_CACHED_FDS:
                 self._close_unused_locked(set())
-            self._fds[ident] = fd
-        return fd
+            self._fds[(record.dev, record.ino)] = fd
 
     def _close_unused(self) -> None:
         live = {(r.dev, r.ino) for r in self._records()}

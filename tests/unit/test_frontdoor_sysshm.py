@@ -1,0 +1,156 @@
+"""Triton's system shared memory registry of the front door, on real files: what a caller may name, and
+that every use checks again (identity, size) without ever mapping the file."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from zinfer.client.errors import AlreadyExists, InvalidArgument, NotFound
+from zinfer.frontdoor.errors import FrontDoorError, triton_error
+from zinfer.frontdoor.sysshm import SystemShm
+
+
+@pytest.fixture
+def shm_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "shm"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def registry(tmp_path: Path, shm_dir: Path) -> Iterator[SystemShm]:
+    r = SystemShm(tmp_path / "registry", shm_dir)
+    yield r
+    r.close()
+
+
+def _segment(shm_dir: Path, size: int, name: str = "seg") -> Path:
+    path = shm_dir / name
+    path.write_bytes((bytes(range(256)) * (size // 256 + 1))[:size])
+    return path
+
+
+def test_round_trip_and_every_process_sees_the_registration(
+    tmp_path: Path, shm_dir: Path, registry: SystemShm
+) -> None:
+    _segment(shm_dir, 1024)
+    registry.register("r", "/seg", 256, 512, local=True)
+    other = SystemShm(tmp_path / "registry", shm_dir)  # another front-door process
+    try:
+        assert [(s.name, s.key, s.offset, s.byte_size) for s in other.status()] == [("r", "/seg", 256, 512)]
+        assert other.read("r", 0, 4).tolist() == [
+            0,
+            1,
+            2,
+            3,
+        ]  # file byte 256 is 0 again
+        registry.write("r", 8, 8, b"abcdefgh")
+        assert bytes(other.read("r", 8, 8)) == b"abcdefgh"
+        out = np.zeros(4, np.uint8)
+        assert other.read("r", 8, 4, out) is out and bytes(out) == b"abcd"
+        other.unregister("r")
+        with pytest.raises(NotFound, match="Unable to find system shared memory region: 'r'"):
+            registry.read("r", 0, 4)
+    finally:
+        other.close()
+
+
+def test_a_remote_caller_may_not_register(shm_dir: Path, registry: SystemShm) -> None:
+    _segment(shm_dir, 64)
+    with pytest.raises(FrontDoorError) as err:
+        registry.register("r", "/seg", 0, 64, local=False)
+    assert triton_error(err.value).grpc_code == "PERMISSION_DENIED"
+    assert registry.status() == ()
+
+
+@pytest.mark.parametrize(
+    "key", ["/../etc/passwd", "/a/b", "..", "/zinfer-arena-1", "zinferx", "", "/" + "a" * 201]
+)
+def test_keys_outside_plain_names_or_zinfers_own_are_refused(
+    shm_dir: Path, registry: SystemShm, key: str
+) -> None:
+    with pytest.raises(InvalidArgument):
+        registry.register("r", key, 0, 0, local=True)
+
+
+def test_a_symlink_is_not_followed(tmp_path: Path, shm_dir: Path, registry: SystemShm) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s" * 64)
+    (shm_dir / "link").symlink_to(secret)
+    with pytest.raises(InvalidArgument, match="Unable to open shared memory region"):
+        registry.register("r", "/link", 0, 64, local=True)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give a file to another user")
+def test_another_users_segment_is_refused(shm_dir: Path, registry: SystemShm) -> None:
+    path = _segment(shm_dir, 64)
+    os.chown(path, 65534, 65534)
+    with pytest.raises(InvalidArgument, match="Unable to open shared memory region"):
+        registry.register("r", "/seg", 0, 64, local=True)
+
+
+def test_ranges_are_checked_at_registration_and_at_every_use(shm_dir: Path, registry: SystemShm) -> None:
+    path = _segment(shm_dir, 128)
+    with pytest.raises(InvalidArgument, match="invalid args"):
+        registry.register("r", "/seg", 64, 65, local=True)
+    registry.register("r", "/seg", 64, 64, local=True)
+    with pytest.raises(InvalidArgument, match="Invalid offset"):
+        registry.read("r", 60, 8)
+    with pytest.raises(InvalidArgument, match="must fit|output"):
+        registry.write("r", 0, 4, b"12345")
+    os.truncate(path, 100)  # shrunk behind our back: an error, never a SIGBUS
+    with pytest.raises(InvalidArgument, match="smaller than registered"):
+        registry.read("r", 0, 64)
+    with pytest.raises(InvalidArgument, match="smaller than registered"):
+        registry.write("r", 0, 64, b"x" * 64)
+    assert bytes(registry.read("r", 0, 36)) == bytes(range(64, 100))
+
+
+def test_a_segment_replaced_under_the_same_key_is_refused(
+    tmp_path: Path, shm_dir: Path, registry: SystemShm
+) -> None:
+    """The registering process holds the segment open (as Triton holds its mapping): it keeps reading the
+    memory that was registered. Another process opening the key finds another file and refuses it."""
+    path = _segment(shm_dir, 64)
+    registry.register("r", "/seg", 0, 64, local=True)
+    path.unlink()
+    path.write_bytes(b"\xee" * 64)
+    assert registry.read("r", 0, 4).tolist() == [0, 1, 2, 3]
+    other = SystemShm(tmp_path / "registry", shm_dir)
+    try:
+        with pytest.raises(InvalidArgument, match="changed since it was registered"):
+            other.read("r", 0, 8)
+    finally:
+        other.close()
+
+
+def test_names_and_keys_are_registered_once(shm_dir: Path, registry: SystemShm) -> None:
+    _segment(shm_dir, 64)
+    registry.register("r", "/seg", 0, 64, local=True)
+    with pytest.raises(AlreadyExists, match="already in manager"):
+        registry.register("r", "/seg", 0, 8, local=True)
+    with pytest.raises(InvalidArgument, match="under a different name"):
+        registry.register("r2", "/seg", 0, 8, local=True)
+    registry.unregister()
+    assert registry.status() == ()
+    registry.unregister("never-registered")  # as in Triton: not an error
+
+
+def test_real_dev_shm_segment(tmp_path: Path) -> None:
+    """The default folder is /dev/shm (what tritonclient.utils.shared_memory creates)."""
+    key = f"fdunit_{uuid.uuid4().hex[:10]}"
+    path = Path("/dev/shm") / key
+    path.write_bytes(b"\x07" * 32)
+    registry = SystemShm(tmp_path / "registry")
+    try:
+        registry.register("r", "/" + key, 0, 32, local=True)
+        assert registry.read("r", 0, 32).tolist() == [7] * 32
+    finally:
+        registry.close()
+        path.unlink()
