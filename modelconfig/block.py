@@ -28,8 +28,10 @@ __all__ = [
     "dim_check",
     "nonnegative",
     "read_dims",
+    "optional_block",
     "required_block",
     "required_string",
+    "required_strings",
 ]
 
 E = TypeVar("E", bound=Enum)
@@ -266,6 +268,25 @@ def required_string(b: Block, name: str) -> str:
     if not value:
         raise b.error("is required and may not be empty", name)
     return value
+
+
+def required_strings(b: Block, name: str) -> tuple[str, ...]:
+    """A repeated string field that must list at least one value."""
+    values = b.strings(name)
+    if not values:
+        raise b.error("is required", name)
+    return values
+
+
+def optional_block(b: Block, name: str, decode: Callable[[Block], T], default: T) -> T:
+    """``decode`` applied to the sub-block ``name`` (then checked for unknown fields), or ``default``
+    when the config leaves the block out."""
+    block = b.block(name)
+    if block is None:
+        return default
+    record = decode(block)
+    block.finish()
+    return record
 
 
 def dim_check(value: int) -> str | None:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .block import INT64, UINT32, Block, nonnegative, required_block
+from .block import INT64, UINT32, Block, nonnegative, optional_block, required_block, required_string
 from .record_base import empty_map, frozen_map, json_meta
 
 __all__ = [
@@ -117,13 +117,11 @@ def _warmup_input_value(entry: Block, name: str) -> WarmupInput:
 
 def decode_warmup(b: Block, max_batch_size: int) -> ModelWarmup:
     record = ModelWarmup(
-        name=b.string("name"),
+        name=required_string(b, "name"),
         batch_size=b.integer("batch_size", UINT32),
         inputs=frozen_map(b.map("inputs", str, _warmup_input_value)),
         count=b.integer("count", UINT32),
     )
-    if not record.name:
-        raise b.error("is required and may not be empty", "name")
     limit = max(max_batch_size, 1)
     if not 1 <= record.batch_size <= limit:
         raise b.error(f"must be in [1, {limit}] (max_batch_size {max_batch_size})", "batch_size")
@@ -133,9 +131,7 @@ def decode_warmup(b: Block, max_batch_size: int) -> ModelWarmup:
 
 def _decode_metric_control(b: Block) -> MetricControl:
     identifier = required_block(b, "metric_identifier")
-    family = identifier.string("family")
-    if not family:
-        raise identifier.error("is required and may not be empty", "family")
+    family = required_string(identifier, "family")
     identifier.finish()
     options = b.block("histogram_options")
     buckets: tuple[float, ...] | None = None
@@ -161,9 +157,9 @@ def decode_model_operations(b: Block) -> ModelOperations:
 
 
 def _decode_agent(b: Block) -> RepositoryAgent:
-    record = RepositoryAgent(name=b.string("name"), parameters=frozen_map(b.string_map("parameters")))
-    if not record.name:
-        raise b.error("is required and may not be empty", "name")
+    record = RepositoryAgent(
+        name=required_string(b, "name"), parameters=frozen_map(b.string_map("parameters"))
+    )
     b.finish()
     return record
 
@@ -175,18 +171,15 @@ def decode_repository_agents(b: Block) -> tuple[RepositoryAgent, ...]:
 
 
 def decode_transaction_policy(b: Block) -> TransactionPolicy:
-    block = b.block("model_transaction_policy")
-    if block is None:
-        return TransactionPolicy()
-    policy = TransactionPolicy(decoupled=block.boolean("decoupled"))
-    block.finish()
-    return policy
+    return optional_block(
+        b,
+        "model_transaction_policy",
+        lambda x: TransactionPolicy(decoupled=x.boolean("decoupled")),
+        TransactionPolicy(),
+    )
 
 
 def decode_response_cache(b: Block) -> ResponseCache:
-    block = b.block("response_cache")
-    if block is None:
-        return ResponseCache()
-    cache = ResponseCache(enable=block.boolean("enable"))
-    block.finish()
-    return cache
+    return optional_block(
+        b, "response_cache", lambda x: ResponseCache(enable=x.boolean("enable")), ResponseCache()
+    )

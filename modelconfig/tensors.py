@@ -8,10 +8,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from zinfer.client.dtypes import BYTES, config_to_wire
 
-from .block import INT64, Block, dim_check, read_dims, required_string
+from .block import INT64, Block, dim_check, optional_block, read_dims, required_string, required_strings
 from .record_base import ProtoEnum, json_meta
 
 __all__ = [
@@ -114,12 +115,8 @@ def _segments(shape: Sequence[int]) -> list[int]:
 
 
 def _reshape(b: Block, dims: tuple[int, ...]) -> tuple[int, ...] | None:
-    block = b.block("reshape")
-    if block is None:
-        return None
-    shape = block.integers("shape", INT64, dim_check)
-    block.finish()
-    if _segments(shape) != _segments(dims):
+    shape = optional_block(b, "reshape", lambda x: x.integers("shape", INT64, dim_check), None)
+    if shape is not None and _segments(shape) != _segments(dims):
         raise b.error(
             f"shape {list(shape)} does not hold the same elements as dims {list(dims)}",
             "reshape",
@@ -127,16 +124,32 @@ def _reshape(b: Block, dims: tuple[int, ...]) -> tuple[int, ...] | None:
     return shape
 
 
-def decode_input(b: Block) -> InputConfig:
+class _TensorFields(TypedDict):
+    name: str
+    data_type: str
+    dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None
+    is_shape_tensor: bool
+    is_non_linear_format_io: bool
+
+
+def _tensor_fields(b: Block) -> _TensorFields:
+    """The fields of :class:`TensorConfig`, which inputs and outputs decode alike."""
     name = required_string(b, "name")
     dims = read_dims(b)
+    return {
+        "name": name,
+        "data_type": b.data_type(),
+        "dims": dims,
+        "reshape": _reshape(b, dims),
+        "is_shape_tensor": b.boolean("is_shape_tensor"),
+        "is_non_linear_format_io": b.boolean("is_non_linear_format_io"),
+    }
+
+
+def decode_input(b: Block) -> InputConfig:
     config = InputConfig(
-        name=name,
-        data_type=b.data_type(),
-        dims=dims,
-        reshape=_reshape(b, dims),
-        is_shape_tensor=b.boolean("is_shape_tensor"),
-        is_non_linear_format_io=b.boolean("is_non_linear_format_io"),
+        **_tensor_fields(b),
         format=b.enum("format", InputFormat, InputFormat.FORMAT_NONE),
         allow_ragged_batch=b.boolean("allow_ragged_batch"),
         optional=b.boolean("optional"),
@@ -146,15 +159,8 @@ def decode_input(b: Block) -> InputConfig:
 
 
 def decode_output(b: Block) -> OutputConfig:
-    name = required_string(b, "name")
-    dims = read_dims(b)
     config = OutputConfig(
-        name=name,
-        data_type=b.data_type(),
-        dims=dims,
-        reshape=_reshape(b, dims),
-        is_shape_tensor=b.boolean("is_shape_tensor"),
-        is_non_linear_format_io=b.boolean("is_non_linear_format_io"),
+        **_tensor_fields(b),
         label_filename=b.string("label_filename"),
     )
     b.finish()
@@ -164,12 +170,10 @@ def decode_output(b: Block) -> OutputConfig:
 def decode_batch_input(b: Block) -> BatchInput:
     record = BatchInput(
         kind=b.enum("kind", BatchInputKind, BatchInputKind.BATCH_ELEMENT_COUNT),
-        target_name=b.strings("target_name"),
+        target_name=required_strings(b, "target_name"),
         data_type=b.data_type(),
         source_input=b.strings("source_input"),
     )
-    if not record.target_name:
-        raise b.error("is required", "target_name")
     if record.data_type not in ("TYPE_INT32", "TYPE_FP32"):
         raise b.error(f"must be TYPE_INT32 or TYPE_FP32, got {record.data_type}", "data_type")
     b.finish()
@@ -178,11 +182,9 @@ def decode_batch_input(b: Block) -> BatchInput:
 
 def decode_batch_output(b: Block) -> BatchOutput:
     record = BatchOutput(
-        target_name=b.strings("target_name"),
+        target_name=required_strings(b, "target_name"),
         kind=b.enum("kind", BatchOutputKind, BatchOutputKind.BATCH_SCATTER_WITH_INPUT_SHAPE),
         source_input=b.strings("source_input"),
     )
-    if not record.target_name:
-        raise b.error("is required", "target_name")
     b.finish()
     return record
