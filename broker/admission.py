@@ -83,7 +83,12 @@ class Admission:
         if not state.ready:
             state.metrics.rejected()
             reason = state.error or "no instance is ready yet"
-            raise Unavailable(f"model '{state.name}' version {state.version} is not ready: {reason}")
+            what = (
+                f"version {state.version} is not at ready state"
+                if req.version
+                else "has no available versions"
+            )
+            raise Unavailable(f"Request for unknown model: '{state.name}' {what}: {reason}")
         checked = check_request(req, frames, state.signature, self.regions, identity, self.max_tensor_bytes)
         if checked.input_bytes > self.max_batch_bytes:  # no batch could hold it: refused before queueing
             raise ResourceExhausted(

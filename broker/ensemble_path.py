@@ -166,7 +166,10 @@ class EnsemblePath:
             target = self.registry.resolve(step.model, step.version)
             if not target.ready:
                 reason = target.error or "no instance is ready yet"
-                raise Unavailable(f"model '{target.name}' version {target.version} is not ready: {reason}")
+                raise Unavailable(
+                    f"Request for unknown model: '{target.name}' version {target.version} "
+                    f"is not at ready state: {reason}"
+                )
             if target.signature.decoupled:
                 raise Unsupported(f"model '{target.name}' is decoupled: an ensemble step must answer once")
             frames: list[Frame] = []

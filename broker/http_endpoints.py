@@ -185,13 +185,13 @@ class HttpEndpoints:
             name = unquote(parts[2])
             versions = self.health().models.get(name)
             if versions is None:
-                return _not_found(f"unknown model '{name}'")
+                return _not_found(f"Request for unknown model: '{name}' is not found")
             if len(parts) == 4:
                 return _status(any(versions.values()))
             if parts[3] == "versions" and parts[4].isdigit() and int(parts[4]) in versions:
                 return _status(versions[int(parts[4])])
             if parts[3] == "versions":
-                return _not_found(f"unknown version {parts[4]!r} of model '{name}'")
+                return _not_found(f"Request for unknown model: '{name}' version {parts[4]} is not found")
         return _not_found("not found")
 
 

@@ -181,18 +181,21 @@ class ModelRegistry:
     def resolve(self, name: str, version: int) -> ModelState:
         """A model version by name; version 0 is the newest ready version (else the newest)."""
         versions = self.models.get(name)
-        if not versions:
+        if (
+            not versions
+        ):  # the texts start as Triton's (ModelRepositoryManager::GetModel), which clients match
+            unavailable = f"Request for unknown model: '{name}' has no available versions"
             if name in self.loading:
-                raise Unavailable(f"model '{name}' is loading")
+                raise Unavailable(f"{unavailable}: it is loading")
             if name in self.load_errors:
-                raise Unavailable(f"model '{name}' failed to load: {self.load_errors[name]}")
+                raise Unavailable(f"{unavailable}: it failed to load: {self.load_errors[name]}")
             if name in self.known:
-                raise Unavailable(f"model '{name}' is not loaded")
-            raise NotFound(f"unknown model '{name}'")
+                raise Unavailable(f"{unavailable}: it is not loaded")
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
         if version:
             state = versions.get(version)
             if state is None:
-                raise NotFound(f"unknown version {version} of model '{name}'")
+                raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
             return state
         ready = [v for v, s in versions.items() if s.ready]
         return versions[max(ready) if ready else max(versions)]

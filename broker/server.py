@@ -134,6 +134,7 @@ class Broker:
         self.observer = Observer(
             self.registry, self.regions, self.path.caching, self.pool, self.supervisor, self.serving_ready
         )
+        self.worker_inbox.custom_metrics = self.observer.metrics.custom
         self.control = ModelControl(
             options, self.registry, self.pool, self.outbox, self.observer.attach, self.start_instances
         )

@@ -5,17 +5,20 @@ A heartbeat is answered on the same socket (its identity carries ``protocol.HEAR
 the worker an instance with a place in the pool (``instance_pool``); LOAD_FAILED marks its model
 unavailable with the worker's reason; RESULT goes to request completion (``completion.on_result``). A
 message from a worker the pool does not know is answered with SHUTDOWN; a malformed one is logged and
-dropped, never allowed to raise in the broker loop.
+dropped, never allowed to raise in the broker loop. A heartbeat that carries the model's custom metrics
+hands them, checked, to ``custom_metrics`` (set by the server to its metrics' store).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from zinfer.client import protocol
 from zinfer.client.errors import ProtocolError, ServerError
+from zinfer.client.metric_snapshot import families_from_wire
 from zinfer.client.protocol import Command, Frame
 from zinfer.client.worker_protocol import (
     Heartbeat,
@@ -27,6 +30,7 @@ from zinfer.client.worker_protocol import (
 )
 
 from .completion import Completion
+from .custom_metrics import CustomMetrics
 from .instance_pool import InstancePool
 from .outbox import Outbox
 
@@ -43,8 +47,30 @@ class WorkerInbox:
     ) -> None:
         self.pool = pool
         self.outbox = outbox
+        self.custom_metrics: CustomMetrics | None = None
+        self._reported: set[bytes] = set()  # workers whose last heartbeat carried custom metrics
         self.completion = completion
         self.clock = clock
+
+    def _custom_metrics(self, worker: bytes, header: Mapping[str, Any]) -> None:
+        """The model code's custom metrics a heartbeat carries: checked, then kept for the scrape."""
+        state = self.pool.state_of(worker)
+        if (
+            self.custom_metrics is None
+            or state is None
+            or ("metrics" not in header and worker not in self._reported)
+        ):
+            return
+        try:
+            families = families_from_wire(header.get("metrics", []))
+        except ProtocolError as exc:
+            log.warning("event=bad_custom_metrics worker=%s error=%r", worker, str(exc))
+            return
+        if families:
+            self._reported.add(worker)
+        else:
+            self._reported.discard(worker)
+        self.custom_metrics.update(worker, state.name, state.version, families)
 
     def on_message(self, identity: bytes, frames: list[Frame]) -> None:
         """One message from the worker socket (``identity`` as the ROUTER names the sender)."""
@@ -57,6 +83,7 @@ class WorkerInbox:
             worker = identity[: -len(protocol.HEARTBEAT_SUFFIX)]
             if self.pool.heartbeat(worker, self.clock()):
                 self.outbox.send_worker(identity, Command.W_HEARTBEAT, empty_to_wire(Heartbeat()))
+                self._custom_metrics(worker, msg.header)
             return
         state = self.pool.state_of(identity)
         if state is None:

@@ -27,6 +27,8 @@ SUPPORTED_FEATURES: frozenset[str] = frozenset(
     {
         "version_policy",
         "input.reshape",
+        "input.format",
+        "input.optional",
         "output.reshape",
         "output.label_filename",
         "dynamic_batching",

@@ -6,6 +6,10 @@ milliseconds, as a string like every parameter)::
     parameters { key: "execution_timeout_ms" value: { string_value: "5000" } }
 
 The broker enforces it (``zinfer.broker.execution_limit``); a bad value makes the model fail to load.
+
+Triton's python backend reads ``EXECUTION_ENV_PATH``: a conda-pack tarball it unpacks and whose Python
+runs the model. zinfer runs every python model in the server's own environment, so a model that names
+one is refused at load with that reason (``check_parameters``) rather than run in the wrong environment.
 """
 
 from __future__ import annotations
@@ -15,12 +19,15 @@ from zinfer.client.errors import ConfigError
 from .model_config import ModelConfig
 
 __all__ = [
+    "EXECUTION_ENV_PARAMETER",
     "EXECUTION_TIMEOUT_PARAMETER",
+    "check_parameters",
     "execution_limit_ns",
 ]
 
 
 EXECUTION_TIMEOUT_PARAMETER = "execution_timeout_ms"
+EXECUTION_ENV_PARAMETER = "EXECUTION_ENV_PATH"
 
 
 _MAX_DIGITS = 12  # up to about 31 years: enough, and never a huge number to parse
@@ -38,3 +45,15 @@ def execution_limit_ns(config: ModelConfig) -> int | None:
             f"number of milliseconds, got {raw!r}"
         )
     return int(text) * 1_000_000
+
+
+def check_parameters(config: ModelConfig) -> None:
+    """Raise a ConfigError for a parameter zinfer cannot honour, or a bad value of one of its own."""
+    env = config.parameters.get(EXECUTION_ENV_PARAMETER)
+    if env is not None:
+        raise ConfigError(
+            f"model '{config.name}': parameter {EXECUTION_ENV_PARAMETER} ({env!r}) is not supported: "
+            "zinfer does not unpack conda-pack environments; it runs python models in the server's own "
+            "Python environment, so install the packages the model needs there and remove the parameter"
+        )
+    execution_limit_ns(config)

@@ -24,7 +24,7 @@ from zinfer.client.errors import ConfigError
 
 from .autocomplete import complete_config
 from .model_config import CONFIG_FILENAME, ModelConfig, load_model_config, unsupported_features
-from .parameters import execution_limit_ns
+from .parameters import check_parameters
 from .version_policy import VersionPolicy
 
 __all__ = ["ModelEntry", "available_versions", "load_model_entry", "scan_repository", "select_versions"]
@@ -86,7 +86,7 @@ def load_model_entry(model_dir: Path) -> ModelEntry:
     except ConfigError as exc:
         return ModelEntry(name, model_dir, None, (), str(exc))
     try:
-        execution_limit_ns(config)
+        check_parameters(config)
     except ConfigError as exc:
         return ModelEntry(name, model_dir, None, (), str(exc))
     error: str | None = None

@@ -21,6 +21,7 @@ class TensorSpec:
     itemsize: int  # 0 for BYTES
     dims: tuple[int, ...]  # without the batch dimension
     reshape: tuple[int, ...] | None = None  # the shape the model sees instead of dims (config "reshape")
+    optional: bool = False  # an input a request may leave out (config "optional")
 
     @property
     def fixed_size(self) -> bool:
@@ -45,7 +46,7 @@ class Signature:
             wire = dtypes.config_to_wire(t.data_type)
             reshape = tuple(t.reshape) if t.reshape is not None else None
             return TensorSpec(t.name, t.data_type, wire, dtypes.wire_to_numpy(wire), dtypes.itemsize(wire),
-                              tuple(t.dims), reshape)  # fmt: skip
+                              tuple(t.dims), reshape, bool(getattr(t, "optional", False)))  # fmt: skip
 
         return cls(
             config.name,

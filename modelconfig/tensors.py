@@ -154,6 +154,9 @@ def decode_input(b: Block) -> InputConfig:
         allow_ragged_batch=b.boolean("allow_ragged_batch"),
         optional=b.boolean("optional"),
     )
+    if config.format is not InputFormat.FORMAT_NONE and len(config.dims) != 3:
+        # Triton's rule (ValidateModelInput): an image layout names three dims, batch left out
+        raise b.error(f"{config.format.value} requires 3 dims, got {list(config.dims)}", "format")
     b.finish()
     return config
 

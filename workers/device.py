@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 class DeviceWait(Protocol):
     """What a device waits for: ``fd`` turns readable once it may be done (poll it beside a socket, never
     spin); ``done()`` says whether it is."""

@@ -5,6 +5,10 @@ The broker declares a worker dead when its heartbeats stop for ``liveness`` inte
 process) and kills it; the worker exits by itself when the broker's answers stop for as long (the broker
 is gone). Heartbeats travel on their own socket so that a long batch in the main thread does not look
 like a hang, while a process that stops entirely does.
+
+Each heartbeat also carries the custom metrics the model defined (``zinfer.workers.custom_metrics``), when it
+defined any, so that the broker can export them; a snapshot over half the header limit is left out (logged
+once) rather than sent.
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ import time
 import zmq
 
 from zinfer.client import protocol
-from zinfer.client.protocol import Command
+from zinfer.client.metric_snapshot import families_to_wire
+from zinfer.client.protocol import Command, Frame
 from zinfer.client.transport import send_frames
+
+from . import custom_metrics
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +42,7 @@ class Heartbeat:
         self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_HEADER_BYTES)  # heartbeats only: small
         self._sock.connect(endpoint)
         self._thread = threading.Thread(target=self._run, name="zinfer-heartbeat", daemon=True)
+        self._too_big_logged = False
 
     def start(self) -> None:
         self._thread.start()
@@ -44,11 +52,22 @@ class Heartbeat:
         self._thread.join(self.interval_s * 2 + 1)
         self._sock.close(linger=0)
 
+    def ping(self) -> list[Frame]:
+        """One heartbeat: empty, or with the model's custom metrics."""
+        families = custom_metrics.snapshot()
+        if families:
+            frames = protocol.encode(Command.W_HEARTBEAT, {"metrics": families_to_wire(families)})
+            if len(frames[2]) <= protocol.MAX_HEADER_BYTES // 2:
+                return frames
+            if not self._too_big_logged:
+                log.warning("event=custom_metrics_too_big bytes=%d action=not_sent", len(frames[2]))
+                self._too_big_logged = True
+        return protocol.encode(Command.W_HEARTBEAT, {})
+
     def _run(self) -> None:
-        ping = protocol.encode(Command.W_HEARTBEAT, {})
         last_answer = time.monotonic()
         while not self._stop.is_set():
-            send_frames(self._sock, ping)
+            send_frames(self._sock, self.ping())
             deadline = time.monotonic() + self.interval_s
             while (left := deadline - time.monotonic()) > 0 and not self._stop.is_set():
                 if self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):

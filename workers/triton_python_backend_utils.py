@@ -236,3 +236,8 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
         raise TritonModelException(
             f"is_model_ready({model_name!r}) failed: {type(exc).__name__}: {exc}"
         ) from None
+
+
+# pb_utils.MetricFamily and pb_utils.Metric (custom metrics), defined in their own module
+from .custom_metrics import Metric as Metric  # noqa: E402
+from .custom_metrics import MetricFamily as MetricFamily  # noqa: E402

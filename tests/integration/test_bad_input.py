@@ -38,39 +38,70 @@ def _still_serving(client: Client) -> None:
 @pytest.mark.parametrize(
     "model, inputs, kwargs, error, message",
     [
-        ("nope", {"X": ONE}, {}, NotFound, "unknown model 'nope'"),
-        ("add", {"INPUT_A": ONE}, {"model_version": 7}, NotFound, "unknown version 7"),
-        ("add", {"INPUT_A": ONE}, {}, InvalidArgument, "missing input 'INPUT_B'"),
+        ("nope", {"X": ONE}, {}, NotFound, "Request for unknown model: 'nope' is not found"),
+        (
+            "add",
+            {"INPUT_A": ONE},
+            {"model_version": 7},
+            NotFound,
+            "Request for unknown model: 'add' version 7 is not found",
+        ),
+        (
+            "add",
+            {"INPUT_A": ONE},
+            {},
+            InvalidArgument,
+            "expected 2 inputs but got 1 inputs for model 'add'. Got input(s) ['INPUT_A'], "
+            "but missing required input(s) ['INPUT_B']",
+        ),
         (
             "add",
             {"INPUT_A": ONE, "INPUT_B": ONE, "EXTRA": ONE},
             {},
             InvalidArgument,
-            "unexpected input 'EXTRA'",
+            "unexpected inference input 'EXTRA' for model 'add'",
         ),
-        ("add", {"INPUT_A": ONE.astype(np.float64), "INPUT_B": ONE}, {}, InvalidArgument, "datatype FP64"),
+        (
+            "add",
+            {"INPUT_A": ONE.astype(np.float64), "INPUT_B": ONE},
+            {},
+            InvalidArgument,
+            "inference input 'INPUT_A' data-type is 'FP64', but model 'add' expects 'FP32'",
+        ),
         (
             "add",
             {"INPUT_A": np.ones((1, 2), np.float32), "INPUT_B": ONE},
             {},
             InvalidArgument,
-            "has shape [1, 2]",
+            "unexpected shape for input 'INPUT_A' for model 'add'. Expected [-1,1], got [1,2]",
         ),
-        ("add", {"INPUT_A": np.ones(1, np.float32), "INPUT_B": ONE}, {}, InvalidArgument, "batch dimension"),
+        (
+            "add",
+            {"INPUT_A": np.ones(1, np.float32), "INPUT_B": ONE},
+            {},
+            InvalidArgument,
+            "unexpected shape for input 'INPUT_A'",
+        ),
         (
             "add",
             {"INPUT_A": np.ones((17, 1), np.float32), "INPUT_B": np.ones((17, 1), np.float32)},
             {},
             InvalidArgument,
-            "batch size 17",
+            "inference request batch-size must be <= 16 for 'add'",
         ),
-        ("add", {"INPUT_A": np.ones((2, 1), np.float32), "INPUT_B": ONE}, {}, InvalidArgument, "disagree"),
+        (
+            "add",
+            {"INPUT_A": np.ones((2, 1), np.float32), "INPUT_B": ONE},
+            {},
+            InvalidArgument,
+            "batch size does not match other inputs",
+        ),
         (
             "add",
             {"INPUT_A": ONE, "INPUT_B": ONE},
             {"outputs": ["NOPE"]},
             InvalidArgument,
-            "unknown output 'NOPE'",
+            "unexpected inference output 'NOPE' for model 'add'",
         ),
         ("add", {"INPUT_A": np.array([[b"x"]], dtype=object), "INPUT_B": ONE}, {}, InvalidArgument, "BYTES"),
     ],
@@ -86,7 +117,7 @@ def test_bad_request_is_refused_and_server_keeps_serving(
 
 def test_inline_request_errors_too(bundled_server: ServerProcess) -> None:
     with Client(bundled_server.url, timeout=30, shm=False) as inline:
-        with pytest.raises(InvalidArgument, match="datatype INT32"):
+        with pytest.raises(InvalidArgument, match="data-type is 'INT32', but model 'add' expects 'FP32'"):
             inline.infer("add", {"INPUT_A": ONE.astype(np.int32), "INPUT_B": ONE})
         _still_serving(inline)
 

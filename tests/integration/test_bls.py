@@ -93,9 +93,9 @@ def test_native_sync_and_async_calls(server: ServerProcess) -> None:
 
 def test_errors_come_back_as_values_or_exceptions(server: ServerProcess) -> None:
     with Client(server.url, timeout=30) as c:
-        with pytest.raises(ServerError, match="unknown model 'no_such_model'"):
+        with pytest.raises(ServerError, match="Request for unknown model: 'no_such_model' is not found"):
             c.infer("triton_missing", {"X": np.ones((1, 2), np.float32)})
-        with pytest.raises(ServerError, match="unknown model 'no_such_model'"):
+        with pytest.raises(ServerError, match="Request for unknown model: 'no_such_model' is not found"):
             c.infer("native", {"X": -np.ones((1, 2), np.float32)})
 
 

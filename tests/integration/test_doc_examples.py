@@ -187,7 +187,7 @@ def test_every_metric_named_in_observability_md_is_exported(tmp_path: Path) -> N
     suffixes = ("", "_total", "_bucket", "_sum", "_count")
     missing = sorted(n for n in named if not any(n + s in series for s in suffixes))
     if not _nvml():
-        missing = [n for n in missing if not n.startswith("nv_gpu_")]
+        missing = [n for n in missing if not n.startswith(("nv_gpu_", "nv_energy_"))]
     assert not missing, f"named in docs/observability.md but not on /metrics: {missing}"
 
 

@@ -131,7 +131,7 @@ def test_version_switch(server_factory: Callable[..., ServerProcess], tmp_path: 
         client.load_model("add")  # version_policy latest{1}: version 2 replaces version 1
         assert client.infer("add", {"INPUT_A": ONE, "INPUT_B": ONE}).model_version == 2
         assert client.model_metadata("add")["versions"] == ["2"]
-        with pytest.raises(NotFound, match="unknown version 1"):
+        with pytest.raises(NotFound, match="version 1 is not found"):
             client.infer("add", {"INPUT_A": ONE, "INPUT_B": ONE}, model_version=1)
 
 

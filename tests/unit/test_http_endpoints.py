@@ -86,7 +86,7 @@ def test_model_readiness_200_503_404(endpoints: HttpEndpoints, board: Board) -> 
     assert get(endpoints, "/v2/models/a%20b/ready")[0] == 200
     status, ctype, body = get(endpoints, "/v2/models/nope/ready")
     assert (status, ctype) == (404, "application/json")
-    assert b"unknown model 'nope'" in body
+    assert b"Request for unknown model: 'nope' is not found" in body
     assert get(endpoints, "/v2/models/add/versions/3/ready")[0] == 404
     assert get(endpoints, "/v2/models/add/versions/x/ready")[0] == 404
     board.snapshot = HealthSnapshot.build(True, True, [("add", 1, False), ("add", 2, False)])

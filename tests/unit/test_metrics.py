@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from zinfer.broker.host_metrics import Nvml
 from zinfer.broker.metrics import (
     LATENCY_BUCKETS_US,
     CacheFigures,
     ServerMetrics,
     WorkerRecord,
-    _Nvml,
     batch_buckets,
 )
 
@@ -208,7 +208,7 @@ def test_a_failing_workers_callback_does_not_break_the_scrape() -> None:
 
 
 def test_no_nvml_means_no_gpu_metrics_and_no_error() -> None:
-    assert _Nvml.load(("libzinfer-no-such-nvml.so",)) is None
+    assert Nvml.load(("libzinfer-no-such-nvml.so",)) is None
     metrics = ServerMetrics(gpu=False)
     assert not metrics.gpu_enabled
     text = metrics.render().decode()
@@ -267,9 +267,9 @@ def fake_nvml(tmp_path: Path, init_result: int = 0) -> Path:
 
 def test_gpu_metrics_through_a_fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     lib = fake_nvml(tmp_path)
-    nvml = _Nvml.load((str(lib),))
+    nvml = Nvml.load((str(lib),))
     assert nvml is not None
-    monkeypatch.setattr(_Nvml, "load", classmethod(lambda cls: nvml))
+    monkeypatch.setattr(Nvml, "load", classmethod(lambda cls: nvml))
     metrics = ServerMetrics(process=False)
     assert metrics.gpu_enabled
     types, v = scrape(metrics)
@@ -284,7 +284,7 @@ def test_gpu_metrics_through_a_fake_nvml(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_nvml_that_fails_to_initialise_gives_no_gpu_metrics(tmp_path: Path) -> None:
-    assert _Nvml.load((str(fake_nvml(tmp_path, init_result=9)),)) is None
+    assert Nvml.load((str(fake_nvml(tmp_path, init_result=9)),)) is None
 
 
 def test_the_dashboard_only_queries_exported_metrics(monkeypatch: pytest.MonkeyPatch) -> None:

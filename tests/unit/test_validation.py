@@ -76,10 +76,10 @@ def test_good_request(region: tuple[RegionTable, Segment]) -> None:
         (1025, 0, (1, 0, 3), "invalid offset"),
         (1000, 48, (1, 4, 3), "invalid offset"),
         (2**63 - 8, 48, (1, 4, 3), "invalid offset"),
-        (0, 44, (1, 4, 3), "expected 48, got 44"),
-        (0, 64, (1, 4, 4), "expects [-1, -1, 3]"),
-        (0, 48, (4, 3), "expects [-1] + [-1, 3]"),
-        (0, 240, (5, 4, 3), "batch size 5"),
+        (0, 44, (1, 4, 3), "input byte size mismatch for input 'X' for model 'm'. Expected 48, got 44"),
+        (0, 64, (1, 4, 4), "unexpected shape for input 'X' for model 'm'. Expected [-1,-1,3], got [1,4,4]"),
+        (0, 48, (4, 3), "unexpected shape for input 'X' for model 'm'. Expected [-1,-1,3], got [4,3]"),
+        (0, 240, (5, 4, 3), "inference request batch-size must be <= 4 for 'm'"),
     ],
 )
 def test_bad_descriptors(
