@@ -209,7 +209,7 @@ def _with_frontdoors(stop_requests: Callable[[], int], doors: FrontDoorProcs) ->
     def check() -> int:
         count = stop_requests()
         if count:
-            doors.stop()
+            doors.terminate()  # never waits: the loop must go on answering what the front doors hold
         else:
             doors.poll()
         return count

@@ -174,13 +174,20 @@ class FrontDoorProcs:
             })  # fmt: skip
         return rows
 
+    def terminate(self) -> None:
+        """SIGTERM every process, without waiting: they take no new requests and finish what they hold
+        (for up to 2 s) while the broker, still looping, answers them. Nothing is restarted after this."""
+        if self._stopping:
+            return
+        self._stopping = True
+        for slot in self._slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                slot.proc.send_signal(signal.SIGTERM)
+
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM every process (they finish what they hold for up to 2 s), SIGKILL those still there."""
-        self._stopping = True
+        self.terminate()
         procs = [s.proc for s in self._slots if s.proc is not None]
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for proc in procs:
             try:

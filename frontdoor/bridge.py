@@ -87,6 +87,7 @@ class Bridge:
         self.timeout = timeout
         self._client = AsyncClient(url, timeout=timeout)
         self.url = self._client.url
+        self._decoupled: dict[tuple[str, str], bool] = {}
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
         """An array in the bridge's shared-memory arena: an input built there goes to the broker as a
@@ -140,6 +141,19 @@ class Bridge:
         config: dict[str, Any] = await self._client.model_config(model, parse_version(model, version))
         return config
 
+    async def is_decoupled(self, model: str, version: str = "") -> bool:
+        """Whether the model's transaction policy is decoupled (several responses per request): a unary
+        infer refuses such a model, as Triton does. Cached per model version; a load or unload through this
+        bridge forgets the model."""
+        key = (model, version)
+        found = self._decoupled.get(key)
+        if found is None:
+            policy = (await self.model_config(model, version)).get("model_transaction_policy") or {}
+            found = self._decoupled[key] = bool(policy.get("decoupled", False))
+            if len(self._decoupled) > 4096:  # bounded whatever names callers send
+                self._decoupled.clear()
+        return found
+
     async def statistics(self, model: str = "", version: str = "") -> tuple[ModelStatistics, ...]:
         """Every loaded model's statistics when ``model`` is empty, else that model's (all its versions
         when ``version`` is empty)."""
@@ -161,10 +175,15 @@ class Bridge:
         return tuple(m for m in models if m.state == "READY") if ready_only else models
 
     async def load(self, model: str) -> None:
+        self._forget(model)
         await self._client.load_model(model)
 
     async def unload(self, model: str) -> None:
+        self._forget(model)
         await self._client.unload_model(model)
+
+    def _forget(self, model: str) -> None:
+        self._decoupled = {k: v for k, v in self._decoupled.items() if k[0] != model}
 
     # ------------------------------------------------------------------------------------ inference
 

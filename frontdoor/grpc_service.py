@@ -20,7 +20,7 @@ from zinfer.client.errors import InvalidArgument
 from . import grpc_convert as convert
 from .bridge_records import InferCall
 from .door import FrontDoor, is_local_peer
-from .errors import triton_error
+from .errors import FrontDoorError, triton_error
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     async def ModelInfer(self, request: Any, context: Any) -> service_pb2.ModelInferResponse:
         async def run() -> service_pb2.ModelInferResponse:
             call, regions = self._call(request)
+            if await self.bridge.is_decoupled(call.model, call.version):
+                raise FrontDoorError(
+                    "UNIMPLEMENTED",
+                    501,
+                    "ModelInfer RPC doesn't support models with decoupled transaction policy",
+                )
             reply = await self.bridge.infer(call)
             return convert.infer_response(reply, regions, self.door.shm)
 

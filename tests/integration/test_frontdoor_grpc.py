@@ -240,6 +240,11 @@ def test_errors_have_tritons_codes_and_texts(client: grpcclient.InferenceServerC
         client.infer("add", [_input("INPUT_A", a, "FP32"), _input("INPUT_B", a, "FP32")],
                      outputs=[grpcclient.InferRequestedOutput("OUTPUT_SUM", class_count=2)])  # fmt: skip
     assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "classification" in err.value.message()
+    text = np.array([b"a b"], dtype=np.object_)
+    with pytest.raises(InferenceServerException) as err:  # a decoupled model answers streams only
+        client.infer("token_stream", [_input("TEXT", text, "BYTES")])
+    assert err.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert err.value.message() == "ModelInfer RPC doesn't support models with decoupled transaction policy"
     with pytest.raises(InferenceServerException) as err:
         client.get_cuda_shared_memory_status()
     assert err.value.status() == "StatusCode.UNIMPLEMENTED"
