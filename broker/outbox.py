@@ -4,6 +4,10 @@ The server owns the sockets; every collaborator that answers a client or tells a
 admission and completion, model control) is handed this outbox instead of the server itself. Client
 identities carry a one-byte tag of the socket they came in on (``IPC_TAG``, ``TCP_TAG``), so a reply goes
 back the same way. Nothing here blocks: a peer that is gone or not reading is logged and skipped.
+
+Between ``hold`` and ``flush`` (one turn of the server loop) the replies to a connection that speaks bundles
+(it has sent one, ``bundles_to``) are kept, and ``flush`` sends them as one BUNDLE message (one when there
+is only one), in the order they were made: one send instead of one per request.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from zinfer.client.transport import NOBLOCK, send_frames
 log = logging.getLogger(__name__)
 
 IPC_TAG, TCP_TAG = b"i", b"t"  # prefixes of client identities by the socket they came in on
+_MAX_BUNDLING = 1 << 14  # connections remembered as speaking bundles (forgotten all at once past this)
+
+_Held = tuple[Command, dict[str, Any], list[Frame]]
 
 
 class Outbox:
@@ -28,6 +35,8 @@ class Outbox:
         self._frontend: zmq.Socket[bytes] | None = None
         self._tcp: zmq.Socket[bytes] | None = None
         self._backend: zmq.Socket[bytes] | None = None
+        self._bundling: set[bytes] = set()  # connections that speak bundles
+        self._held: dict[bytes, list[_Held]] | None = None  # replies kept until ``flush``
 
     def attach(
         self,
@@ -44,11 +53,42 @@ class Outbox:
 
     def send_client(self, identity: bytes, reply: Reply, frames: list[Frame] | None = None) -> None:
         """A reply to the client connection ``identity`` (tagged with its socket)."""
-        msg = protocol.encode(Command.REPLY, protocol.reply_to_wire(reply), frames or ())
+        header = protocol.reply_to_wire(reply)
+        if self._held is not None and identity in self._bundling:
+            self._held.setdefault(identity, []).append((Command.REPLY, header, frames or []))
+            return
+        self._send_client(identity, protocol.encode(Command.REPLY, header, frames or ()), reply.request_id)
+
+    def _send_client(self, identity: bytes, msg: list[Frame], what: str) -> None:
         try:
             send_frames(self._client_socket(identity), [identity[1:], *msg], NOBLOCK)
         except zmq.ZMQError as exc:  # the client is gone or not reading: count it, never block the loop
-            log.warning("event=reply_undeliverable request=%s error=%r", reply.request_id, exc.strerror)
+            log.warning("event=reply_undeliverable request=%s error=%r", what, exc.strerror)
+
+    def bundles_to(self, identity: bytes) -> None:
+        """``identity`` sent a BUNDLE: its replies may be bundled from now on."""
+        if identity not in self._bundling:
+            if len(self._bundling) >= _MAX_BUNDLING:
+                self._bundling.clear()  # they come back with their next bundle
+            self._bundling.add(identity)
+
+    def hold(self) -> None:
+        """Keep replies to connections that speak bundles until ``flush``."""
+        if self._held is None:
+            self._held = {}
+
+    def flush(self) -> None:
+        """Send what ``hold`` kept: per connection, one message (a BUNDLE when several)."""
+        held, self._held = self._held, None
+        if not held:
+            return
+        for identity, items in held.items():
+            for chunk in _chunks(items):
+                if len(chunk) == 1:
+                    cmd, header, frames = chunk[0]
+                    self._send_client(identity, protocol.encode(cmd, header, frames), str(header.get("id")))
+                else:
+                    self._send_client(identity, protocol.encode_bundle(chunk), f"bundle of {len(chunk)}")
 
     def send_worker(
         self, identity: bytes, command: Command, header: dict[str, Any], frames: list[Frame] | None = None
@@ -77,3 +117,20 @@ class Outbox:
     def is_local(identity: bytes) -> bool:
         """Whether a client identity came in on the local (ipc) socket."""
         return identity[:1] == IPC_TAG
+
+
+def _chunks(items: list[_Held]) -> list[list[_Held]]:
+    """``items`` in runs that fit one BUNDLE (MAX_BUNDLE entries, MAX_TENSORS inline frames)."""
+    out: list[list[_Held]] = []
+    run: list[_Held] = []
+    frames = 0
+    for item in items:
+        n = len(item[2])
+        if run and (len(run) >= protocol.MAX_BUNDLE or frames + n > protocol.MAX_TENSORS):
+            out.append(run)
+            run, frames = [], 0
+        run.append(item)
+        frames += n
+    if run:
+        out.append(run)
+    return out

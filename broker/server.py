@@ -257,6 +257,7 @@ class Broker:
             if timeout_ms < 1.0:  # zmq polls in whole milliseconds: sleep the sub-millisecond rest
                 time.sleep(timeout_ms / 1000)
             events = dict(poller.poll(int(timeout_ms)))
+            self.outbox.hold()  # replies of this turn to one connection go in one message
             if self.backend in events:
                 self._drain(self.backend, self.worker_inbox.on_message, b"")
             if self.frontend in events:
@@ -279,6 +280,7 @@ class Broker:
             if self.control.pending or self.registry.retiring:
                 self.control.poll(now)
             self._log_ready_once()
+            self.outbox.flush()
 
     def _should_exit(self, requests: int) -> bool:
         if not requests:
@@ -324,12 +326,19 @@ class Broker:
     # ------------------------------------------------------------------------------------ clients
 
     def _on_client(self, identity: bytes, frames: list[Frame]) -> None:
+        """One message from a client, or a BUNDLE of several: each handled as if it had come alone."""
         try:
-            msg = protocol.decode(frames, protocol.CLIENT_COMMANDS)
+            messages = protocol.decode_many(frames, protocol.CLIENT_COMMANDS)
         except ProtocolError as exc:
             log.warning("event=bad_client_message error=%r", str(exc))
             self.outbox.send_client(identity, Reply("", Status.INVALID_ARGUMENT, f"ProtocolError: {exc}"))
             return
+        if len(messages) > 1 or protocol.is_bundle(frames):
+            self.outbox.bundles_to(identity)  # it speaks bundles: its replies may come bundled too
+        for msg in messages:
+            self._on_client_message(identity, msg)
+
+    def _on_client_message(self, identity: bytes, msg: protocol.Message) -> None:
         rid = protocol.request_id_of(msg.header)
         try:
             if msg.command == Command.INFER:

@@ -16,7 +16,7 @@ from typing import Any
 
 from .async_connection import AsyncConnection
 from .base import _ClientBase, _ModelInfo, _Prepared
-from .connection import CurveKeys
+from .connection import CurveKeys, Unsent
 from .errors import ClientError, RequestTimeout, Status, from_status
 from .link_watch import HEARTBEAT_INTERVAL_S
 from .protocol import Command, Frame, Reply
@@ -217,10 +217,14 @@ class AsyncClient(_ClientBase):
 
     async def _exchange(self, p: _Prepared, timeout: float | None) -> tuple[Reply, list[Frame]]:
         rid = p.header["id"] = self._conn.new_id()
-        fut = await self._conn.send(Command.INFER, p.header, p.frames)  # raises only if nothing was sent
+        fut = self._conn.send(Command.INFER, p.header, p.frames)  # goes out with this turn's messages
         self._track(p, rid)  # until the reply comes the server may read or write the slots
         try:
             reply, rframes = await self._conn.wait(rid, fut, self.timeout if timeout is None else timeout)
+        except Unsent:
+            self._untrack_caller(p)
+            self._settle(p)  # it never went out: the slots are the caller's again
+            raise
         except (RequestTimeout, asyncio.CancelledError):
             self._conn.send_only(Command.CANCEL, {"target": rid})  # the server drops it or its result
             raise

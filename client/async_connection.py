@@ -1,10 +1,14 @@
-"""One DEALER connection for asyncio: any number of requests in flight, one reader task.
+"""One DEALER connection for asyncio: any number of requests in flight, no future per ZeroMQ message.
 
-Each request registers a future under its request id and sends without waiting (the socket's queues are
-unbounded: memory grows with the requests in flight, never a blocked send). One reader task receives the
-replies and resolves their futures. A reply whose caller gave up (timeout or cancellation) goes to
-``on_late_reply``, so its resources are released only then, as in the sync ``Connection``. Not
-thread-safe: one connection serves one event loop.
+A request registers a future under its request id and joins the outgoing queue; once per turn of the event
+loop the queue goes out as one message (a BUNDLE when it holds several, each keeping its own id, options
+and order), sent without blocking: only a send that finds no server connected (``EAGAIN``) waits, retried
+until its ``connect_wait``. One reader callback on the socket's file descriptor receives every reply that is
+ready and resolves their futures (the server bundles the replies of one turn to a connection that bundles).
+A reply whose caller gave up (timeout or cancellation) goes to ``on_late_reply``, so its resources are
+released only then, as in the sync ``Connection``; a request that never went out fails with ``Unsent`` (a
+``ConnectionFailed``), and nothing waits for its reply. Not thread-safe: one connection serves one event
+loop.
 """
 
 from __future__ import annotations
@@ -15,26 +19,31 @@ import itertools
 import logging
 import math
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from . import protocol
-from .connection import CurveKeys
+from .connection import CurveKeys, Unsent
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
 from .paths import check_server_socket
 from .protocol import Command, Frame, Reply, is_final
+from .transport import NOBLOCK, send_messages
 
 log = logging.getLogger(__name__)
 
 _REPLY_ONLY = frozenset({Command.REPLY})
 _SERVER_CHECK_S = 0.5  # while requests wait, how often to check that a local server is still there
-_DRAIN = 256  # replies handled before the reader lets other tasks run
+_DRAIN = 1024  # messages the reader handles before it lets other callbacks run
+_RETRY_S = 0.002  # while no server is connected, how often the queue tries again
+_POLLIN = int(zmq.POLLIN)
+_EVENTS = int(zmq.EVENTS)
 
 _Item = tuple[Reply, list[Frame]]
+_Out = tuple[Command, dict[str, Any], Sequence[Frame], str | None, float]  # ..., request id, connect deadline
 
 
 class AsyncConnection:
@@ -50,9 +59,8 @@ class AsyncConnection:
         self.server_uid = server_uid
         self.heartbeat_interval = heartbeat_interval
         self._on_late = on_late_reply
-        # An asyncio socket owning its handle (a shadow of a plain socket would leave that one to close the
-        # handle a second time when it is collected, by then perhaps another socket's).
-        self._sock = zmq.asyncio.Socket(zmq.Context.instance(), zmq.DEALER)
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._sock = ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 0)  # thousands in flight: queue them, never refuse
         self._sock.setsockopt(zmq.RCVHWM, 0)  # and read every reply off the server's queue at once
@@ -60,15 +68,16 @@ class AsyncConnection:
         if curve is not None:
             curve.apply(self._sock)
         self._link = LinkWatch(self._sock, url, self._lost)
-        self._link_fd = -1  # watched by the event loop once one runs this connection
+        self._fds: list[int] = []  # watched by the event loop once one runs this connection
         self._sock.connect(url)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: dict[str, asyncio.Future[tuple[Reply, list[Frame]]]] = {}
         self._streams: dict[str, asyncio.Queue[_Item | ClientError]] = {}  # decoupled models
-        self._sending: set[str] = set()  # ids whose send waits for a connection: not lost with one
+        self._out: list[_Out] = []  # messages for the next flush
+        self._flush_handle: asyncio.Handle | None = None
+        self._sending: set[str] = set()  # ids not sent yet: not lost with a connection
         self._late: set[str] = set()
-        self._background: set[asyncio.Future[Any]] = set()  # sends still queued in the socket
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid()}-{id(self):x}-"
         self._closed = False
@@ -93,28 +102,21 @@ class AsyncConnection:
     ) -> tuple[Reply, list[Frame]]:
         """Send one message and wait up to ``timeout`` seconds for its reply (see ``send`` and ``wait``)."""
         rid = header.setdefault("id", self.new_id())
-        fut = await self.send(command, header, frames, timeout)
+        fut = self.send(command, header, frames, timeout)
         return await self.wait(rid, fut, timeout)
 
-    async def send(
+    def send(
         self, command: Command, header: dict[str, Any], frames: Sequence[Frame], timeout: float = math.inf
     ) -> asyncio.Future[tuple[Reply, list[Frame]]]:
-        """Send ``header`` (its ``id`` set) and the future its reply will resolve. When this raises, the
-        message was not sent (``ConnectionFailed``: no server connected within ``connect_wait``)."""
+        """Queue ``header`` (its ``id`` set) for this turn's send; the future its reply will resolve. It fails
+        with ``Unsent`` when the message could not go out (no server connected within ``connect_wait``)."""
         if self._closed:
             raise ClientError("the client is closed")
-        self.check_server()
         loop = self._start()
         rid: str = header["id"]
         fut: asyncio.Future[tuple[Reply, list[Frame]]] = loop.create_future()
-        self._link.poll()  # a loss reported before this request must not fail it
         self._waiters[rid] = fut
-        msg = protocol.encode(command, header, frames)
-        try:
-            await self._send(msg, rid, timeout)
-        except BaseException:
-            self._waiters.pop(rid, None)
-            raise
+        self._queue(command, header, frames, rid, timeout)
         return fut
 
     async def wait(
@@ -125,6 +127,8 @@ class AsyncConnection:
         handle = fut.get_loop().call_later(max(0.0, timeout), _expire, fut)
         try:
             return await fut
+        except Unsent:
+            raise
         except BaseException:
             if self._waiters.pop(rid, None) is not None:
                 self._late.add(rid)
@@ -140,15 +144,13 @@ class AsyncConnection:
         """Send one message and yield its replies until the final one; ``timeout`` bounds each wait."""
         if self._closed:
             raise ClientError("the client is closed")
-        self.check_server()
         self._start()
         rid: str = header.setdefault("id", self.new_id())
         queue: asyncio.Queue[_Item | ClientError] = asyncio.Queue()
-        self._link.poll()
         self._streams[rid] = queue
         done = False
         try:
-            await self._send(protocol.encode(command, header, frames), rid, timeout)
+            self._queue(command, header, frames, rid, timeout)
             while not done:
                 try:
                     item = await asyncio.wait_for(queue.get(), timeout)
@@ -165,68 +167,131 @@ class AsyncConnection:
                 self._late.add(rid)
 
     def send_only(self, command: Command, header: dict[str, Any]) -> None:
-        """Send without waiting for the answer (which is then dropped); never blocks, never raises."""
+        """Send without waiting for the answer (which is then dropped); never blocks, never raises (dropped
+        when no server is connected within the heartbeat interval)."""
         if self._closed:
             return
         header.setdefault("id", self.new_id())
         self._start()
-        msg = protocol.encode(command, header)
-        sent = asyncio.ensure_future(self._sock.send_multipart(msg, flags=zmq.NOBLOCK))  # or dropped
-        self._background.add(sent)  # kept alive while the socket holds it
-        sent.add_done_callback(self._sent)
+        self._queue(command, header, (), None, 0.0)
 
-    def _sent(self, sent: asyncio.Future[Any]) -> None:
-        self._background.discard(sent)
-        if not sent.cancelled() and sent.exception() is not None:
-            log.debug("event=send_failed error=%r", str(sent.exception()))
+    # ------------------------------------------------------------------------------------ sending
 
-    async def _send(self, msg: list[Frame], rid: str, timeout: float) -> None:
-        # Every send and receive goes through the asyncio socket: a send that bypassed it could consume
-        # the edge of the file descriptor's readiness and leave the reader asleep with replies queued.
-        sent = asyncio.ensure_future(self._sock.send_multipart(msg, copy=protocol.send_copy(msg)))
-        if sent.done():  # connected: libzmq took it at once
-            sent.result()
+    def _queue(
+        self,
+        command: Command,
+        header: dict[str, Any],
+        frames: Sequence[Frame],
+        rid: str | None,
+        timeout: float,
+    ) -> None:
+        wait = connect_wait(self.heartbeat_interval, timeout) if rid is not None else self.heartbeat_interval
+        self._out.append((command, header, frames, rid, time.monotonic() + wait))
+        if rid is not None:
+            self._sending.add(rid)
+        if self._flush_handle is None:
+            assert self._loop is not None
+            self._flush_handle = self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send the queue: runs of up to MAX_BUNDLE messages (MAX_TENSORS inline frames) as one message each.
+        Every send goes through this socket's one reader: the fd's readiness is checked again after it."""
+        self._flush_handle = None
+        out = self._out
+        if not out or self._closed:
             return
-        self._sending.add(rid)
         try:
-            await asyncio.wait_for(sent, connect_wait(self.heartbeat_interval, timeout))
-        except asyncio.TimeoutError:
-            raise ConnectionFailed(f"no connection to a zinfer server at {self.url}") from None
-        finally:
+            self.check_server()  # once per turn, not per request
+        except ConnectionFailed as exc:
+            self._fail_unsent(len(out), exc)
+            return
+        self._link.poll()  # a loss reported before these requests must not fail them
+        try:
+            sent = send_messages(self._sock, [(c, h, f) for c, h, f, _, _ in out])
+        except zmq.ZMQError as exc:
+            self._fail_unsent(len(out), ConnectionFailed(f"send failed: {exc}"))
+            return
+        self._done_sending(sent)
+        if self._out:
+            self._expire_unsent()
+        if self._out and self._flush_handle is None:
+            assert self._loop is not None
+            self._flush_handle = self._loop.call_later(_RETRY_S, self._flush)
+        self._on_readable()
+
+    def _done_sending(self, sent: int) -> None:
+        for item in self._out[:sent]:
+            if item[3] is not None:
+                self._sending.discard(item[3])
+        del self._out[:sent]
+
+    def _expire_unsent(self) -> None:
+        now = time.monotonic()
+        keep = [item for item in self._out if item[4] > now]
+        if len(keep) == len(self._out):
+            return
+        gone = [item for item in self._out if item[4] <= now]
+        self._out[:] = keep
+        self._fail_items(gone, Unsent(f"no connection to a zinfer server at {self.url}"))
+
+    def _fail_unsent(self, count: int, exc: ConnectionFailed) -> None:
+        """The first ``count`` queued messages will not go out: their requests fail with ``Unsent``."""
+        items = self._out[:count]
+        del self._out[:count]
+        self._fail_items(items, Unsent(str(exc)))
+
+    def _fail_items(self, items: list[_Out], exc: Unsent) -> None:
+        for item in items:
+            rid = item[3]
+            if rid is None:
+                continue
             self._sending.discard(rid)
+            fut = self._waiters.pop(rid, None)
+            queue = self._streams.get(rid)
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+            elif queue is not None:
+                queue.put_nowait(exc)
+            elif rid in self._late:  # its caller gave up already: nothing will answer it
+                self._late.discard(rid)
+                if self._on_late is not None:
+                    self._on_late(rid)
 
     # ------------------------------------------------------------------------------------ reader
 
     def _start(self) -> asyncio.AbstractEventLoop:
-        loop = asyncio.get_running_loop()
-        if self._loop is None:
-            self._loop = loop
-            self._tasks.append(loop.create_task(self._read()))
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
             self._link.poll()  # losses before this loop ran concern no request
-            self._link_fd = self._link.fd
-            loop.add_reader(self._link_fd, self._link.poll)
+            self._fds = [self._link.fd, self._sock.FD]
+            loop.add_reader(self._fds[0], self._link.poll)
+            loop.add_reader(self._fds[1], self._on_readable)
             if self.url.startswith("ipc://"):
                 self._tasks.append(loop.create_task(self._watch()))
-        elif loop is not self._loop:
+        elif loop is not asyncio.get_running_loop():
             raise ClientError("an AsyncClient serves one event loop: make one per loop")
         return loop
 
-    async def _read(self) -> None:
-        recv = self._sock.recv_multipart
-        handled = 0
+    def _on_readable(self) -> None:
+        """Every reply that is ready (bounded; the rest in the next turn). ZeroMQ's fd signals edges: it is
+        drained until the socket says nothing more is there."""
+        if self._closed:
+            return
+        sock = self._sock
         try:
-            while True:
-                raw = await recv(copy=False)  # no yield when a reply is queued already
+            for _ in range(_DRAIN):
+                if not int(sock.getsockopt(_EVENTS)) & _POLLIN:
+                    return
+                raw = sock.recv_multipart(NOBLOCK, copy=False)
                 try:
                     self._dispatch(raw)
                 except Exception:  # one bad reply must not stop the reader every request waits on
                     log.exception("event=reply_dispatch_failed")
-                handled += 1
-                if handled >= _DRAIN:  # a flood of replies: let the callers run
-                    handled = 0
-                    await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            raise
+            assert self._loop is not None
+            self._loop.call_soon(self._on_readable)  # a flood of replies: let the callers run
+        except zmq.Again:
+            return
         except zmq.ZMQError as exc:
             if not self._closed:
                 log.warning("event=receive_failed error=%r", str(exc))
@@ -243,21 +308,25 @@ class AsyncConnection:
 
     def _dispatch(self, raw: list[zmq.Frame]) -> None:
         try:
-            msg = protocol.decode([f.buffer for f in raw], _REPLY_ONLY)
-            reply = protocol.reply_from_wire(msg.header)
+            messages = protocol.decode_many([f.buffer for f in raw], _REPLY_ONLY)
+            replies = [(protocol.reply_from_wire(m.header), m.frames) for m in messages]
         except ProtocolError as exc:
             log.warning("event=bad_reply error=%r", str(exc))
             return
+        for reply, frames in replies:
+            self._dispatch_one(reply, frames)
+
+    def _dispatch_one(self, reply: Reply, frames: list[Frame]) -> None:
         rid = reply.request_id
         queue = self._streams.get(rid)
         if queue is not None:
-            queue.put_nowait((reply, msg.frames))
+            queue.put_nowait((reply, frames))
             return
         if rid in self._late and not is_final(reply):
             return  # an abandoned stream: only its last response releases what it held
         fut = self._waiters.pop(rid, None)
         if fut is not None and not fut.done():
-            fut.set_result((reply, msg.frames))
+            fut.set_result((reply, frames))
         elif fut is not None or rid in self._late:  # its caller gave up already
             self._late.discard(rid)
             if self._on_late is not None:
@@ -279,18 +348,20 @@ class AsyncConnection:
     # ------------------------------------------------------------------------------------ closing
 
     def close(self) -> None:
-        """Fail what waits with ``ClientError`` and close the socket."""
+        """Fail what waits with ``ClientError`` and close the socket (what is still queued is not sent)."""
         if self._closed:
             return
         self._closed = True
         self._fail_all(ClientError("the client is closed"))
-        if self._link_fd >= 0 and self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self._link_fd)
+        self._out.clear()
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        if self._loop is not None and not self._loop.is_closed():
+            for fd in self._fds:
+                self._loop.remove_reader(fd)
         self._link.close()
         for task in self._tasks:
             task.cancel()
-        for pending in self._background:
-            pending.cancel()
         self._sock.close(linger=0)
 
     async def aclose(self) -> None:

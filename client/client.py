@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .base import _ClientBase, _ModelInfo, _Prepared
-from .connection import Connection, CurveKeys
+from .connection import Connection, CurveKeys, Unsent
 from .errors import ClientError, RequestTimeout, Status, from_status
 from .link_watch import HEARTBEAT_INTERVAL_S
 from .protocol import Command, Frame, Reply
@@ -221,8 +221,12 @@ class Client(_ClientBase):
         self._track(p, rid)  # until the reply comes the server may read or write the slots
         try:
             reply, rframes = self._conn.request(
-                Command.INFER, p.header, p.frames, self.timeout if timeout is None else timeout
+                Command.INFER, p.header, p.frames, self.timeout if timeout is None else timeout, check=False
             )
+        except Unsent:
+            self._untrack_caller(p)
+            self._settle(p)  # it never went out: the slots are the caller's again
+            raise
         except RequestTimeout:
             self._conn.send_only(Command.CANCEL, {"target": rid})  # the server drops it or its result
             raise

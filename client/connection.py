@@ -1,8 +1,13 @@
 """One DEALER connection to a server, shared safely by many threads.
 
-Each call registers a waiter under a fresh request id and sends; then whichever waiting thread holds the
-receive lock reads replies for everyone and wakes their owners. A reply nobody waits for any more (its
-caller timed out) goes to ``on_late_reply``, so the caller's resources can be released only then.
+Each call registers a waiter under a fresh request id and puts its message in the outgoing queue. One
+thread at a time owns the socket (the I/O lock): it sends the whole queue (runs of several messages go as
+one BUNDLE, each keeping its own id and order), then reads replies for everyone and wakes their owners. A
+thread that finds the socket owned wakes the owner through a pipe the owner polls with the socket, so its
+message goes out at once, and waits for its reply; when the owner has its own reply it hands the socket to
+a waiting thread. A reply nobody waits for any more (its caller timed out) goes to ``on_late_reply``, so the
+caller's resources can be released only then. A message that cannot go out (no server connected within
+``connect_wait``) fails its call with ``Unsent``: the server never saw it.
 """
 
 from __future__ import annotations
@@ -24,14 +29,20 @@ from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
 from .paths import check_server_socket
 from .protocol import Command, Frame, Reply, is_final
-from .transport import NOBLOCK, send_frames
+from .transport import NOBLOCK, send_messages
 
 log = logging.getLogger(__name__)
 
-_POLL_SLICE_S = 0.001  # receive slice while other threads are waiting to send
 _REPLY_ONLY = frozenset({Command.REPLY})
 _SERVER_CHECK_S = 0.5  # while waiting, how often to check that a local server is still there
-_CONNECT_SLICE_MS = 10  # while a send waits for a connection, how long it holds the socket at a time
+_OWNER_POLL_S = 0.05  # the longest the socket's owner polls before it looks at its own state again
+_WAIT_SLICE_S = 0.005  # how long a thread that does not own the socket sleeps between looks
+_POLLIN, _POLLOUT, _EVENTS = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.EVENTS)
+
+
+class Unsent(ConnectionFailed):
+    """The request never left this client (no server connected in time, or none there): the server never
+    saw it, so nothing it holds (shared-memory slots) waits for a reply."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +80,11 @@ class _Waiter:
     frames: list[Frame] = field(default_factory=list)
     stream: deque[tuple[Reply, list[Frame]]] | None = None  # several replies (decoupled models)
     sent: bool = False  # only a request that went out can be lost with the connection
-    error: ConnectionFailed | None = None  # the connection was lost while this waited
+    error: ConnectionFailed | None = None  # the connection was lost while this waited, or it never went out
+
+
+# a queued message: command, header, frames, its waiter (None: nobody waits), connect deadline
+_Out = tuple[Command, dict[str, Any], Sequence[Frame], _Waiter | None, float]
 
 
 class Connection:
@@ -91,56 +106,64 @@ class Connection:
         apply_heartbeats(self._sock, heartbeat_interval)
         if curve is not None:
             curve.apply(self._sock)
-        self._waiters_lock = threading.Lock()
+        self._waiters_lock = threading.Lock()  # the waiters, the queue and the wake flag
         self._waiters: dict[str, _Waiter] = {}
+        self._out: list[_Out] = []
         self._link = LinkWatch(self._sock, url, self._lost)
         self._sock.connect(url)
-        self._sock_lock = threading.Lock()
-        self._recv_lock = threading.Lock()
+        self._io_lock = threading.Lock()  # whoever holds it owns the socket
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._woken = False  # a byte is in the pipe
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
         self._late: set[str] = set()
-        self._senders = 0
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid()}-{id(self):x}-"
         self._closed = False
 
     def close(self) -> None:
-        self._closed = True
+        with self._waiters_lock:
+            if self._closed:
+                return
+            self._closed = True
         self._link.close()
-        self._sock.close(linger=0)
+        with self._io_lock, self._waiters_lock:
+            self._sock.close(linger=0)
+            for fd in (self._wake_r, self._wake_w):
+                os.close(fd)
 
     def new_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids)}"
 
     def request(
-        self, command: Command, header: dict[str, Any], frames: Sequence[Frame], timeout: float
+        self,
+        command: Command,
+        header: dict[str, Any],
+        frames: Sequence[Frame],
+        timeout: float,
+        check: bool = True,
     ) -> tuple[Reply, list[Frame]]:
         """Send one message and wait up to ``timeout`` seconds for its reply.
 
         The request id is ``header["id"]`` when the caller set one (see ``new_id``), else a fresh one. After
-        a ``RequestTimeout`` the reply, if it ever comes, goes to ``on_late_reply`` with that id.
+        a ``RequestTimeout`` the reply, if it ever comes, goes to ``on_late_reply`` with that id. ``check``
+        False: the caller has just checked the server (``check_server``).
         """
         if self._closed:
             raise ClientError("the client is closed")
-        self.check_server()
+        if check:
+            self.check_server()
         rid = header.setdefault("id", self.new_id())
         waiter = _Waiter()
-        msg = protocol.encode(command, header, frames)
         self._link.poll()  # a loss reported before this request must not fail it
-        with self._waiters_lock:
-            self._waiters[rid] = waiter
-            self._senders += 1
-        try:
-            self._send(msg, timeout)
-        except BaseException:
-            with self._waiters_lock:
-                self._waiters.pop(rid, None)  # nothing was sent
-            raise
-        finally:
-            with self._waiters_lock:
-                self._senders -= 1
-                waiter.sent = True
+        self._queue(command, header, frames, waiter, rid, timeout)
         try:
             self._wait(waiter, time.monotonic() + timeout)
+        except Unsent:
+            raise
         except (RequestTimeout, ConnectionFailed):
             with self._waiters_lock:
                 if self._waiters.pop(rid, None) is not None:
@@ -159,16 +182,7 @@ class Connection:
         rid = header.setdefault("id", self.new_id())
         waiter = _Waiter(stream=deque())
         self._link.poll()
-        with self._waiters_lock:
-            self._waiters[rid] = waiter
-        try:
-            self._send(protocol.encode(command, header, frames), timeout)
-        except BaseException:
-            with self._waiters_lock:
-                self._waiters.pop(rid, None)
-            raise
-        with self._waiters_lock:
-            waiter.sent = True
+        self._queue(command, header, frames, waiter, rid, timeout)
         try:
             while True:
                 while waiter.stream:
@@ -181,7 +195,7 @@ class Connection:
                     self._wait(waiter, time.monotonic() + timeout)
         finally:
             with self._waiters_lock:
-                if self._waiters.pop(rid, None) is not None:  # abandoned before the end
+                if self._waiters.pop(rid, None) is not None and waiter.sent:  # abandoned before the end
                     self._late.add(rid)
 
     def check_server(self) -> None:
@@ -196,27 +210,114 @@ class Connection:
         if self._closed:
             return
         header.setdefault("id", self.new_id())
-        with self._sock_lock:
-            try:
-                send_frames(self._sock, protocol.encode(command, header), NOBLOCK)
-            except zmq.Again:
-                log.debug("event=send_dropped reason=not_connected")
+        self._queue(command, header, (), None, "", 0.0)
+        if not self._io_lock.acquire(blocking=False):
+            self._wake_owner()
+            return
+        try:
+            if not self._closed:
+                self._flush()
+        finally:
+            self._io_lock.release()
 
-    def _send(self, msg: Sequence[Frame], timeout: float) -> None:
-        """Send ``msg`` once a server is connected; ``ConnectionFailed`` (nothing sent) when none is
-        within ``connect_wait``. While connected a send never waits: libzmq queues it."""
-        deadline = time.monotonic() + connect_wait(self.heartbeat_interval, timeout)
-        while True:
-            with self._sock_lock:
-                try:
-                    send_frames(self._sock, msg, NOBLOCK)  # libzmq takes every frame once the first is in
+    # ------------------------------------------------------------------------------------ the socket
+
+    def _queue(
+        self,
+        command: Command,
+        header: dict[str, Any],
+        frames: Sequence[Frame],
+        waiter: _Waiter | None,
+        rid: str,
+        timeout: float,
+    ) -> None:
+        wait = connect_wait(self.heartbeat_interval, timeout) if waiter is not None else 0.0
+        with self._waiters_lock:
+            if waiter is not None:
+                self._waiters[rid] = waiter
+            self._out.append((command, header, frames, waiter, time.monotonic() + wait))
+
+    def _wake_owner(self) -> None:
+        """Make the socket's owner look at the queue now (it polls the pipe with the socket)."""
+        with self._waiters_lock:
+            if self._woken or not self._out or self._closed:
+                return
+            self._woken = True
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:  # full: the owner looks soon anyway
+                pass
+
+    def _flush(self) -> None:
+        """Send the queue (the caller owns the socket): runs as BUNDLEs; what finds no server connected
+        waits for the next flush, or fails with ``Unsent`` past its connect deadline."""
+        with self._waiters_lock:
+            out, self._out = self._out, []
+        if not out:
+            return
+        try:
+            sent = send_messages(self._sock, [(c, h, f) for c, h, f, _, _ in out])
+        except zmq.ZMQError as exc:
+            self._fail_unsent(out, Unsent(f"send failed: {exc}"))
+            return
+        now = time.monotonic()
+        with self._waiters_lock:
+            for item in out[:sent]:
+                if item[3] is not None:
+                    item[3].sent = True
+            keep = [item for item in out[sent:] if item[4] > now]
+            self._out[:0] = keep
+        expired = [item for item in out[sent:] if item[4] <= now]
+        if expired:
+            self._fail_unsent(expired, Unsent(f"no connection to a zinfer server at {self.url}"))
+
+    def _fail_unsent(self, items: list[_Out], exc: Unsent) -> None:
+        with self._waiters_lock:
+            for _, header, _, waiter, _ in items:
+                if waiter is None:
+                    continue
+                self._waiters.pop(header["id"], None)
+                waiter.error = exc
+                waiter.event.set()
+
+    def _own(self, wait_s: float) -> None:
+        """One round as the socket's owner: send the queue, wait up to ``wait_s`` for replies (or for a
+        thread with a message to send), read every reply that is there."""
+        self._flush()
+        with self._waiters_lock:
+            pending = bool(self._out)
+        if pending:  # no server connected yet: wait until one is, a slice at a time
+            self._sock.poll(min(10, max(1, int(wait_s * 1000))), zmq.POLLOUT)
+            try:
+                self.check_server()
+            except ConnectionFailed as exc:  # none there: what waits to go out never will
+                with self._waiters_lock:
+                    out, self._out = self._out, []
+                self._fail_unsent(out, Unsent(str(exc)))
+            return
+        events = dict(self._poller.poll(max(1, int(wait_s * 1000))))
+        if self._wake_r in events:
+            with self._waiters_lock:
+                self._woken = False
+            try:
+                os.read(self._wake_r, 4096)
+            except OSError:
+                pass
+        got: list[list[zmq.Frame]] = []
+        sock = self._sock
+        while len(got) < 1024 and int(sock.getsockopt(_EVENTS)) & _POLLIN:
+            got.append(sock.recv_multipart(NOBLOCK, copy=False))
+        self._flush()  # what came in meanwhile goes out before this thread reads replies
+        for raw in got:
+            self._dispatch([f.buffer for f in raw])
+
+    def _hand_over(self) -> None:
+        """The owner leaves: wake one thread still waiting, to take the socket."""
+        with self._waiters_lock:
+            for w in self._waiters.values():
+                if not w.event.is_set():
+                    w.event.set()
                     return
-                except zmq.Again:
-                    pass
-                if time.monotonic() >= deadline:
-                    raise ConnectionFailed(f"no connection to a zinfer server at {self.url}")
-                self._sock.poll(_CONNECT_SLICE_MS, zmq.POLLOUT)
-            self.check_server()
 
     def _lost(self, exc: ConnectionFailed) -> None:
         """The connection dropped: every call waiting for a reply fails (``LinkWatch``)."""
@@ -226,9 +327,12 @@ class Connection:
             waiter.error = exc
             waiter.event.set()
 
+    def _done(self, waiter: _Waiter) -> bool:
+        return waiter.error is not None or waiter.reply is not None or bool(waiter.stream)
+
     def _wait(self, waiter: _Waiter, deadline: float) -> None:
         next_check = time.monotonic() + _SERVER_CHECK_S
-        while not waiter.event.is_set() and waiter.error is None:
+        while not self._done(waiter):
             now = time.monotonic()
             remaining = deadline - now
             if remaining <= 0:
@@ -236,37 +340,38 @@ class Connection:
             if now >= next_check:
                 next_check = now + _SERVER_CHECK_S
                 self.check_server()
-            if not self._recv_lock.acquire(blocking=False):
-                waiter.event.wait(min(remaining, _POLL_SLICE_S * 5))
+            if not self._io_lock.acquire(blocking=False):
+                self._wake_owner()
+                waiter.event.wait(min(remaining, _WAIT_SLICE_S))
+                if not self._done(waiter):
+                    waiter.event.clear()
                 continue
             try:
-                if not waiter.event.is_set():
-                    self._receive(min(remaining, _POLL_SLICE_S if self._senders else 0.05))
+                if self._closed:
+                    raise ClientError("the client is closed")
+                while not self._done(waiter):
+                    now = time.monotonic()
+                    if now >= deadline or now >= next_check:
+                        break
+                    self._own(min(deadline - now, _OWNER_POLL_S))
                     self._link.poll()
             finally:
-                self._recv_lock.release()
+                self._io_lock.release()
+                self._hand_over()
         if waiter.error is not None and waiter.reply is None:
             raise waiter.error
 
-    def _receive(self, wait_s: float) -> None:
-        got: list[list[zmq.Frame]] = []
-        sock = self._sock
-        with self._sock_lock:
-            if sock.poll(max(1, int(wait_s * 1000)), zmq.POLLIN):
-                while len(got) < 1024:
-                    got.append(sock.recv_multipart(copy=False))
-                    if not int(sock.get(zmq.EVENTS)) & zmq.POLLIN:
-                        break
-        for raw in got:
-            self._dispatch([f.buffer for f in raw])
-
     def _dispatch(self, raw: list[Any]) -> None:
         try:
-            msg = protocol.decode(raw, _REPLY_ONLY)
-            reply = protocol.reply_from_wire(msg.header)
+            messages = protocol.decode_many(raw, _REPLY_ONLY)
+            replies = [(protocol.reply_from_wire(m.header), m.frames) for m in messages]
         except ProtocolError as exc:
             log.warning("event=bad_reply error=%r", str(exc))
             return
+        for reply, frames in replies:
+            self._dispatch_one(reply, frames)
+
+    def _dispatch_one(self, reply: Reply, frames: list[Frame]) -> None:
         with self._waiters_lock:
             waiter = self._waiters.get(reply.request_id)
             if waiter is not None and (waiter.stream is None or is_final(reply)):
@@ -276,10 +381,10 @@ class Connection:
                 self._late.discard(reply.request_id)
         if waiter is not None:
             if waiter.stream is not None:
-                waiter.stream.append((reply, msg.frames))
+                waiter.stream.append((reply, frames))
             else:
                 waiter.reply = reply
-                waiter.frames = msg.frames
+                waiter.frames = frames
             waiter.event.set()
         elif late and self._on_late is not None:
             self._on_late(reply.request_id)

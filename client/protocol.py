@@ -32,6 +32,9 @@ decoupled model, answered by REPLYs with ``body.final`` false and a last one wit
     LOAD             {id, model}                          answered once the model is ready or failed
     UNLOAD           {id, model}                          body {model}
     SERVER_STATUS    {id}                                 body the status table
+    BUNDLE           [[command, header, n], ...]  + each entry's n inline frames, in entry order
+                     several messages of one connection in one (either way; entries are never BUNDLE):
+                     each is handled, and answered, exactly as if it had come alone, in order
 
 Broker -> client::
 
@@ -109,6 +112,7 @@ class Command(IntEnum):
     LOAD = 0x0C
     UNLOAD = 0x0D
     SERVER_STATUS = 0x0E
+    BUNDLE = 0x0F  # several messages in one, either way between a client and the broker
     # broker -> client
     REPLY = 0x20
     # worker <-> broker
@@ -130,10 +134,14 @@ PROBE_ID = "zinfer.probe"
 there; no request has this id (clients number theirs ``<pid>-<hex>-<n>``), so clients drop them."""
 
 CLIENT_COMMANDS = frozenset(c for c in Command if c < Command.REPLY)
+MAX_BUNDLE = 256
+"""The most messages one BUNDLE carries; its inline frames, all entries together, stay within MAX_TENSORS."""
 WORKER_COMMANDS = frozenset({Command.W_READY, Command.W_HEARTBEAT, Command.W_RESULT, Command.W_LOAD_FAILED})
 
 _COMMAND_BYTES = {c: bytes([c]) for c in Command}
 _COMMAND_BY_BYTE = {bytes([c]): c for c in Command}
+_COMMAND_BY_INT = {int(c): c for c in Command}
+_BUNDLE_BYTE = bytes([Command.BUNDLE])
 _STATUS_BY_INT = {int(s): s for s in Status}
 COPY_THRESHOLD = 1 << 16
 """Frames at least this large are sent without copying (see ``send_copy``)."""
@@ -170,12 +178,66 @@ def decode(frames: Sequence[Frame], allowed: frozenset[Command] | None = None) -
     return Message(command, unpack_header(frames[2]), list(frames[3:]))
 
 
+def encode_bundle(items: Sequence[tuple[Command, Mapping[str, Any], Sequence[Frame]]]) -> list[Frame]:
+    """Frames for one BUNDLE of ``items`` (at most MAX_BUNDLE, MAX_TENSORS inline frames in all)."""
+    index = [(int(c), h, len(fs)) for c, h, fs in items]
+    out: list[Frame] = [PROTOCOL, _COMMAND_BYTES[Command.BUNDLE], msgpack.packb(index, use_bin_type=True)]
+    for _, _, fs in items:
+        out.extend(fs)
+    return out
+
+
+def is_bundle(frames: Sequence[Frame]) -> bool:
+    return len(frames) >= 3 and frames[1] == _BUNDLE_BYTE
+
+
+def decode_many(frames: Sequence[Frame], allowed: frozenset[Command] | None = None) -> list[Message]:
+    """The messages of one message (one, or a BUNDLE's entries); ``ProtocolError`` on anything malformed,
+    in the bundle's index or in any entry (nothing of a malformed bundle is handled)."""
+    if not is_bundle(frames):
+        return [decode(frames, allowed)]
+    if bytes(frames[0]) != PROTOCOL:
+        raise ProtocolError("unknown protocol or version")
+    if len(frames) - 3 > MAX_TENSORS:
+        raise ProtocolError("too many inline frames")
+    index = _unpack(frames[2])
+    if not isinstance(index, list) or not 0 < len(index) <= MAX_BUNDLE:
+        raise ProtocolError(f"a bundle is a list of 1 to {MAX_BUNDLE} entries")
+    out: list[Message] = []
+    at = 3
+    for entry in index:
+        if not (isinstance(entry, list) and len(entry) == 3):
+            raise ProtocolError("a bundle entry is [command, header, frames]")
+        cmd, header, n = entry
+        command = _COMMAND_BY_INT.get(cmd) if isinstance(cmd, int) and not isinstance(cmd, bool) else None
+        if command is None or command == Command.BUNDLE:
+            raise ProtocolError("unknown command in a bundle")
+        if allowed is not None and command not in allowed:
+            raise ProtocolError(f"command {command.name} is not accepted here")
+        if not isinstance(header, dict):
+            raise ProtocolError("header must be a map")
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= len(frames) - at:
+            raise ProtocolError("a bundle entry names frames the message does not have")
+        out.append(Message(command, header, list(frames[at : at + n])))
+        at += n
+    if at != len(frames):
+        raise ProtocolError("a bundle carries frames no entry names")
+    return out
+
+
 def send_copy(frames: Sequence[Frame]) -> bool:
     """Whether to let ZeroMQ copy the frames: cheaper unless one of them is large."""
     return all(len(f) < COPY_THRESHOLD for f in frames)
 
 
 def unpack_header(data: Frame) -> dict[str, Any]:
+    header = _unpack(data)
+    if not isinstance(header, dict):
+        raise ProtocolError("header must be a map")
+    return header
+
+
+def _unpack(data: Frame) -> Any:
     if len(data) > MAX_HEADER_BYTES:
         raise ProtocolError(f"header of {len(data)} bytes is over the {MAX_HEADER_BYTES} byte limit")
     try:
@@ -191,8 +253,6 @@ def unpack_header(data: Frame) -> dict[str, Any]:
         )
     except Exception as exc:  # msgpack raises several unrelated types (ValueError, StackError, ...)
         raise ProtocolError(f"malformed header: {type(exc).__name__}") from None
-    if not isinstance(header, dict):
-        raise ProtocolError("header must be a map")
     return header
 
 

@@ -1,4 +1,4 @@
-"""Sending frames with plain-int flags.
+"""Sending frames with plain-int flags, and queues of messages as BUNDLEs.
 
 pyzmq's ``send_multipart`` combines its flag enums for every frame, which costs more than the send itself
 for small frames; this does the same with ints. Frames of 64 KiB or more go without a copy.
@@ -6,12 +6,13 @@ for small frames; this does the same with ints. Frames of 64 KiB or more go with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import zmq
 
-from .protocol import COPY_THRESHOLD, Frame
+from . import protocol
+from .protocol import COPY_THRESHOLD, MAX_BUNDLE, MAX_TENSORS, Command, Frame
 
 SNDMORE = int(zmq.SNDMORE)
 NOBLOCK = int(zmq.NOBLOCK)
@@ -22,3 +23,31 @@ def send_frames(sock: zmq.Socket[Any], frames: Sequence[Frame], flags: int = 0) 
     last = len(frames) - 1
     for i, frame in enumerate(frames):
         sock.send(frame, more if i < last else flags, copy=len(frame) < COPY_THRESHOLD)
+
+
+def send_messages(
+    sock: zmq.Socket[Any], items: Sequence[tuple[Command, Mapping[str, Any], Sequence[Frame]]]
+) -> int:
+    """Send ``items`` in order without blocking, runs of several as one BUNDLE (MAX_BUNDLE messages,
+    MAX_TENSORS inline frames at most); how many went out before the socket had no peer to take them
+    (``EAGAIN``). Other ZeroMQ errors raise."""
+    sent = 0
+    total = len(items)
+    try:
+        while sent < total:
+            end, frames = sent, 0
+            while end < total and end - sent < MAX_BUNDLE:
+                n = len(items[end][2])
+                if end > sent and frames + n > MAX_TENSORS:
+                    break
+                frames += n
+                end += 1
+            if end - sent == 1:
+                msg = protocol.encode(*items[sent])
+            else:
+                msg = protocol.encode_bundle(items[sent:end])
+            send_frames(sock, msg, NOBLOCK)  # libzmq takes every frame once the first is in
+            sent = end
+    except zmq.Again:
+        pass
+    return sent
