@@ -29,7 +29,8 @@ import zinfer_side as z  # noqa: E402
 
 RATE = 250  # samples per second
 TOP = 25
-LOADS = (("add0", 128), ("add", 32))
+LOADS = "add0:128,add:32"
+WORKER_OF = {"text_ensemble": "tokenizer"}  # the worker profiled for a model that has none
 
 
 def _py_spy() -> str:
@@ -78,7 +79,7 @@ def profile(s: z.ZinferServer, model: str, conc: int, seconds: float, tmp: Path)
     )
     try:
         time.sleep(2.0)  # warm up
-        pids = {"client": load.pid, "broker": s.pid, "worker": _worker_pid(s.pid, model)}
+        pids = {"client": load.pid, "broker": s.pid, "worker": _worker_pid(s.pid, WORKER_OF.get(model, model))}
         spies = {}
         for name, pid in pids.items():
             out = tmp / f"{model}-{name}.txt"
@@ -118,13 +119,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("out", type=Path)
     ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--loads", default=LOADS, help="model:in_flight,... (default %(default)s)")
     args = ap.parse_args()
     lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="zpp-") as tmp:
         repo = vs_triton_repo.write(Path(tmp) / "repo", zinfer_only=True)
         with z.serve(repo) as s:
-            for model, conc in LOADS:
-                lines += profile(s, model, conc, args.seconds, Path(tmp))
+            for load in args.loads.split(","):
+                model, conc = load.split(":")
+                lines += profile(s, model, int(conc), args.seconds, Path(tmp))
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
