@@ -79,7 +79,8 @@ def profile(s: z.ZinferServer, model: str, conc: int, seconds: float, tmp: Path)
     )
     try:
         time.sleep(2.0)  # warm up
-        pids = {"client": load.pid, "broker": s.pid, "worker": _worker_pid(s.pid, WORKER_OF.get(model, model))}
+        worker = _worker_pid(s.pid, WORKER_OF.get(model, model))
+        pids = {"client": load.pid, "broker": s.pid, "worker": worker}
         spies = {}
         for name, pid in pids.items():
             out = tmp / f"{model}-{name}.txt"
