@@ -29,6 +29,7 @@ SUPPORTED_FEATURES: frozenset[str] = frozenset(
         "input.reshape",
         "input.format",
         "input.optional",
+        "model_warmup",
         "output.reshape",
         "output.label_filename",
         "dynamic_batching",

@@ -26,6 +26,7 @@ from .autocomplete import complete_config
 from .model_config import CONFIG_FILENAME, ModelConfig, load_model_config, unsupported_features
 from .parameters import check_parameters
 from .version_policy import VersionPolicy
+from .warmup import check_warmup
 
 __all__ = ["ModelEntry", "available_versions", "load_model_entry", "scan_repository", "select_versions"]
 
@@ -104,6 +105,7 @@ def load_model_entry(model_dir: Path) -> ModelEntry:
     if versions and error is None:
         try:
             config = complete_config(config, model_dir, versions[-1])
+            check_warmup(config)
         except ConfigError as exc:
             return ModelEntry(name, model_dir, config, versions, str(exc))
     return ModelEntry(name, model_dir, config, versions, error)

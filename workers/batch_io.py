@@ -88,8 +88,19 @@ def request_rows(arrays: dict[str, Array], batching: bool) -> int:
     return int(first.shape[0]) if batching and first is not None and first.ndim else 1
 
 
-def check_output(name: str, value: Any, sig: Signature, total_rows: int, device: Device = CPU) -> Array:
-    """A model's output as an array, checked against the config: dtype, batch size and dims."""
+def _fits(dims: Sequence[int], shape: Sequence[int]) -> bool:
+    return len(shape) == len(dims) and all(d in (-1, s) for d, s in zip(dims, shape, strict=True))
+
+
+def check_output(
+    name: str, value: Any, sig: Signature, total_rows: int, device: Device = CPU, *, per_request: bool = False
+) -> Array:
+    """A model's output as an array, checked against the config: dtype, batch size and dims.
+
+    ``per_request``: the output of one request of a Triton python model. Triton passes such an output on
+    with the shape the model gave it, so, as there, a request of one row may get its output without the
+    batch dimension (``dims`` alone, as Triton's qa ``sequence_py`` returns ``[1]`` for ``dims: [ 1 ]``);
+    it goes to the client as it is."""
     spec = sig.outputs[name]
     try:
         arr = device.as_output(value)
@@ -101,6 +112,9 @@ def check_output(name: str, value: Any, sig: Signature, total_rows: int, device:
     elif arr.dtype != spec.dtype:
         raise InternalError(f"output {name!r} has dtype {arr.dtype}, the config says {spec.config_type}")
     dims = spec.dims
+    if per_request and sig.batching and total_rows == 1 and _fits(dims, arr.shape):
+        if not (arr.ndim and arr.shape[0] == 1 and _fits(dims, arr.shape[1:])):
+            return arr  # the batch dimension of one row left out
     if sig.batching:
         if arr.ndim == 0 or arr.shape[0] != total_rows:
             got = arr.shape[0] if arr.ndim else "no batch dimension"
@@ -111,7 +125,7 @@ def check_output(name: str, value: Any, sig: Signature, total_rows: int, device:
         body = arr.shape[1:]
     else:
         body = arr.shape
-    if len(body) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, body, strict=True)):
+    if not _fits(dims, body):
         raise InternalError(f"output {name!r} has shape {list(arr.shape)}, the config says dims {list(dims)}")
     return arr
 

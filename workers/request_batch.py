@@ -60,7 +60,7 @@ def _answer(
         own: list[Frame] = []
         tensors = []
         for want in req.outputs:
-            arr = check_output(want.name, result[want.name], sig, rows, device)
+            arr = check_output(want.name, result[want.name], sig, rows, device, per_request=True)
             tensors.append(emit(want.name, arr, want.slot, sig.outputs[want.name].wire, regions, own, device))
     except ServerError as exc:
         return error_result(req.id, exc)

@@ -117,7 +117,7 @@ class _Streams:
                 by_name = {t.name(): t.as_numpy() for t in response.output_tensors()}
                 for want in req.outputs:
                     if want.name in by_name:
-                        arr = check_output(want.name, by_name[want.name], self.sig, rows)
+                        arr = check_output(want.name, by_name[want.name], self.sig, rows, per_request=True)
                         tensors.append(emit(want.name, arr, None, self.sig.outputs[want.name].wire,
                                             self.regions, frames))  # fmt: skip
             except ServerError as exc:

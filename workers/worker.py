@@ -59,6 +59,7 @@ from .sequence_state import ImplicitStates, state_specs
 from .stream import run_stream
 from .triton_model import TritonModel
 from .triton_stream import run_triton_stream
+from .warmup import run_warmup
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ class Worker:
             model_loop.configure(_device_setup(self.device))
             self.regions.pinner = self.device
             model = load_model(config, a.repository / a.model / str(a.version), self.device, a.instance)
+            run_warmup(config, model, a.repository / a.model, self.device)  # model_warmup, before READY
             self.prefetch = prefetch_wanted(config, model, self.device)
             specs = state_specs(config, a.repository / a.model / str(a.version))
             self.states = ImplicitStates(specs, config.max_batch_size > 0) if specs else None

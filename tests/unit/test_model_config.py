@@ -311,7 +311,6 @@ def test_everything_else() -> None:
         "batch_input",
         "batch_output",
         "optimization",
-        "model_warmup",
         "model_metrics",
     ]
     json.dumps(c.to_dict())

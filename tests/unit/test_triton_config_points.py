@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from zinfer.broker.validation import check_request
 from zinfer.client.errors import ConfigError, InvalidArgument
 from zinfer.client.protocol import InferRequest, ShmRef, TensorRef
-from zinfer.modelconfig.model_config import parse_model_config
+from zinfer.modelconfig.model_config import ModelConfig, parse_model_config
 from zinfer.modelconfig.repository import load_model_entry
 from zinfer.modelconfig.signature import Signature
+from zinfer.modelconfig.warmup import check_warmup, request_arrays
 
 PY_IO = """
 backend: "python"
@@ -113,3 +115,96 @@ def test_a_missing_required_input_is_named_as_triton_names_it() -> None:
         "expected number of inputs between 1 and 2 but got 1 inputs for model 'm'. Got input(s) ['O'], "
         "but missing required input(s) ['A']. Please provide all required input(s)."
     ) in str(info.value)
+
+
+# ----------------------------------------------------------------------------- model_warmup
+
+WARM_IO = """
+max_batch_size: 4
+input [ { name: "A" data_type: TYPE_FP32 dims: [ -1, 2 ] },
+        { name: "S" data_type: TYPE_STRING dims: [ 2 ] optional: true } ]
+output [ { name: "B" data_type: TYPE_FP32 dims: [ 2 ] } ]
+"""
+
+
+def _warm(sample: str) -> ModelConfig:
+    return parse_model_config(
+        WARM_IO + f"model_warmup [ {{ name: 'w' batch_size: 2 {sample} }} ]", source="t", model_name="m"
+    )
+
+
+@pytest.mark.parametrize(
+    "sample, message",
+    [
+        (
+            "inputs { key: 'X' value: { data_type: TYPE_FP32 dims: [ 1, 2 ] zero_data: true } }",
+            "no input 'X'",
+        ),
+        (
+            "inputs { key: 'A' value: { data_type: TYPE_INT32 dims: [ 1, 2 ] zero_data: true } }",
+            "is TYPE_INT32",
+        ),
+        ("inputs { key: 'A' value: { data_type: TYPE_FP32 dims: [ 3, 3 ] zero_data: true } }", r"dims \[3, 3\]"),
+        (
+            "inputs { key: 'S' value: { data_type: TYPE_STRING dims: [ 2 ] zero_data: true } }",
+            "no data for input 'A'",
+        ),
+    ],
+)
+def test_warmup_samples_are_checked_against_the_inputs(sample: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        check_warmup(_warm(sample))
+
+
+def test_warmup_request_arrays(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    zero = _warm("inputs { key: 'A' value: { data_type: TYPE_FP32 dims: [ 3, 2 ] zero_data: true } }")
+    check_warmup(zero)
+    arrays = request_arrays(zero, zero.model_warmup[0], tmp_path, rng)
+    assert arrays["A"].shape == (1, 3, 2) and not arrays["A"].any()  # one row, with its batch dim
+    rand = _warm(
+        "inputs { key: 'A' value: { data_type: TYPE_FP32 dims: [ 1, 2 ] random_data: true } }"
+        "inputs { key: 'S' value: { data_type: TYPE_STRING dims: [ 2 ] random_data: true } }"
+    )
+    arrays = request_arrays(rand, rand.model_warmup[0], tmp_path, rng)
+    assert arrays["A"].dtype == np.float32 and arrays["S"].tolist() == [[b"", b""]]  # strings: zero data
+    (tmp_path / "warmup").mkdir()
+    (tmp_path / "warmup" / "a.bin").write_bytes(np.arange(2, dtype=np.float32).tobytes())
+    (tmp_path / "warmup" / "s.bin").write_bytes(b"\x02\x00\x00\x00hi\x00\x00\x00\x00")
+    from_file = _warm(
+        "inputs { key: 'A' value: { data_type: TYPE_FP32 dims: [ 1, 2 ] input_data_file: 'a.bin' } }"
+        "inputs { key: 'S' value: { data_type: TYPE_STRING dims: [ 2 ] input_data_file: 's.bin' } }"
+    )
+    arrays = request_arrays(from_file, from_file.model_warmup[0], tmp_path, rng)
+    assert arrays["A"].tolist() == [[[0.0, 1.0]]] and arrays["S"].tolist() == [[b"hi", b""]]
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("../outside.bin", None, "is not inside"),
+        ("missing.bin", None, "cannot open"),
+        ("short.bin", b"\0" * 4, "needs 8 bytes"),
+    ],
+)
+def test_warmup_files_are_checked(tmp_path: Path, name: str, content: bytes | None, message: str) -> None:
+    (tmp_path / "warmup").mkdir()
+    (tmp_path / "outside.bin").write_bytes(b"\0" * 8)
+    if content is not None:
+        (tmp_path / "warmup" / name).write_bytes(content)
+    config = _warm(
+        f"inputs {{ key: 'A' value: {{ data_type: TYPE_FP32 dims: [ 1, 2 ] input_data_file: '{name}' }} }}"
+    )
+    with pytest.raises(ConfigError, match=message):
+        request_arrays(config, config.model_warmup[0], tmp_path, np.random.default_rng(0))
+
+
+def test_a_warmup_symlink_out_of_the_folder_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "warmup").mkdir()
+    (tmp_path / "secret.bin").write_bytes(b"\0" * 8)
+    (tmp_path / "warmup" / "link.bin").symlink_to(tmp_path / "secret.bin")
+    config = _warm(
+        "inputs { key: 'A' value: { data_type: TYPE_FP32 dims: [ 1, 2 ] input_data_file: 'link.bin' } }"
+    )
+    with pytest.raises(ConfigError, match="is not inside"):
+        request_arrays(config, config.model_warmup[0], tmp_path, np.random.default_rng(0))
