@@ -144,7 +144,10 @@ def _warm(sample: str) -> ModelConfig:
             "inputs { key: 'A' value: { data_type: TYPE_INT32 dims: [ 1, 2 ] zero_data: true } }",
             "is TYPE_INT32",
         ),
-        ("inputs { key: 'A' value: { data_type: TYPE_FP32 dims: [ 3, 3 ] zero_data: true } }", r"dims \[3, 3\]"),
+        (
+            "inputs { key: 'A' value: { data_type: TYPE_FP32 dims: [ 3, 3 ] zero_data: true } }",
+            r"dims \[3, 3\]",
+        ),
         (
             "inputs { key: 'S' value: { data_type: TYPE_STRING dims: [ 2 ] zero_data: true } }",
             "no data for input 'A'",
