@@ -15,7 +15,8 @@ are Triton's strings: ``""`` is the newest, anything else must be a non-negative
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _package_version
 from typing import Any
@@ -25,7 +26,7 @@ import numpy.typing as npt
 
 from zinfer.client import AsyncClient, InferResult
 from zinfer.client.dtypes import numpy_to_wire
-from zinfer.client.errors import NotFound
+from zinfer.client.errors import ConnectionFailed, NotFound, RequestTimeout
 
 from .bridge_records import (
     BatchStat,
@@ -58,6 +59,17 @@ EXTENSIONS = (
 _DURATIONS = (
     "success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss",
 )  # fmt: skip
+
+
+HEALTH_TIMEOUT_S = 5.0
+"""How long a health call waits for the broker before it answers False (probes have short timeouts)."""
+
+
+async def _health(call: Awaitable[bool]) -> bool:
+    try:
+        return await asyncio.wait_for(call, HEALTH_TIMEOUT_S)
+    except (asyncio.TimeoutError, ConnectionFailed, RequestTimeout):
+        return False
 
 
 def _zinfer_version() -> str:
@@ -106,17 +118,18 @@ class Bridge:
     # ------------------------------------------------------------------------------------ health
 
     async def server_live(self) -> bool:
-        return await self._client.is_server_live()
+        """False, not an error, when the broker does not answer within ``HEALTH_TIMEOUT_S``."""
+        return await _health(self._client.is_server_live())
 
     async def server_ready(self) -> bool:
-        return await self._client.is_server_ready()
+        return await _health(self._client.is_server_ready())
 
     async def model_ready(self, model: str, version: str = "") -> bool:
         try:
             number = parse_version(model, version)
         except NotFound:
             return False
-        return await self._client.is_model_ready(model, number)
+        return await _health(self._client.is_model_ready(model, number))
 
     def server_metadata(self) -> ServerMetadata:
         """Answered by the front door itself (no broker round trip)."""

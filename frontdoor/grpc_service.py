@@ -8,6 +8,7 @@ UNIMPLEMENTED with what zinfer offers instead.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -27,6 +28,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _STREAM_QUEUE = 64  # responses waiting for a slow stream reader before its requests wait too
 _UNIMPLEMENTED_SHM = "CUDA shared memory is not supported by zinfer: use system shared memory"
+
+
+def _forget(last: dict[int | str, asyncio.Task[None]], sequence: int | str, task: asyncio.Task[None]) -> None:
+    """A sequence's last request is done: nothing needs to wait for it (the stream keeps no entry for it)."""
+    if last.get(sequence) is task:
+        del last[sequence]
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -192,6 +199,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                     task.add_done_callback(tasks.discard)
                     if isinstance(sequence, (int, str)):
                         last_of_sequence[sequence] = task
+                        task.add_done_callback(functools.partial(_forget, last_of_sequence, sequence))
                 if tasks:
                     await asyncio.wait(set(tasks))
             finally:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import pytest
 
 from zinfer.client.errors import (
@@ -13,7 +16,8 @@ from zinfer.client.errors import (
     Unavailable,
     Unsupported,
 )
-from zinfer.frontdoor.bridge import parse_version
+from zinfer.frontdoor import bridge as bridge_module
+from zinfer.frontdoor.bridge import Bridge, parse_version
 from zinfer.frontdoor.errors import FrontDoorError, triton_error, unknown_model
 
 
@@ -60,3 +64,19 @@ def test_a_malformed_version_is_an_unknown_model(version: str) -> None:
 
 def test_versions_parse() -> None:
     assert parse_version("m", "") == 0 and parse_version("m", "12") == 12
+
+
+def test_health_is_false_when_no_broker_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe gets a quick False, not an error after the bridge's 60 s request timeout."""
+    monkeypatch.setattr(bridge_module, "HEALTH_TIMEOUT_S", 0.5)
+
+    async def run() -> list[bool]:
+        bridge = Bridge(f"ipc://{tmp_path / 'nobody.sock'}")
+        try:
+            return await asyncio.wait_for(
+                asyncio.gather(bridge.server_live(), bridge.server_ready(), bridge.model_ready("m")), 10
+            )
+        finally:
+            await bridge.close()
+
+    assert list(asyncio.run(run())) == [False, False, False]
