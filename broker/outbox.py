@@ -120,13 +120,13 @@ class Outbox:
 
 
 def _chunks(items: list[_Held]) -> list[list[_Held]]:
-    """``items`` in runs that fit one BUNDLE (MAX_BUNDLE entries, MAX_TENSORS inline frames)."""
+    """``items`` in runs that fit one BUNDLE (MAX_BUNDLE entries, MAX_BUNDLE_FRAMES inline frames)."""
     out: list[list[_Held]] = []
     run: list[_Held] = []
     frames = 0
     for item in items:
         n = len(item[2])
-        if run and (len(run) >= protocol.MAX_BUNDLE or frames + n > protocol.MAX_TENSORS):
+        if run and (len(run) >= protocol.MAX_BUNDLE or frames + n > protocol.MAX_BUNDLE_FRAMES):
             out.append(run)
             run, frames = [], 0
         run.append(item)

@@ -194,8 +194,9 @@ class AsyncConnection:
             self._flush_handle = self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        """Send the queue: runs of up to MAX_BUNDLE messages (MAX_TENSORS inline frames) as one message each.
-        Every send goes through this socket's one reader: the fd's readiness is checked again after it."""
+        """Send the queue: runs of up to MAX_BUNDLE messages (MAX_BUNDLE_FRAMES inline frames) as one
+        message each. Every send goes through this socket's one reader: the fd's readiness is checked again
+        after it."""
         self._flush_handle = None
         out = self._out
         if not out or self._closed:

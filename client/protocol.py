@@ -77,6 +77,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from . import framing
 from .errors import ProtocolError, Status
 
 PROTOCOL = b"ZNF1"
@@ -135,15 +136,15 @@ there; no request has this id (clients number theirs ``<pid>-<hex>-<n>``), so cl
 
 CLIENT_COMMANDS = frozenset(c for c in Command if c < Command.REPLY)
 MAX_BUNDLE = 256
-"""The most messages one BUNDLE carries; its inline frames, all entries together, stay within MAX_TENSORS."""
+MAX_BUNDLE_FRAMES = 4 * MAX_TENSORS
+"""The most messages one BUNDLE carries, and the most inline frames of all its entries together (each
+entry's own at most MAX_TENSORS)."""
 WORKER_COMMANDS = frozenset({Command.W_READY, Command.W_HEARTBEAT, Command.W_RESULT, Command.W_LOAD_FAILED})
 
 _COMMAND_BYTES = {c: bytes([c]) for c in Command}
-_COMMAND_BY_BYTE = {bytes([c]): c for c in Command}
 _COMMAND_BY_INT = {int(c): c for c in Command}
-_BUNDLE_BYTE = bytes([Command.BUNDLE])
 _STATUS_BY_INT = {int(s): s for s in Status}
-COPY_THRESHOLD = 1 << 16
+COPY_THRESHOLD = framing.COPY_THRESHOLD
 """Frames at least this large are sent without copying (see ``send_copy``)."""
 
 
@@ -155,12 +156,21 @@ class Message:
 
 
 def encode(command: Command, header: Mapping[str, Any], frames: Sequence[Frame] = ()) -> list[Frame]:
-    """Frames for one message."""
-    return [PROTOCOL, _COMMAND_BYTES[command], msgpack.packb(header, use_bin_type=True), *frames]
+    """Frames for one message: its small inline frames packed into one when there are several
+    (``framing``)."""
+    if len(frames) < 2 or not framing.worth_packing(frames):
+        return [PROTOCOL, _COMMAND_BYTES[command], msgpack.packb(header, use_bin_type=True), *frames]
+    return _encode_packed(int(command), header, frames)
 
 
-def decode(frames: Sequence[Frame], allowed: frozenset[Command] | None = None) -> Message:
-    """Parse and bound-check one message; raise ``ProtocolError`` on anything malformed."""
+def _encode_packed(command: int, payload: Any, frames: Sequence[Frame]) -> list[Frame]:
+    refs, blob, large = framing.pack(frames)
+    top = msgpack.packb((refs, payload), use_bin_type=True)
+    return [PROTOCOL, bytes([command | framing.PACKED]), top, blob, *large]
+
+
+def _open(frames: Sequence[Frame], limit: int) -> tuple[Command, Any, list[Frame]]:
+    """The command, the unpacked header (any type) and the inline frames (unpacked) of one message."""
     if len(frames) < 3:
         raise ProtocolError("message has fewer than 3 frames")
     if bytes(frames[0]) != PROTOCOL:
@@ -168,27 +178,44 @@ def decode(frames: Sequence[Frame], allowed: frozenset[Command] | None = None) -
     cmd_frame = bytes(frames[1])
     if len(cmd_frame) != 1:
         raise ProtocolError("command frame must be one byte")
-    command = _COMMAND_BY_BYTE.get(cmd_frame)
+    command = _COMMAND_BY_INT.get(cmd_frame[0] & ~framing.PACKED)
     if command is None:
         raise ProtocolError(f"unknown command 0x{cmd_frame[0]:02x}")
+    if not cmd_frame[0] & framing.PACKED:
+        if len(frames) - 3 > limit:
+            raise ProtocolError("too many inline frames")
+        return command, _unpack(frames[2]), list(frames[3:])
+    if len(frames) < 4 or len(frames) - 4 > limit:
+        raise ProtocolError("packed message: a blob frame and at most the inline frame limit")
+    top = _unpack(frames[2])
+    if not (isinstance(top, list) and len(top) == 2):
+        raise ProtocolError("packed message: its header is [refs, header]")
+    return command, top[1], framing.unpack(top[0], frames[3], frames[4:], limit)
+
+
+def decode(frames: Sequence[Frame], allowed: frozenset[Command] | None = None) -> Message:
+    """Parse and bound-check one message; raise ``ProtocolError`` on anything malformed."""
+    command, header, inline = _open(frames, MAX_TENSORS)
     if allowed is not None and command not in allowed:
         raise ProtocolError(f"command {command.name} is not accepted here")
-    if len(frames) - 3 > MAX_TENSORS:
-        raise ProtocolError("too many inline frames")
-    return Message(command, unpack_header(frames[2]), list(frames[3:]))
+    if not isinstance(header, dict):
+        raise ProtocolError("header must be a map")
+    return Message(command, header, inline)
 
 
 def encode_bundle(items: Sequence[tuple[Command, Mapping[str, Any], Sequence[Frame]]]) -> list[Frame]:
-    """Frames for one BUNDLE of ``items`` (at most MAX_BUNDLE, MAX_TENSORS inline frames in all)."""
+    """Frames for one BUNDLE of ``items`` (at most MAX_BUNDLE, MAX_BUNDLE_FRAMES inline frames in all)."""
     index = [(int(c), h, len(fs)) for c, h, fs in items]
-    out: list[Frame] = [PROTOCOL, _COMMAND_BYTES[Command.BUNDLE], msgpack.packb(index, use_bin_type=True)]
-    for _, _, fs in items:
-        out.extend(fs)
-    return out
+    frames = [f for _, _, fs in items for f in fs]
+    if len(frames) < 2 or not framing.worth_packing(frames):
+        return [PROTOCOL, _COMMAND_BYTES[Command.BUNDLE], msgpack.packb(index, use_bin_type=True), *frames]
+    return _encode_packed(int(Command.BUNDLE), index, frames)
 
 
 def is_bundle(frames: Sequence[Frame]) -> bool:
-    return len(frames) >= 3 and frames[1] == _BUNDLE_BYTE
+    if len(frames) < 3 or len(frames[1]) != 1:
+        return False
+    return bytes(frames[1])[0] & ~framing.PACKED == Command.BUNDLE
 
 
 def decode_many(frames: Sequence[Frame], allowed: frozenset[Command] | None = None) -> list[Message]:
@@ -196,15 +223,11 @@ def decode_many(frames: Sequence[Frame], allowed: frozenset[Command] | None = No
     in the bundle's index or in any entry (nothing of a malformed bundle is handled)."""
     if not is_bundle(frames):
         return [decode(frames, allowed)]
-    if bytes(frames[0]) != PROTOCOL:
-        raise ProtocolError("unknown protocol or version")
-    if len(frames) - 3 > MAX_TENSORS:
-        raise ProtocolError("too many inline frames")
-    index = _unpack(frames[2])
+    _, index, inline = _open(frames, MAX_BUNDLE_FRAMES)
     if not isinstance(index, list) or not 0 < len(index) <= MAX_BUNDLE:
         raise ProtocolError(f"a bundle is a list of 1 to {MAX_BUNDLE} entries")
     out: list[Message] = []
-    at = 3
+    at = 0
     for entry in index:
         if not (isinstance(entry, list) and len(entry) == 3):
             raise ProtocolError("a bundle entry is [command, header, frames]")
@@ -216,11 +239,12 @@ def decode_many(frames: Sequence[Frame], allowed: frozenset[Command] | None = No
             raise ProtocolError(f"command {command.name} is not accepted here")
         if not isinstance(header, dict):
             raise ProtocolError("header must be a map")
-        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= len(frames) - at:
+        room = min(MAX_TENSORS, len(inline) - at)
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= room:
             raise ProtocolError("a bundle entry names frames the message does not have")
-        out.append(Message(command, header, list(frames[at : at + n])))
+        out.append(Message(command, header, inline[at : at + n]))
         at += n
-    if at != len(frames):
+    if at != len(inline):
         raise ProtocolError("a bundle carries frames no entry names")
     return out
 

@@ -12,7 +12,7 @@ from typing import Any
 import zmq
 
 from . import protocol
-from .protocol import COPY_THRESHOLD, MAX_BUNDLE, MAX_TENSORS, Command, Frame
+from .protocol import COPY_THRESHOLD, MAX_BUNDLE, MAX_BUNDLE_FRAMES, Command, Frame
 
 SNDMORE = int(zmq.SNDMORE)
 NOBLOCK = int(zmq.NOBLOCK)
@@ -29,7 +29,7 @@ def send_messages(
     sock: zmq.Socket[Any], items: Sequence[tuple[Command, Mapping[str, Any], Sequence[Frame]]]
 ) -> int:
     """Send ``items`` in order without blocking, runs of several as one BUNDLE (MAX_BUNDLE messages,
-    MAX_TENSORS inline frames at most); how many went out before the socket had no peer to take them
+    MAX_BUNDLE_FRAMES inline frames at most); how many went out before the socket had no peer to take them
     (``EAGAIN``). Other ZeroMQ errors raise."""
     sent = 0
     total = len(items)
@@ -38,7 +38,7 @@ def send_messages(
             end, frames = sent, 0
             while end < total and end - sent < MAX_BUNDLE:
                 n = len(items[end][2])
-                if end > sent and frames + n > MAX_TENSORS:
+                if end > sent and frames + n > MAX_BUNDLE_FRAMES:
                     break
                 frames += n
                 end += 1
