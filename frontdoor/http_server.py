@@ -251,6 +251,9 @@ class HttpFrontDoor:
 
     async def _infer(self, request: web.BaseRequest, model: str, version: str) -> web.StreamResponse:
         body = await self._body(request, self.limits.max_body_bytes)
+        if await self.bridge.is_decoupled(model, version):
+            text = "HTTP end point doesn't support models with decoupled transaction policy"
+            raise FrontDoorError("UNIMPLEMENTED", 501, text)
         header_length = parse_header_length(request.headers.get(HEADER_LENGTH), len(body))
         parsed = decode_infer_request(body, header_length, model, self.limits)
         inputs = resolve_inputs(parsed, self.door.shm.read, self.limits)

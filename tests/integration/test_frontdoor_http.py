@@ -28,7 +28,7 @@ from tests.frontdoor_helpers import free_port, repository
 
 pytestmark = pytest.mark.integration
 
-MODELS = ("add", "double", "text_upper", "identity")
+MODELS = ("add", "double", "text_upper", "identity", "token_stream")
 
 
 def wait_http(url: str, timeout: float = 60.0) -> None:
@@ -231,6 +231,9 @@ def test_errors_have_tritons_statuses_and_texts(client: httpclient.InferenceServ
     with pytest.raises(InferenceServerException) as err:
         client.register_cuda_shared_memory("c", b"\0" * 64, 0, 8)
     assert err.value.status() == "501"
+    with pytest.raises(InferenceServerException) as err:  # as Triton: a decoupled model needs gRPC streaming
+        client.infer("token_stream", [_input("TEXT", np.array([b"a b"], dtype=object), "BYTES")])
+    assert err.value.status() == "501" and "decoupled transaction policy" in str(err.value)
 
 
 def test_plain_http_status_codes_and_bodies(door: tuple[ServerProcess, str]) -> None:
