@@ -119,7 +119,10 @@ class FrontDoorProcs:
         self._stopping = False
 
     def start(self) -> None:
-        self.config.folder.mkdir(mode=0o700, exist_ok=True)
+        """Start every process. What a previous server left in the folder (shared memory registrations of
+        its clients, status files) is removed first: as in Triton, registrations do not outlive a server."""
+        shutil.rmtree(self.config.folder, ignore_errors=True)
+        self.config.folder.mkdir(mode=0o700)
         for slot in self._slots:
             self._spawn(slot)
 

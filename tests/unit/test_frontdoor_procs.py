@@ -1,0 +1,122 @@
+"""The front-door processes' supervision (broker/frontdoor_procs.py) with a stand-in command and an injected
+clock: restarts after the workers' backoff, giving up after too many crashes, the command line, and a
+previous server's registrations removed at start."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_for
+from zinfer.broker.frontdoor_procs import FrontDoorConfig, FrontDoorProcs, listen_problem
+from zinfer.broker.supervisor import RESTART_BACKOFF_S
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Exiting(FrontDoorConfig):
+    """Processes that exit at once (a crash), instead of front doors."""
+
+    def command(self, index: int) -> list[str]:
+        return [sys.executable, "-c", "raise SystemExit(3)"]
+
+
+def _config(
+    tmp_path: Path, cls: type[FrontDoorConfig] = FrontDoorConfig, workers: int = 1
+) -> FrontDoorConfig:
+    return cls(workers=workers, broker_url="ipc:///x/zinfer.sock", runtime_dir=tmp_path, grpc="127.0.0.1:1")
+
+
+def test_the_command_line(tmp_path: Path) -> None:
+    config = FrontDoorConfig(2, "ipc:///x/zinfer.sock", tmp_path, "127.0.0.1:1", "127.0.0.1:2",
+                             tls_cert=Path("/c"), tls_key=Path("/k"), insecure_remote=True,
+                             max_tensor_bytes=9)  # fmt: skip
+    cmd = config.command(1)
+    assert cmd[1:3] == ["-m", "zinfer.frontdoor.process"]
+    pairs = dict(zip(cmd[3::2], cmd[4::2], strict=False))
+    assert pairs["--index"] == "1" and pairs["--grpc"] == "127.0.0.1:1" and pairs["--http"] == "127.0.0.1:2"
+    assert pairs["--status-file"] == str(tmp_path / "frontdoor" / "1.json")
+    assert pairs["--max-tensor-bytes"] == "9" and pairs["--tls-key"] == "/k"
+    assert "--insecure-remote" in cmd and "--tls-client-ca" not in cmd
+    assert not FrontDoorConfig(0, "u", tmp_path, grpc="127.0.0.1:1").enabled
+    assert not FrontDoorConfig(1, "u", tmp_path).enabled
+
+
+def test_a_crashed_process_is_restarted_after_backoff_then_given_up(tmp_path: Path) -> None:
+    clock = _Clock()
+    procs = FrontDoorProcs(_config(tmp_path, _Exiting), clock)
+    procs.start()
+    try:
+        for crash, delay in enumerate(RESTART_BACKOFF_S):
+            wait_for(lambda: procs._slots[0].proc is not None and procs._slots[0].proc.poll() is not None, 30,
+                     "the stand-in to exit")  # fmt: skip
+            procs.poll()  # notices the exit: due after the backoff
+            assert procs.snapshot()[0]["up"] is False and procs.snapshot()[0]["restarts"] == crash
+            clock.now += delay - 0.01
+            procs.poll()
+            assert procs._slots[0].proc is None  # not before its time
+            clock.now += 0.02
+            procs.poll()
+            assert procs.snapshot()[0]["restarts"] == crash + 1
+        wait_for(lambda: procs._slots[0].proc is not None and procs._slots[0].proc.poll() is not None, 30,
+                 "the last stand-in to exit")  # fmt: skip
+        procs.poll()
+        row = procs.snapshot()[0]
+        assert row["given_up"] is True and row["pid"] is None
+        clock.now += 3600
+        procs.poll()
+        assert procs.snapshot()[0]["pid"] is None
+    finally:
+        procs.close()
+    assert not (tmp_path / "frontdoor").exists()
+
+
+def test_a_previous_servers_registrations_are_removed_at_start(tmp_path: Path) -> None:
+    stale = tmp_path / "frontdoor" / "shm" / "abc"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    procs = FrontDoorProcs(_config(tmp_path, _Exiting, workers=0))
+    procs.start()
+    try:
+        assert not stale.exists() and (tmp_path / "frontdoor").is_dir()
+    finally:
+        procs.close()
+
+
+def test_stop_waits_and_nothing_restarts_after_terminate(tmp_path: Path) -> None:
+    class _Sleeping(FrontDoorConfig):
+        def command(self, index: int) -> list[str]:
+            return [sys.executable, "-c", "import time; time.sleep(60)"]
+
+    clock = _Clock()
+    procs = FrontDoorProcs(_config(tmp_path, _Sleeping, workers=2), clock)
+    procs.start()
+    pids = [row["pid"] for row in procs.snapshot()]
+    procs.terminate()
+    started = time.monotonic()
+    procs.poll()  # after terminate: no restart, whatever exits
+    procs.stop(timeout=10)
+    assert time.monotonic() - started < 10
+    assert all(row["pid"] is None and not row["up"] for row in procs.snapshot()) and len(set(pids)) == 2
+    procs.close()
+
+
+@pytest.mark.parametrize(
+    ("address", "tls", "insecure", "refused"),
+    [("127.0.0.1:1", False, False, False), ("[::1]:1", False, False, False),
+     ("localhost:1", False, False, False), ("0.0.0.0:1", False, False, True),
+     ("10.0.0.1:1", True, False, False), ("10.0.0.1:1", False, True, False)],
+)  # fmt: skip
+def test_non_loopback_needs_tls_or_insecure_remote(
+    address: str, tls: bool, insecure: bool, refused: bool
+) -> None:
+    assert (listen_problem(address, tls, insecure) is not None) == refused
