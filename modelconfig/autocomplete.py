@@ -131,9 +131,14 @@ def complete_onnx_config(config: ModelConfig, graph: OnnxGraph) -> ModelConfig:
 
 
 def complete_config(config: ModelConfig, model_dir: Path, version: int) -> ModelConfig:
-    """The config as served: an ONNX model's auto-completed from version ``version``'s model file;
-    any other config unchanged. A config that lists its inputs, outputs and a max_batch_size > 0 is
-    returned without reading the model file (the worker checks it against the graph at load)."""
+    """The config as served: an ONNX model's auto-completed from version ``version``'s model file, a python
+    model's by its own ``auto_complete_config`` (``python_autocomplete``); any other config unchanged. An
+    ONNX config that lists its inputs, outputs and a max_batch_size > 0 is returned without reading the
+    model file (the worker checks it against the graph at load)."""
+    if config.backend == "python":
+        from .python_autocomplete import complete_python_config  # subprocess and resource: only here
+
+        return complete_python_config(config, model_dir / str(version))
     if not is_onnx(config):
         return config
     if config.input and config.output and config.max_batch_size > 0:

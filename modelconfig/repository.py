@@ -22,13 +22,22 @@ from pathlib import Path
 
 from zinfer.client.errors import ConfigError
 
-from .autocomplete import complete_config
+from .autocomplete import ONNX_DEFAULT_FILENAME, ONNX_PLATFORM, complete_config
+from .instances import InstanceGroup
 from .model_config import CONFIG_FILENAME, ModelConfig, load_model_config, unsupported_features
 from .parameters import check_parameters
+from .python_autocomplete import PYTHON_DEFAULT_FILENAME
 from .version_policy import VersionPolicy
 from .warmup import check_warmup
 
-__all__ = ["ModelEntry", "available_versions", "load_model_entry", "scan_repository", "select_versions"]
+__all__ = [
+    "ModelEntry",
+    "available_versions",
+    "load_model_entry",
+    "read_model_dir_config",
+    "scan_repository",
+    "select_versions",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,14 +85,34 @@ def select_versions(policy: VersionPolicy, available: Iterable[int], model_dir: 
     return tuple(sorted(policy.versions))
 
 
+def read_model_dir_config(model_dir: Path) -> ModelConfig:
+    """The folder's ``config.pbtxt``; without one, as Triton, the config its newest version folder's model
+    file implies: ``model.py`` a python model (which its ``auto_complete_config`` may complete),
+    ``model.onnx`` an ONNX one (completed from the graph). Anything else is a ConfigError."""
+    config_path = model_dir / CONFIG_FILENAME
+    if config_path.is_file():
+        return load_model_config(config_path, model_dir.name)
+    try:
+        versions = available_versions(model_dir)
+    except OSError:
+        versions = ()
+    newest = model_dir / str(versions[-1]) if versions else None
+    groups = (InstanceGroup(name=model_dir.name),)
+    if newest is not None and (newest / PYTHON_DEFAULT_FILENAME).is_file():
+        return ModelConfig(name=model_dir.name, backend="python", instance_group=groups)
+    if newest is not None and (newest / ONNX_DEFAULT_FILENAME).is_file():
+        return ModelConfig(name=model_dir.name, platform=ONNX_PLATFORM, instance_group=groups)
+    raise ConfigError(
+        f"{model_dir}: no {CONFIG_FILENAME} (and no {PYTHON_DEFAULT_FILENAME} or {ONNX_DEFAULT_FILENAME} in "
+        "the newest version folder to complete one from)"
+    )
+
+
 def load_model_entry(model_dir: Path) -> ModelEntry:
     """Load one model folder into a :class:`ModelEntry`; never raises for a bad model."""
     name = model_dir.name
-    config_path = model_dir / CONFIG_FILENAME
-    if not config_path.is_file():
-        return ModelEntry(name, model_dir, None, (), f"{model_dir}: no {CONFIG_FILENAME}")
     try:
-        config = load_model_config(config_path, name)
+        config = read_model_dir_config(model_dir)
     except ConfigError as exc:
         return ModelEntry(name, model_dir, None, (), str(exc))
     try:

@@ -44,7 +44,7 @@ from zinfer.client.worker_protocol import (
     result_to_wire,
 )
 from zinfer.modelconfig.autocomplete import complete_config
-from zinfer.modelconfig.model_config import load_model_config
+from zinfer.modelconfig.repository import read_model_dir_config
 from zinfer.modelconfig.signature import Signature
 
 from . import bls, cancel_flags, model_loop
@@ -125,7 +125,7 @@ class Worker:
     def load(self) -> tuple[Signature, AnyModel] | None:
         a = self.args
         try:
-            config = load_model_config(a.repository / a.model / "config.pbtxt", a.model)
+            config = read_model_dir_config(a.repository / a.model)  # config.pbtxt, or what model.py implies
             config = complete_config(config, a.repository / a.model, a.version)
             bls.configure(a.server_url, a.model, sum(g.count for g in config.instance_group))
             self.device = open_device(a.device)

@@ -136,3 +136,48 @@ def test_model_warmup_runs_before_the_model_is_ready(
         assert client.infer("warm", {"A": np.ones((1, 2), np.int32)}).as_numpy("Y")[0, 0] == 4
         with pytest.raises(ServerError, match="model_warmup 'nofile'.*gone.bin"):
             client.infer("broken", {"A": np.ones((1, 2), np.int32)})
+
+
+AUTO_COMPLETE = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        config = auto_complete_model_config.as_dict()
+        if "IN" not in [t["name"] for t in config["input"]]:
+            auto_complete_model_config.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [2]})
+        auto_complete_model_config.add_output({"name": "OUT", "data_type": "TYPE_FP32", "dims": [2]})
+        auto_complete_model_config.set_max_batch_size(4)
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", 2 * pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]
+            )
+            for r in requests
+        ]
+"""
+
+
+def test_auto_complete_config_completes_a_missing_or_partial_config(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    _model(repo, "partial", 'backend: "python"\n', AUTO_COMPLETE)
+    (repo / "noconfig" / "1").mkdir(parents=True)
+    (repo / "noconfig" / "1" / "model.py").write_text(AUTO_COMPLETE)
+    server = server_factory(repo)
+    x = np.array([[1.0, 2.0]], np.float32)
+    with Client(server.url, timeout=30) as client:
+        for name in ("partial", "noconfig"):
+            np.testing.assert_array_equal(client.infer(name, {"IN": x}).as_numpy("OUT"), 2 * x)
+            config = client.model_config(name)
+            assert config["max_batch_size"] == 4 and config["backend"] == "python"
+            assert [t["name"] for t in config["input"]] == ["IN"] and config["output"][0]["dims"] == [2]
+            assert config["dynamic_batching"]["preferred_batch_size"] == [4]
+            metadata = client.model_metadata(name)
+            assert metadata["inputs"][0]["shape"] == [-1, 2]
