@@ -25,6 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ServerProcess, start_server, stop_all
 from tests.frontdoor_helpers import free_port, repository
+from zinfer.client import Client
 
 pytestmark = pytest.mark.integration
 
@@ -312,3 +313,60 @@ def test_aio_client(door: tuple[ServerProcess, str]) -> None:
             await client.close()
 
     asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def _exchange(url: str, raw: bytes) -> bytes:
+    """Send raw bytes on a fresh connection; what comes back until the server answers or closes (10 s)."""
+    host, port = url.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(raw)
+        s.shutdown(socket.SHUT_WR)  # the server sees the end of what we send: nothing may wait on more
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+
+
+def test_hostile_http_never_hurts_the_front_door(door: tuple[ServerProcess, str]) -> None:
+    """Malformed request lines, headers, chunked bodies, binary sections and JSON, 300 of them with a fixed
+    seed: each is answered 4xx or the connection closed, the front-door process is the same one after, and
+    it still serves."""
+    server, url = door
+    with Client(server.url, timeout=10) as c:
+        before = [d["pid"] for d in c.server_status()["frontdoors"]]
+    rng = np.random.default_rng(17)
+    head = (
+        b'{"inputs":[{"name":"INPUT_A","datatype":"FP32","shape":[1,1],"parameters":{"binary_data_size":4}}]}'
+    )
+    cases = [
+        b"GARBAGE\r\n\r\n",
+        b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /v2 HTTP/1.1\r\n" + b"X: " + b"y" * 70000 + b"\r\n\r\n",
+        b"POST /v2/models/add/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"POST /v2/models/add/infer HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+        b"POST /v2/models/add/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{",  # short, then EOF
+        b"POST /v2/models/%ff%00/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+    ]
+    for _ in range(293):
+        body = head + rng.bytes(int(rng.integers(0, 16)))
+        hlen = str(int(rng.integers(-3, len(body) + 3)))
+        if rng.random() < 0.3:
+            body = bytearray(body)
+            for i in rng.integers(0, len(body), size=3):
+                body[i] = int(rng.integers(0, 256))
+            body = bytes(body)
+        cases.append(
+            b"POST /v2/models/add/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            + f"Inference-Header-Content-Length: {hlen}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+    for raw in cases:
+        answer = _exchange(url, raw)
+        if answer:
+            status = int(answer.split(b" ", 2)[1])
+            assert status < 500 or status in (503,), answer[:300]
+    with Client(server.url, timeout=10) as c:
+        assert [d["pid"] for d in c.server_status()["frontdoors"]] == before
+    assert _raw(url, "/v2/health/ready") == (200, None)
