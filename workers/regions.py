@@ -48,23 +48,15 @@ class RegionCache:
         self._segments: OrderedDict[str, Segment] = OrderedDict()
         self._identity: dict[str, tuple[int, int]] = {}  # client regions: (dev, ino) of the mapped file
         self._checked: dict[str, int] = {}
-        self._table: Mapping[str, Sequence[int]] = {}
+        self._table: Mapping[str, tuple[int, int, int]] = {}
         self.pinner = pinner
         self.owner = owner
         self.max_mapped = max_mapped
 
-    def use_table(self, table: Mapping[str, Sequence[int]]) -> None:
-        """The client regions of the next batch: ``{name: (fd, dev, ino)}`` (``Execute.regions``, which
-        ``execute_from_wire`` checked; malformed entries are ignored all the same, so the tensors naming
-        them fail as unregistered). Unmaps the least recently used beyond the cap."""
-        self._table = {
-            k: v
-            for k, v in table.items()
-            if isinstance(k, str)
-            and isinstance(v, list | tuple)
-            and len(v) == 3
-            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
-        }
+    def use_table(self, table: Mapping[str, tuple[int, int, int]]) -> None:
+        """The client regions of the next batch: ``{name: (fd, dev, ino)}`` (``Execute.regions``, every
+        entry already checked by ``execute_from_wire``). Unmaps the least recently used beyond the cap."""
+        self._table = table
         while len(self._segments) > self.max_mapped:
             self.drop(next(iter(self._segments)))
 

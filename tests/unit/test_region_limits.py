@@ -369,20 +369,6 @@ def test_a_mapping_is_reused_while_its_identity_holds_and_dropped_when_it_change
 
 
 @pytest.mark.parametrize(
-    "entry",
-    [[3, 1, 1, 1], [3, 1], [-1, 1, 1], [True, 1, 1], ["3", 1, 1], [3, -1, 1], [3, 1, None], "311"],
-)
-def test_a_malformed_table_entry_is_as_if_unregistered(entry: object) -> None:
-    regions = RegionCache(owner=os.getpid())
-    try:
-        regions.use_table({"zinfer-x": entry})  # type: ignore[dict-item]
-        with pytest.raises(InvalidArgument, match="that is not registered"):
-            regions.bytes(ShmRef("zinfer-x", 0, 4))
-    finally:
-        regions.close()
-
-
-@pytest.mark.parametrize(
     "offset, nbytes, ok",
     [(0, 4096, True), (4000, 96, True), (4096, 0, True), (4001, 96, False), (4097, 0, False), (-1, 4, False),
      (0, -1, False)],

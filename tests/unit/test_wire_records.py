@@ -193,3 +193,25 @@ def test_a_bad_field_in_an_execute_request_is_a_protocol_error(e: wp.Execute, ke
         wp.execute_from_wire(header)
     except ProtocolError:
         pass
+
+
+@pytest.mark.parametrize(
+    "name, entry",
+    [("zinfer-x", [3, 1, 1, 1]), ("zinfer-x", [3, 1]), ("zinfer-x", [-1, 1, 1]), ("zinfer-x", [True, 1, 1]),
+     ("zinfer-x", ["3", 1, 1]), ("zinfer-x", [3, -1, 1]), ("zinfer-x", [3, 1, None]), ("zinfer-x", "311"),
+     ("zinfer-x", [3, 1, 1.0]), ("", [3, 1, 1]), ("x" * 257, [3, 1, 1]),
+     (b"zinfer-x", [3, 1, 1])],
+)  # fmt: skip
+def test_a_malformed_region_entry_of_an_execute_is_a_protocol_error(name: Any, entry: Any) -> None:
+    """The worker's region cache takes ``Execute.regions`` as checked here: a malformed entry never gets
+    past ``execute_from_wire``, so no tensor of that batch can name it."""
+    header = {"batch": 1, "requests": [], "regions": {name: entry}}
+    with pytest.raises(ProtocolError, match="region"):
+        wp.execute_from_wire(_through_frames(Command.W_EXECUTE, header))
+
+
+def test_a_well_formed_region_table_comes_through_whole() -> None:
+    table = {"zinfer-x": [3, 1, (1 << 64) - 1], "zinfer-y": [0, 0, 0]}
+    header = {"batch": 1, "requests": [], "regions": table}
+    e = wp.execute_from_wire(_through_frames(Command.W_EXECUTE, header))
+    assert e.regions == {"zinfer-x": (3, 1, (1 << 64) - 1), "zinfer-y": (0, 0, 0)}
