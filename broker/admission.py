@@ -26,11 +26,12 @@ from zinfer.client.errors import (
     DeadlineExceeded,
     InvalidArgument,
     ResourceExhausted,
+    ServerError,
     Status,
     Unavailable,
 )
 from zinfer.client.protocol import Command, Frame, Reply
-from zinfer.client.worker_protocol import CancelRequest, cancel_to_wire
+from zinfer.client.worker_protocol import CancelRequest, SequenceFlags, cancel_to_wire
 
 from .batching.batcher import BatchTooLarge, InvalidPriority, QueuedRequest, QueueFull
 from .batching.sequence_batcher import SequenceError, SequenceRequest, parse_sequence
@@ -70,7 +71,7 @@ class Admission:
         self.draining = draining  # the server is draining: new requests are refused
         self.max_tensor_bytes = max_tensor_bytes
         self.max_batch_bytes = max_batch_bytes
-        self.ensembles: EnsemblePath  # set by the request path, which builds the ensembles' runner
+        self.ensembles: EnsemblePath  # set by the server, which builds the ensembles' runner on admission
         self._seq = itertools.count(1)
         self._next_prune = 0.0
 
@@ -96,11 +97,8 @@ class Admission:
                 f"{self.max_batch_bytes} byte limit of one batch (--max-batch-bytes)"
             )
         now = time.monotonic()
-        outputs = header["outputs"] if req.outputs is not None else [
-            protocol.output_to_wire(o) for o in checked.outputs
-        ]  # fmt: skip
         p = Pending(
-            next(self._seq), identity, req, frames, header["inputs"], outputs, checked.batch_size, now,
+            next(self._seq), identity, req, frames, checked.outputs, checked.batch_size, now,
             input_bytes=checked.input_bytes,
         )  # fmt: skip
         self.enqueue(state, p, checked.shape_key, now)
@@ -113,7 +111,7 @@ class Admission:
         if state.sequencer is not None:
             self._admit_sequence(state, p, now)
             return
-        if state.config.response_cache.enable and self._cache_lookup(state, p, p.wire_outputs):
+        if state.config.response_cache.enable and self._cache_lookup(state, p):
             return
         if state.ensemble is not None:
             if state.order is not None:
@@ -149,7 +147,7 @@ class Admission:
         sid, start, end = parsed
         if state.signature.batching and p.batch_size != 1:
             raise InvalidArgument(f"a sequence request must hold one row, got a batch of {p.batch_size}")
-        p.sequence = {"id": sid, "start": start, "end": end}
+        p.sequence = SequenceFlags(sid, start, end)
         try:
             state.sequencer.add(SequenceRequest(p, sid, start, end, now), now, sorted(state.instances))
         except SequenceError as exc:
@@ -161,9 +159,9 @@ class Admission:
         """A number for a request the broker makes itself (an ensemble step)."""
         return next(self._seq)
 
-    def _cache_lookup(self, state: ModelState, p: Pending, outputs: list[dict[str, Any]]) -> bool:
+    def _cache_lookup(self, state: ModelState, p: Pending) -> bool:
         """Answer ``p`` from the cache if it can (True); on a miss, mark it to be stored when it succeeds."""
-        hit = self.caching.lookup(state, p, outputs)
+        hit = self.caching.lookup(state, p)
         if hit is None:
             return False
         wire, frames, lookup_ns = hit
@@ -201,6 +199,16 @@ class Admission:
                     self.completion.outbox.send_worker(batch.worker, Command.W_CANCEL, cancel)
                     return "running"
         return "unknown"
+
+    def fail_queued(self, error: ServerError) -> None:
+        """Answer every queued request with ``error`` (the server is stopping)."""
+        for state in self.registry.states():
+            queued = state.batcher.remove(lambda _: True)
+            if state.sequencer is not None:
+                queued += state.sequencer.remove(lambda _: True)
+            for p in queued:
+                state.metrics.failure("OTHER")
+                self.completion.finish_early(state, p, error)
 
     def expire(self, now: float) -> None:
         """Answer the requests whose queue timeout has passed, whether or not an instance is free."""

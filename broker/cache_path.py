@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from zinfer.client.protocol import Frame, InferRequest, ShmRef
+from zinfer.client.shm import Segment
 
 from .metrics import CacheFigures
 from .model_state import ModelState, Pending
@@ -21,14 +23,16 @@ log = logging.getLogger(__name__)
 
 
 class CachePath:
-    def __init__(self, cache_bytes: int) -> None:
+    def __init__(
+        self, cache_bytes: int, open_client: Callable[[str], Segment | None] = lambda name: None
+    ) -> None:
+        """``open_client``: a client region mapped read-only, by name (``RegionTable.map_readonly``)."""
         self.cache: ResponseCache | None = ResponseCache(cache_bytes) if cache_bytes > 0 else None
         self.readers = RegionReader()  # client regions mapped read-only, for the keys and the copies
+        self.readers.open_client = open_client
         self._warned: set[str] = set()
 
-    def lookup(
-        self, state: ModelState, p: Pending, outputs: list[dict[str, Any]]
-    ) -> tuple[list[dict[str, Any]], list[Frame], int] | None:
+    def lookup(self, state: ModelState, p: Pending) -> tuple[list[dict[str, Any]], list[Frame], int] | None:
         """The cached outputs of ``p`` (wire form, frames, lookup ns), or None; a miss marks ``p`` to be
         stored when it succeeds."""
         cache = self.cache
@@ -38,7 +42,7 @@ class CachePath:
                 log.warning("event=response_cache_off model=%s reason='the server has no cache'", state.name)
             return None
         t0 = time.perf_counter_ns()
-        key = self._request_key(state, p.request, p.frames, [str(o["name"]) for o in outputs])
+        key = self._request_key(state, p.request, p.frames, [o.name for o in p.outputs])
         if key is None:  # an input could not be read (a shrunk region): the worker reports it
             return None
         hit = cache.get(key)

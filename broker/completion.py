@@ -207,8 +207,15 @@ class Completion:
                     state.metrics.failure("BACKEND")
                     self.finish_early(state, p, Unavailable(f"model '{state.name}' instance failed: {why}"))
 
+    def fail_running(self, error: ServerError) -> None:
+        """Answer every request of every batch in flight with ``error`` (the server is stopping)."""
+        for batch in self.pool.take_all_batches():
+            self.limiter.release(batch.worker)
+            for p in batch.requests:
+                self.deliver(p, Reply(p.request.request_id, error.status, error.wire_text()), [])
+
     def _sequences_done(self, state: ModelState, requests: list[Pending]) -> None:
         """The requests of a batch finished: their sequences may send the next one (or close)."""
         if state.sequencer is not None:
-            ids = [p.sequence["id"] for p in requests if p.sequence is not None]
+            ids = [p.sequence.id for p in requests if p.sequence is not None]
             state.sequencer.done(ids, time.monotonic())

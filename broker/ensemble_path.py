@@ -135,12 +135,13 @@ class EnsemblePath:
         plan = state.ensemble
         assert plan is not None
         run = Run(state, p, plan)
-        for d in p.wire_inputs:
-            data = p.frames[int(d["frame"])] if "frame" in d else None
-            run.tensors[str(d["name"])] = Value(str(d["datatype"]), list(d["shape"]), d.get("shm"), data)
-        for o in p.wire_outputs:
-            if "slot" in o:
-                run.client_slots[str(o["name"])] = list(o["slot"])
+        for t in p.request.inputs:
+            data = p.frames[t.frame] if t.frame is not None else None
+            shm = None if t.shm is None else protocol.shm_to_wire(t.shm)
+            run.tensors[t.name] = Value(t.datatype, list(t.shape), shm, data)
+        for o in p.outputs:
+            if o.slot is not None:
+                run.client_slots[o.name] = protocol.shm_to_wire(o.slot)
         self._advance(run, now)
 
     def _advance(self, run: Run, now: float) -> None:
@@ -183,7 +184,7 @@ class EnsemblePath:
             req = protocol.infer_from_wire(header)
             checked = check_request(req, frames, target.signature, self.regions, p.client,
                                     self.admission.max_tensor_bytes)  # fmt: skip
-            sp = Pending(self.admission.new_seq(), p.client, req, frames, inputs, outputs, checked.batch_size,
+            sp = Pending(self.admission.new_seq(), p.client, req, frames, checked.outputs, checked.batch_size,
                          now, input_bytes=checked.input_bytes)  # fmt: skip
             sp.on_done = lambda reply, out_frames: self._step_done(run, i, reply, out_frames)
             run.outstanding[i] = (target, sp)
@@ -303,8 +304,8 @@ class EnsemblePath:
         state, p = run.state, run.p
         outs: list[dict[str, Any]] = []
         frames: list[Frame] = []
-        for o in p.wire_outputs:
-            name = str(o["name"])
+        for o in p.outputs:
+            name = o.name
             v = run.tensors[name]
             d: dict[str, Any] = {"name": name, "datatype": v.datatype, "shape": v.shape}
             if v.shm is not None and v.shm == run.client_slots.get(name):

@@ -1,41 +1,38 @@
-"""Answers to the client commands other than INFER: health, metadata, config, statistics, regions."""
+"""Answers to the client commands other than INFER, in two roles, each handed only what it uses.
+
+``Queries`` answers from the server's state and changes nothing: liveness and readiness, a model's
+readiness, metadata and config, statistics, the repository index and the status table. ``Controls`` changes
+something for its caller: a request cancelled, a region registered or unregistered, a model loaded or
+unloaded. Each reads its header through the command's record in ``zinfer.client.protocol``; a malformed
+field raises ``ProtocolError`` and a refusal a ``ServerError``, which the server answers.
+"""
 
 from __future__ import annotations
 
-import logging
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
-from zinfer.client import dtypes
-from zinfer.client.errors import InvalidArgument, ProtocolError
+from zinfer.client import dtypes, protocol
+from zinfer.client.errors import InvalidArgument, ProtocolError, ServerError
 from zinfer.client.protocol import Command
 
 from .model_state import ModelState
 from .outbox import Outbox
 
 if TYPE_CHECKING:
-    from .admission import Admission
-    from .model_control import ModelControl
-    from .observer import Observer
     from .region_intake import RegionIntake
     from .regions import Region, RegionTable
     from .registry import ModelRegistry
 
-log = logging.getLogger(__name__)
+QUERIES = frozenset({
+    Command.SERVER_LIVE, Command.SERVER_READY, Command.MODEL_READY, Command.MODEL_METADATA,
+    Command.MODEL_CONFIG, Command.STATISTICS, Command.REPOSITORY_INDEX, Command.SERVER_STATUS,
+})  # fmt: skip
+CONTROLS = frozenset({Command.CANCEL, Command.REGISTER, Command.UNREGISTER, Command.LOAD, Command.UNLOAD})
 
-
-def _str(header: dict[str, Any], key: str) -> str:
-    value = header.get(key)
-    if not isinstance(value, str) or not 0 < len(value) <= 256:
-        raise ProtocolError(f"field '{key}' must be a string of 1 to 256 characters")
-    return value
-
-
-def _version(header: dict[str, Any]) -> int:
-    value = header.get("version", 0)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ProtocolError("field 'version' must be a non-negative integer")
-    return value
+LATER: Final = object()
+"""What ``Controls.handle`` returns for a command answered later (LOAD: once the model is ready or failed)."""
 
 
 def metadata(state: ModelState, versions: list[int]) -> dict[str, Any]:
@@ -59,78 +56,48 @@ def metadata(state: ModelState, versions: list[int]) -> dict[str, Any]:
     }
 
 
-class ClientHandlers:
+class Queries:
     def __init__(
         self,
         registry: ModelRegistry,
-        regions: RegionTable,
-        admission: Admission,
-        observer: Observer,
-        control: ModelControl,
-        intake: Callable[[], RegionIntake | None],
-        drop_region: Callable[[Region], None],
+        status: Callable[[], dict[str, Any]],
+        index: Callable[[], list[dict[str, Any]]],
         serving_ready: Callable[[], bool],
     ) -> None:
         self.registry = registry
-        self.regions = regions
-        self.admission = admission  # CANCEL
-        self.observer = observer  # SERVER_STATUS
-        self.control = control  # REPOSITORY_INDEX, UNLOAD
-        self.intake = intake  # where local clients hand over segments (None until the server starts)
-        self.drop_region = drop_region  # a region is gone: workers unmap it (``Broker.drop_region``)
+        self.status = status  # the status table (``Observer.status``)
+        self.index = index  # the repository index (``ModelControl.index``)
         self.serving_ready = serving_ready  # the server's readiness (``Broker.serving_ready``)
 
-    def handle(self, identity: bytes, command: Command, header: dict[str, Any]) -> Any:
+    def answer(self, command: Command, header: dict[str, Any]) -> Any:
         if command == Command.SERVER_LIVE:
             return True
         if command == Command.SERVER_READY:
             return self.serving_ready()
         if command == Command.MODEL_READY:
-            try:
-                return self.registry.resolve(_str(header, "model"), _version(header)).ready
-            except Exception:
+            try:  # anything wrong with the question is a model that is not ready
+                q = protocol.model_query_from_wire(header)
+                return self.registry.resolve(q.model, q.version).ready
+            except (ServerError, ProtocolError):
                 return False
-        if command == Command.MODEL_METADATA:
-            state = self.registry.resolve(_str(header, "model"), _version(header))
+        if command in (Command.MODEL_METADATA, Command.MODEL_CONFIG):
+            q = protocol.model_query_from_wire(header)
+            state = self.registry.resolve(q.model, q.version)
+            if command == Command.MODEL_CONFIG:
+                return state.config.to_dict()
             return metadata(state, sorted(self.registry.models[state.name]))
-        if command == Command.MODEL_CONFIG:
-            return self.registry.resolve(_str(header, "model"), _version(header)).config.to_dict()
         if command == Command.STATISTICS:
-            return self._statistics(header)
-        if command == Command.CANCEL:
-            return {"state": self.admission.cancel(identity, _str(header, "target"))}
+            return self._statistics(protocol.statistics_from_wire(header))
         if command == Command.SERVER_STATUS:
-            return self.observer.status()
+            return self.status()
         if command == Command.REPOSITORY_INDEX:
-            return self.control.index()
-        if command == Command.UNLOAD:
-            self.control.unload(_str(header, "model"))
-            return {"model": header["model"]}
-        if command == Command.REGISTER:
-            return self._register(identity, header)
-        if command == Command.UNREGISTER:
-            region = self.regions.unregister(identity, _str(header, "name"))
-            self.drop_region(region)
-            return None
+            return self.index()
         raise InvalidArgument(f"command {command.name} is not supported")
 
-    def _register(self, identity: bytes, header: dict[str, Any]) -> dict[str, Any]:
-        """Claim a segment handed over on the region socket (see ``region_intake``) for this connection."""
-        intake = self.intake()
-        if not Outbox.is_local(identity) or intake is None:
-            raise InvalidArgument("shared-memory regions can be registered only over the local socket")
-        name = _str(header, "name")
-        handed = intake.claim(header.get("token"))
-        region, replaced = self.regions.register(identity, name, handed)
-        if replaced is not None:  # the same connection registered the name again: workers must remap
-            self.drop_region(replaced)
-        return {"size": region.size}
-
-    def _statistics(self, header: dict[str, Any]) -> dict[str, Any]:
-        if "model" in header:
-            version = _version(header)
-            state = self.registry.resolve(_str(header, "model"), version)
-            states = [state] if version else list(self.registry.models[state.name].values())
+    def _statistics(self, q: protocol.StatisticsQuery) -> dict[str, Any]:
+        if q.model is not None:
+            state = self.registry.resolve(q.model, q.version)
+            states = [state] if q.version else list(self.registry.models[state.name].values())
         else:
             states = list(self.registry.serving())
         return {
@@ -139,6 +106,58 @@ class ClientHandlers:
                 for s in sorted(states, key=lambda s: (s.name, s.version))
             ]
         }
+
+
+class Controls:
+    def __init__(
+        self,
+        cancel: Callable[[bytes, str], str],
+        regions: RegionTable,
+        intake: Callable[[], RegionIntake | None],
+        drop_region: Callable[[Region], None],
+        load: Callable[[str, float, bytes | None, str], None],
+        unload: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cancel = cancel  # a caller's request out of its queue (``Admission.cancel``)
+        self.regions = regions
+        self.intake = intake  # where local clients hand over segments (None until the server starts)
+        self.drop_region = drop_region  # a region is gone: workers unmap it (``Broker.drop_region``)
+        self.load = load  # ``ModelControl.load``: the answer goes out once the model is ready or failed
+        self.unload = unload  # ``ModelControl.unload``
+        self.clock = clock
+
+    def handle(self, identity: bytes, command: Command, header: dict[str, Any]) -> Any:
+        """The answer's body, or ``LATER`` when the command is answered later."""
+        if command == Command.CANCEL:
+            c = protocol.cancel_command_from_wire(header)
+            return {"state": self.cancel(identity, c.target)}
+        if command == Command.REGISTER:
+            return self._register(identity, header)
+        if command == Command.UNREGISTER:
+            u = protocol.unregister_from_wire(header)
+            self.drop_region(self.regions.unregister(identity, u.name))
+            return None
+        if command == Command.LOAD:
+            change = protocol.model_change_from_wire(header)
+            self.load(change.model, self.clock(), identity, change.request_id)
+            return LATER
+        if command == Command.UNLOAD:
+            change = protocol.model_change_from_wire(header)
+            self.unload(change.model)
+            return {"model": change.model}
+        raise InvalidArgument(f"command {command.name} is not supported")
+
+    def _register(self, identity: bytes, header: dict[str, Any]) -> dict[str, Any]:
+        """Claim a segment handed over on the region socket (see ``region_intake``) for this connection."""
+        intake = self.intake()
+        if not Outbox.is_local(identity) or intake is None:
+            raise InvalidArgument("shared-memory regions can be registered only over the local socket")
+        r = protocol.register_from_wire(header)
+        region, replaced = self.regions.register(identity, r.name, intake.claim(r.token))
+        if replaced is not None:  # the same connection registered the name again: workers must remap
+            self.drop_region(replaced)
+        return {"size": region.size}
 
 
 def _adaptive(state: ModelState) -> dict[str, Any]:

@@ -43,16 +43,15 @@ class LimitedDispatch:
         pool: InstancePool,
         supervisor: Supervisor,
         completion: Completion,
-        execute: Execute,
     ) -> None:
         self.limiter = limiter
         self.pool = pool
         self.supervisor = supervisor  # an instance's device, for the resources of that device
         self.completion = completion
-        self.execute = execute  # send a batch to an instance (``RequestPath.execute``)
 
-    def dispatch(self, states: list[ModelState], now: float) -> None:
-        """One batch at a time to the model whose turn it is, on an idle instance whose resources are free."""
+    def dispatch(self, states: list[ModelState], now: float, execute: Execute) -> None:
+        """One batch at a time to the model whose turn it is, on an idle instance whose resources are free;
+        ``execute`` sends a batch to an instance (``RequestPath.execute``)."""
         limiter = self.limiter
         for state in states:
             for worker in state.idle:
@@ -73,7 +72,7 @@ class LimitedDispatch:
                 self.pool.take(state, worker)
                 limiter.acquire(worker)
                 limiter.served(key, limiter.priority_of(worker))
-                self.execute(state, worker, batch, now)
+                execute(state, worker, batch, now)
                 if not (state.idle and state.queued):
                     del by_key[key]
                 break

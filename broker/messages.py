@@ -6,8 +6,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from zinfer.client.errors import InvalidArgument
-from zinfer.client.protocol import Frame, OutputRequest, output_from_wire
-from zinfer.client.worker_protocol import Execute, ExecuteRequest, SequenceControl, SequenceFlags
+from zinfer.client.protocol import Frame
+from zinfer.client.worker_protocol import Execute, ExecuteRequest, SequenceControl
 
 from .model_state import Pending
 
@@ -21,12 +21,6 @@ def sequence_controls(specs: Sequence[dict[str, Any]]) -> tuple[SequenceControl,
     return tuple(
         SequenceControl(c["name"], c["kind"], c["data_type"], tuple(c.get("values", ()))) for c in specs
     )
-
-
-def _outputs(p: Pending) -> tuple[OutputRequest, ...]:
-    if p.request.outputs is not None:
-        return p.request.outputs
-    return tuple(output_from_wire(o) for o in p.wire_outputs)  # the broker's own: every output of the model
 
 
 def execute_message(
@@ -55,7 +49,7 @@ def execute_message(
 
     for p in items:
         inputs = p.request.inputs
-        outputs = _outputs(p)
+        outputs = p.outputs
         for t in inputs:
             if t.shm is not None:
                 note(t.shm.region)
@@ -70,10 +64,7 @@ def execute_message(
                     t = t._replace(frame=len(frames) - 1)
                 renumbered.append(t)
             inputs = tuple(renumbered)
-        sequence = None
-        if p.sequence is not None:
-            s = p.sequence
-            sequence = SequenceFlags(s["id"], bool(s["start"]), bool(s["end"]), controls)
+        sequence = None if p.sequence is None else p.sequence._replace(controls=controls)
         parameters = {
             k: v
             for k, v in p.request.parameters.items()

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zinfer.client.protocol import Frame, InferRequest, Reply
+from zinfer.client.protocol import Frame, InferRequest, OutputRequest, Reply
+from zinfer.client.worker_protocol import SequenceFlags
 from zinfer.modelconfig.instances import InstanceGroup
 from zinfer.modelconfig.model_config import ModelConfig
 from zinfer.modelconfig.parameters import execution_limit_ns
@@ -28,19 +29,20 @@ if TYPE_CHECKING:
 
 @dataclass
 class Pending:
-    """A queued or running request."""
+    """A queued or running request: its checked ``request`` (inputs passed on to the worker as they
+    arrived, but for inline frame numbers) and the ``outputs`` it gets."""
 
     seq: int
     client: bytes
     request: InferRequest
     frames: list[Frame]
-    wire_inputs: list[dict[str, Any]]  # the checked input descriptors as they arrived, passed on as is
-    wire_outputs: list[dict[str, Any]]
+    outputs: tuple[OutputRequest, ...]  # those the request asked for, or every output of the model
     batch_size: int
     arrival: float
     cancelled: bool = False  # cancelled while running: its result is discarded
     cache_key: bytes | None = None  # missed the response cache: its result is stored under this key
-    sequence: dict[str, Any] | None = None  # a sequence request: {"id", "start", "end"} for the worker
+    # a sequence request: its id and flags (the model's control inputs are added at dispatch)
+    sequence: SequenceFlags | None = None
     # an ensemble step's request: its reply goes to this callback instead of to ``client``
     on_done: Callable[[Reply, list[Frame]], None] | None = None
     input_bytes: int = 0  # counted against the server's max_batch_bytes

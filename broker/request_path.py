@@ -1,34 +1,28 @@
-"""Dispatch: batches out of the model queues onto free instances, and the request path's assembly.
+"""Dispatch: batches out of the model queues onto free instances.
 
 Each wake-up of the broker loop, ``dispatch`` asks each model's batcher (or sequence batcher) for the
 batches its free places can take (``instance_pool``), and ``execute`` sends each as an EXECUTE
 (``messages.execute_message``) through the outbox; models whose instance groups name resources take turns
-at them instead (``limited_dispatch``). ``poll_timeout_ms`` tells the loop when the next batch or queue
-deadline falls.
+at them instead (``limited_dispatch``, handed ``execute``). ``poll_timeout_ms`` tells the loop when the next
+batch or queue deadline falls.
 
 A request's path through the broker: admission (``admission``: checks, the response cache, the queues),
 dispatch (here), completion (``completion``: results, replies, failures); ensembles run their steps through
-all three (``ensemble_path``). This module builds the three and hands them the pool and the outbox.
+all three (``ensemble_path``). The server builds each of them and hands each what it uses.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from zinfer.client.errors import ServerError
-from zinfer.client.protocol import Command, Reply
+from zinfer.client.protocol import Command
 from zinfer.client.worker_protocol import execute_to_wire
 
-from .admission import Admission
 from .batching.batcher import Batch
 from .batching.rate_limiter import RateLimiter
 from .batching.sequence_batcher import SequenceBatch
-from .cache_path import CachePath
 from .completion import Completion
-from .ensemble_path import EnsemblePath
 from .instance_pool import InstancePool
 from .limited_dispatch import LimitedDispatch, ModelKey
 from .messages import execute_message, sequence_controls
@@ -36,10 +30,6 @@ from .model_state import ModelState, Pending
 from .outbox import Outbox
 from .regions import RegionTable
 from .registry import ModelRegistry
-from .supervisor import Supervisor
-
-if TYPE_CHECKING:
-    from .server import ServerOptions
 
 log = logging.getLogger(__name__)
 
@@ -49,31 +39,21 @@ MAX_POLL_MS = 100
 class RequestPath:
     def __init__(
         self,
-        options: ServerOptions,
         registry: ModelRegistry,
         regions: RegionTable,
         pool: InstancePool,
         outbox: Outbox,
-        supervisor: Supervisor,
-        draining: Callable[[], bool],
+        completion: Completion,
+        limiter: RateLimiter[bytes, ModelKey],
+        limited: LimitedDispatch,
     ) -> None:
         self.registry = registry
-        self.regions = regions
+        self.regions = regions  # how a worker reaches each client region a batch names
         self.pool = pool
         self.outbox = outbox
-        self.caching = CachePath(options.cache_bytes)
-        self.cache = self.caching.cache
-        self.readers = self.caching.readers  # client regions mapped read-only, for the cache
-        self.readers.open_client = regions.map_readonly
-        self.limiter: RateLimiter[bytes, ModelKey] = RateLimiter(options.rate_limit_resources)
-        self.completion = Completion(pool, outbox, self.caching, self.limiter, registry.states)
-        self.limited = LimitedDispatch(self.limiter, pool, supervisor, self.completion, self.execute)
-        self.admission = Admission(
-            registry, regions, self.completion, self.caching, pool, draining,
-            options.max_tensor_bytes, options.max_batch_bytes,
-        )  # fmt: skip
-        self.ensembles = EnsemblePath(registry, regions, self.admission, self.completion, self.caching)
-        self.admission.ensembles = self.ensembles
+        self.completion = completion  # a batch its instance cannot be sent fails there
+        self.limiter = limiter
+        self.limited = limited  # models whose instances take turns at resources
 
     # ------------------------------------------------------------------------------------ batches
 
@@ -99,7 +79,7 @@ class RequestPath:
                 for batch in state.batcher.pop_ready(now, len(state.idle)):
                     self.execute(state, self.pool.take_next(state), batch, now)
         if limited:
-            self.limited.dispatch(limited, now)
+            self.limited.dispatch(limited, now, self.execute)
 
     def runnable(self, state: ModelState) -> bool:
         """Whether an idle instance of ``state`` could take a batch now (its resources are free)."""
@@ -130,21 +110,6 @@ class RequestPath:
     def _region_wire(self, name: str) -> list[int] | None:
         region = self.regions.get(name)
         return None if region is None else region.wire()
-
-    def fail_queued(self, error: ServerError) -> None:
-        for state in self.registry.states():
-            queued = state.batcher.remove(lambda _: True)
-            if state.sequencer is not None:
-                queued += state.sequencer.remove(lambda _: True)
-            for p in queued:
-                state.metrics.failure("OTHER")
-                self.completion.finish_early(state, p, error)
-        for batch in self.pool.take_all_batches():
-            self.limiter.release(batch.worker)
-            for p in batch.requests:
-                self.completion.deliver(p, Reply(p.request.request_id, error.status, error.wire_text()), [])
-        self.ensembles.close()
-        self.readers.close()  # only at shutdown: the broker maps no client region after this
 
     def poll_timeout_ms(self) -> float:
         """Milliseconds until the nearest batch deadline (models with an idle instance) or queue timeout."""

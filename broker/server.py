@@ -35,8 +35,14 @@ from zinfer.client.worker_protocol import (
     empty_to_wire,
 )
 
-from .handlers import ClientHandlers
+from .admission import Admission
+from .batching.rate_limiter import RateLimiter
+from .cache_path import CachePath
+from .completion import Completion
+from .ensemble_path import EnsemblePath
+from .handlers import LATER, QUERIES, Controls, Queries
 from .instance_pool import InstancePool
+from .limited_dispatch import LimitedDispatch, ModelKey
 from .model_control import ModelControl
 from .model_state import ModelState
 from .observer import Observer
@@ -112,12 +118,22 @@ class Broker:
         # which worker serves which model, its places, its batches, its heartbeats
         self.pool = InstancePool(options.heartbeat_interval_s * options.heartbeat_liveness)
         self.outbox = Outbox()  # what the collaborators send through, instead of reaching the sockets
-        self.path = RequestPath(
-            options, self.registry, self.regions, self.pool, self.outbox, self.supervisor,
-            lambda: self.draining_since is not None,
+        # a request's path: admission, dispatch, completion (and ensembles through all three)
+        self.caching = CachePath(options.cache_bytes, self.regions.map_readonly)
+        self.limiter: RateLimiter[bytes, ModelKey] = RateLimiter(options.rate_limit_resources)
+        self.completion = Completion(self.pool, self.outbox, self.caching, self.limiter, self.registry.states)
+        self.admission = Admission(
+            self.registry, self.regions, self.completion, self.caching, self.pool,
+            lambda: self.draining_since is not None, options.max_tensor_bytes, options.max_batch_bytes,
         )  # fmt: skip
-        self.admission = self.path.admission
-        self.completion = self.path.completion
+        self.ensembles = EnsemblePath(
+            self.registry, self.regions, self.admission, self.completion, self.caching
+        )
+        self.admission.ensembles = self.ensembles  # an ensemble's request starts its steps at admission
+        self.path = RequestPath(
+            self.registry, self.regions, self.pool, self.outbox, self.completion, self.limiter,
+            LimitedDispatch(self.limiter, self.pool, self.supervisor, self.completion),
+        )  # fmt: skip
         self.worker_inbox = WorkerInbox(self.pool, self.outbox, self.completion)
         self.restarts = RestartPolicy()
         self._ready_logged = False
@@ -132,15 +148,16 @@ class Broker:
         self.tcp: TcpFrontend | None = None
         self.backend: zmq.Socket[bytes] | None = None
         self.observer = Observer(
-            self.registry, self.regions, self.path.caching, self.pool, self.supervisor, self.serving_ready
+            self.registry, self.regions, self.caching, self.pool, self.supervisor, self.serving_ready
         )
         self.worker_inbox.custom_metrics = self.observer.metrics.custom
         self.control = ModelControl(
             options, self.registry, self.pool, self.outbox, self.observer.attach, self.start_instances
         )
-        self.handlers = ClientHandlers(
-            self.registry, self.regions, self.admission, self.observer, self.control,
-            lambda: self.intake, self.drop_region, self.serving_ready,
+        self.queries = Queries(self.registry, self.observer.status, self.control.index, self.serving_ready)
+        self.controls = Controls(
+            self.admission.cancel, self.regions, lambda: self.intake, self.drop_region, self.control.load,
+            self.control.unload,
         )  # fmt: skip
         self._spec_state: dict[WorkerSpec, ModelState] = {}
 
@@ -219,7 +236,11 @@ class Broker:
     def close(self) -> None:
         """Fail what is queued, stop the workers, close and remove the sockets."""
         if self.frontend is not None:
-            self.path.fail_queued(Unavailable("the server is shutting down"))
+            stopping = Unavailable("the server is shutting down")
+            self.admission.fail_queued(stopping)
+            self.completion.fail_running(stopping)
+            self.ensembles.close()
+            self.caching.readers.close()  # the broker maps no client region after this
         if self.backend is not None:
             for identity in self.pool.workers():
                 self.outbox.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
@@ -344,10 +365,12 @@ class Broker:
             if msg.command == Command.INFER:
                 self.admission.admit(identity, msg.header, msg.frames)
                 return
-            if msg.command == Command.LOAD:  # answered once the model is ready or has failed
-                self.control.load(str(msg.header.get("model", "")), time.monotonic(), identity, rid)
-                return
-            body = self.handlers.handle(identity, msg.command, msg.header)
+            if msg.command in QUERIES:
+                body = self.queries.answer(msg.command, msg.header)
+            else:
+                body = self.controls.handle(identity, msg.command, msg.header)
+                if body is LATER:
+                    return
         except ProtocolError as exc:
             self.outbox.send_client(identity, Reply(rid, Status.INVALID_ARGUMENT, f"InvalidArgument: {exc}"))
             return
@@ -382,7 +405,7 @@ class Broker:
     def drop_region(self, region: Region) -> None:
         """A region is no longer registered: forget the cache's mapping, tell every worker to unmap it, and
         close the broker's descriptor (a worker that had not opened it yet fails that request cleanly)."""
-        self.path.readers.drop(region.name)
+        self.caching.readers.drop(region.name)
         for identity in self.pool.workers():
             self.outbox.send_worker(
                 identity, Command.W_DROP_REGION, drop_region_to_wire(DropRegion(region.name))

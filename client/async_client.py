@@ -14,12 +14,22 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from . import protocol
 from .async_connection import AsyncConnection
 from .base import _ClientBase, _ModelInfo, _Prepared
 from .connection import CurveKeys, Unsent
 from .errors import ClientError, RequestTimeout, Status, from_status
 from .link_watch import HEARTBEAT_INTERVAL_S
-from .protocol import Command, Frame, Reply
+from .protocol import (
+    CancelCommand,
+    Command,
+    Frame,
+    ModelChange,
+    ModelQuery,
+    Reply,
+    ServerQuery,
+    UnregisterRegion,
+)
 from .result import InferResult
 from .shm import Segment
 from .triton_compat import InputsArg, OutputsArg
@@ -84,7 +94,8 @@ class AsyncClient(_ClientBase):
                 if seg in self._unregistered:
                     continue
                 try:
-                    await self._call(Command.UNREGISTER, {"name": seg.name}, timeout=min(self.timeout, 2.0))
+                    header = protocol.unregister_to_wire(UnregisterRegion(seg.name))
+                    await self._call(Command.UNREGISTER, header, timeout=min(self.timeout, 2.0))
                 except ClientError:
                     pass
             self._arena.close()
@@ -94,22 +105,25 @@ class AsyncClient(_ClientBase):
     # ------------------------------------------------------------------------------------ server calls
 
     async def is_server_live(self) -> bool:
-        return bool((await self._call(Command.SERVER_LIVE, {})).body)
+        header = protocol.server_query_to_wire(ServerQuery())
+        return bool((await self._call(Command.SERVER_LIVE, header)).body)
 
     async def is_server_ready(self) -> bool:
-        return bool((await self._call(Command.SERVER_READY, {})).body)
+        header = protocol.server_query_to_wire(ServerQuery())
+        return bool((await self._call(Command.SERVER_READY, header)).body)
 
     async def is_model_ready(self, name: str, version: int | str = 0) -> bool:
-        reply = await self._call(Command.MODEL_READY, {"model": name, "version": _version(version)})
+        header = protocol.model_query_to_wire(ModelQuery(name, _version(version)))
+        reply = await self._call(Command.MODEL_READY, header)
         return bool(reply.body)
 
     async def model_metadata(self, name: str, version: int | str = 0) -> dict[str, Any]:
-        header = {"model": name, "version": _version(version)}
+        header = protocol.model_query_to_wire(ModelQuery(name, _version(version)))
         body: dict[str, Any] = (await self._call(Command.MODEL_METADATA, header)).body
         return body
 
     async def model_config(self, name: str, version: int | str = 0) -> dict[str, Any]:
-        header = {"model": name, "version": _version(version)}
+        header = protocol.model_query_to_wire(ModelQuery(name, _version(version)))
         body: dict[str, Any] = (await self._call(Command.MODEL_CONFIG, header)).body
         return body
 
@@ -120,20 +134,22 @@ class AsyncClient(_ClientBase):
 
     async def load_model(self, name: str, timeout: float | None = None) -> None:
         """Load or reload ``name`` (see ``Client.load_model``)."""
-        await self._call(Command.LOAD, {"model": name}, timeout=timeout)
+        await self._call(Command.LOAD, protocol.model_change_to_wire(ModelChange(name)), timeout=timeout)
         self._forget_model(name)
 
     async def unload_model(self, name: str) -> None:
         """Stop serving ``name``: new requests are refused, queued ones finish."""
-        await self._call(Command.UNLOAD, {"model": name})
+        await self._call(Command.UNLOAD, protocol.model_change_to_wire(ModelChange(name)))
         self._forget_model(name)
 
     async def server_status(self) -> dict[str, Any]:
-        body: dict[str, Any] = (await self._call(Command.SERVER_STATUS, {})).body
+        header = protocol.server_query_to_wire(ServerQuery())
+        body: dict[str, Any] = (await self._call(Command.SERVER_STATUS, header)).body
         return body
 
     async def repository_index(self) -> list[dict[str, Any]]:
-        body: list[dict[str, Any]] = (await self._call(Command.REPOSITORY_INDEX, {})).body
+        header = protocol.server_query_to_wire(ServerQuery())
+        body: list[dict[str, Any]] = (await self._call(Command.REPOSITORY_INDEX, header)).body
         return body
 
     # tritonclient's names for the same calls
@@ -226,7 +242,8 @@ class AsyncClient(_ClientBase):
             self._settle(p)  # it never went out: the slots are the caller's again
             raise
         except (RequestTimeout, asyncio.CancelledError):
-            self._conn.send_only(Command.CANCEL, {"target": rid})  # the server drops it or its result
+            header = protocol.cancel_command_to_wire(CancelCommand(rid))
+            self._conn.send_only(Command.CANCEL, header)  # the server drops it or its result
             raise
         finally:
             self._untrack_caller(p)
@@ -240,7 +257,7 @@ class AsyncClient(_ClientBase):
             rid = self._active.get(request_id)
         if rid is None:
             return False
-        await self._call(Command.CANCEL, {"target": rid})
+        await self._call(Command.CANCEL, protocol.cancel_command_to_wire(CancelCommand(rid)))
         return True
 
     async def _model_info(self, model: str, version: int) -> _ModelInfo:

@@ -346,7 +346,7 @@ class _ClientBase:
         comes, frees them)."""
         self._untrack_caller(p)
         if p.rid:
-            send_only(Command.CANCEL, {"target": p.rid})
+            send_only(Command.CANCEL, protocol.cancel_command_to_wire(protocol.CancelCommand(p.rid)))
         else:
             self._free(p.slots)
 
@@ -426,7 +426,7 @@ class _ClientBase:
         if path is None:
             raise ClientError("shared memory can only be registered with a local (ipc://) server")
         token = hand_over(path, seg.fd, timeout)
-        return {"name": seg.name, "token": token}
+        return protocol.register_to_wire(protocol.RegisterRegion(seg.name, token))
 
     def _free_slot(self, slot: Slot) -> None:
         if self._arena is not None:
@@ -438,10 +438,7 @@ class _ClientBase:
 
     @staticmethod
     def _statistics_header(model: str | None, version: int) -> dict[str, Any]:
-        header: dict[str, Any] = {"version": version}
-        if model:
-            header["model"] = model
-        return header
+        return protocol.statistics_to_wire(protocol.StatisticsQuery(model or None, version))
 
 
 def _sequence_parameters(sequence_id: int | str, start: bool, end: bool) -> dict[str, Any]:

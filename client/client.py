@@ -11,11 +11,21 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from . import protocol
 from .base import _ClientBase, _ModelInfo, _Prepared
 from .connection import Connection, CurveKeys, Unsent
 from .errors import ClientError, RequestTimeout, Status, from_status
 from .link_watch import HEARTBEAT_INTERVAL_S
-from .protocol import Command, Frame, Reply
+from .protocol import (
+    CancelCommand,
+    Command,
+    Frame,
+    ModelChange,
+    ModelQuery,
+    Reply,
+    ServerQuery,
+    UnregisterRegion,
+)
 from .result import InferResult
 from .shm import Segment
 from .triton_compat import InputsArg, OutputsArg
@@ -79,7 +89,8 @@ class Client(_ClientBase):
         if self._arena is not None:
             for seg in self._arena.segments:
                 try:
-                    self._call(Command.UNREGISTER, {"name": seg.name}, timeout=min(self.timeout, 2.0))
+                    header = protocol.unregister_to_wire(UnregisterRegion(seg.name))
+                    self._call(Command.UNREGISTER, header, timeout=min(self.timeout, 2.0))
                 except ClientError:
                     pass
             self._arena.close()
@@ -89,21 +100,22 @@ class Client(_ClientBase):
     # ------------------------------------------------------------------------------------ server calls
 
     def is_server_live(self) -> bool:
-        return bool(self._call(Command.SERVER_LIVE, {}).body)
+        return bool(self._call(Command.SERVER_LIVE, protocol.server_query_to_wire(ServerQuery())).body)
 
     def is_server_ready(self) -> bool:
-        return bool(self._call(Command.SERVER_READY, {}).body)
+        return bool(self._call(Command.SERVER_READY, protocol.server_query_to_wire(ServerQuery())).body)
 
     def is_model_ready(self, name: str, version: int | str = 0) -> bool:
-        return bool(self._call(Command.MODEL_READY, {"model": name, "version": _version(version)}).body)
+        header = protocol.model_query_to_wire(ModelQuery(name, _version(version)))
+        return bool(self._call(Command.MODEL_READY, header).body)
 
     def model_metadata(self, name: str, version: int | str = 0) -> dict[str, Any]:
-        header = {"model": name, "version": _version(version)}
+        header = protocol.model_query_to_wire(ModelQuery(name, _version(version)))
         body: dict[str, Any] = self._call(Command.MODEL_METADATA, header).body
         return body
 
     def model_config(self, name: str, version: int | str = 0) -> dict[str, Any]:
-        header = {"model": name, "version": _version(version)}
+        header = protocol.model_query_to_wire(ModelQuery(name, _version(version)))
         body: dict[str, Any] = self._call(Command.MODEL_CONFIG, header).body
         return body
 
@@ -119,21 +131,23 @@ class Client(_ClientBase):
         Returns once every instance of the new version is ready; requests keep going to the old version until
         then. Raises ``Unavailable`` with the reason if it fails, in which case the old version keeps serving.
         """
-        self._call(Command.LOAD, {"model": name}, timeout=timeout)
+        self._call(Command.LOAD, protocol.model_change_to_wire(ModelChange(name)), timeout=timeout)
         self._forget_model(name)
 
     def unload_model(self, name: str) -> None:
         """Stop serving ``name``: new requests are refused, queued ones finish."""
-        self._call(Command.UNLOAD, {"model": name})
+        self._call(Command.UNLOAD, protocol.model_change_to_wire(ModelChange(name)))
         self._forget_model(name)
 
     def server_status(self) -> dict[str, Any]:
         """What ``zinfer status`` shows: models, instances (pid, device, state, RSS, CPU), queues, figures."""
-        body: dict[str, Any] = self._call(Command.SERVER_STATUS, {}).body
+        header = protocol.server_query_to_wire(ServerQuery())
+        body: dict[str, Any] = self._call(Command.SERVER_STATUS, header).body
         return body
 
     def repository_index(self) -> list[dict[str, Any]]:
-        body: list[dict[str, Any]] = self._call(Command.REPOSITORY_INDEX, {}).body
+        header = protocol.server_query_to_wire(ServerQuery())
+        body: list[dict[str, Any]] = self._call(Command.REPOSITORY_INDEX, header).body
         return body
 
     # tritonclient's names for the same calls
@@ -228,7 +242,8 @@ class Client(_ClientBase):
             self._settle(p)  # it never went out: the slots are the caller's again
             raise
         except RequestTimeout:
-            self._conn.send_only(Command.CANCEL, {"target": rid})  # the server drops it or its result
+            header = protocol.cancel_command_to_wire(CancelCommand(rid))
+            self._conn.send_only(Command.CANCEL, header)  # the server drops it or its result
             raise
         finally:
             self._untrack_caller(p)
@@ -243,7 +258,7 @@ class Client(_ClientBase):
             rid = self._active.get(request_id)
         if rid is None:
             return False
-        self._call(Command.CANCEL, {"target": rid})
+        self._call(Command.CANCEL, protocol.cancel_command_to_wire(CancelCommand(rid)))
         return True
 
     def _model_info(self, model: str, version: int) -> _ModelInfo:
@@ -264,7 +279,7 @@ class Client(_ClientBase):
 
     def unregister_segment(self, seg: Segment) -> None:
         """The server forgets a segment given to ``register_segment``; ``NotFound`` if it was not."""
-        self._call(Command.UNREGISTER, {"name": seg.name})
+        self._call(Command.UNREGISTER, protocol.unregister_to_wire(UnregisterRegion(seg.name)))
 
     def _on_new_segment(self, seg: Segment) -> None:
         self._call(Command.REGISTER, self._handoff(seg, min(self.timeout, 10.0)))

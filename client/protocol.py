@@ -19,19 +19,22 @@ decoupled model, answered by REPLYs with ``body.final`` false and a last one wit
     INFER            {id, model, version, inputs: [tensor], outputs?: [{name, slot?: [region, offset,
                       nbytes]}], priority?, timeout_us?, parameters?, caller_id?}  + inline input frames
                                                                                                InferRequest
-    CANCEL           {id, target}                         body {state: queued|running|unknown}
-    REGISTER         {id, name, token}                    body {size}  (the segment handed over first)
-    UNREGISTER       {id, name}
-    SERVER_LIVE      {id}                                 body bool
-    SERVER_READY     {id}                                 body bool
-    MODEL_READY      {id, model, version?}                body bool
-    MODEL_METADATA   {id, model, version?}                body KServe v2 model metadata
-    MODEL_CONFIG     {id, model, version?}                body the config as a map
-    STATISTICS       {id, model?, version?}               body {model_stats: [...]}
-    REPOSITORY_INDEX {id}                                 body [{name, version, state, reason}]
-    LOAD             {id, model}                          answered once the model is ready or failed
-    UNLOAD           {id, model}                          body {model}
-    SERVER_STATUS    {id}                                 body the status table
+    CANCEL           {id, target}                      body {state: queued|running|unknown}  CancelCommand
+    REGISTER         {id, name, token}                 body {size}  (the segment handed over first)
+                                                                                            RegisterRegion
+    UNREGISTER       {id, name}                                                           UnregisterRegion
+    SERVER_LIVE      {id}                              body bool                               ServerQuery
+    SERVER_READY     {id}                              body bool                               ServerQuery
+    MODEL_READY      {id, model, version?}             body bool                                ModelQuery
+    MODEL_METADATA   {id, model, version?}             body KServe v2 model metadata            ModelQuery
+    MODEL_CONFIG     {id, model, version?}             body the config as a map                 ModelQuery
+    STATISTICS       {id, model?, version?}            body {model_stats: [...]}           StatisticsQuery
+                     (``version`` counts only with ``model``: without it, every model)
+    REPOSITORY_INDEX {id}                              body [{name, version, state, reason}]   ServerQuery
+    LOAD             {id, model}                       answered once the model is ready or failed
+                                                                                               ModelChange
+    UNLOAD           {id, model}                       body {model}                            ModelChange
+    SERVER_STATUS    {id}                              body the status table                   ServerQuery
     BUNDLE           [[command, header, n], ...]  + each entry's n inline frames, in entry order
                      several messages of one connection in one (either way; entries are never BUNDLE):
                      each is handled, and answered, exactly as if it had come alone, in order
@@ -61,6 +64,13 @@ Broker -> worker::
     W_CANCEL         {batch, id}  (a running request its client cancelled)                 CancelRequest
     W_HEARTBEAT      {}  (the answer to each of the worker's)                                  Heartbeat
     W_SHUTDOWN       {}                                                                        Shutdown
+
+A command's ``id`` may be absent (its reply's ``id`` is then ""); the records of the commands other than
+INFER leave an empty ``request_id`` out, so a client builds them with "" and its connection adds the id it
+numbers.
+
+This module is over 400 lines on purpose: the framing and the whole client half of the contract, each
+command's frames drawn above beside its record, are read in one place.
 
 An INFER's ``id`` is the client connection's own number for the request (replies are matched by it);
 ``caller_id`` is the id the user gave the request, which the broker passes on to the worker as an EXECUTE
@@ -483,3 +493,132 @@ def request_id_of(header: Mapping[str, Any]) -> str:
     """The request id of a header, or ``""`` when it has none usable (for error replies)."""
     rid = header.get("id")
     return rid if isinstance(rid, str) and len(rid) <= MAX_NAME else ""
+
+
+# --------------------------------------------------------------------------------- other commands
+# The client commands other than INFER: one record per header shape, shared by the commands of that shape.
+
+
+@dataclass(frozen=True)
+class ServerQuery:
+    """SERVER_LIVE, SERVER_READY, REPOSITORY_INDEX, SERVER_STATUS: the server answers from its own state."""
+
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class ModelQuery:
+    """MODEL_READY, MODEL_METADATA, MODEL_CONFIG: one model version (0 = the server's choice)."""
+
+    model: str
+    version: int = 0
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class StatisticsQuery:
+    """STATISTICS: one model (a version of it, or every version with 0), or every model (``model`` None)."""
+
+    model: str | None = None
+    version: int = 0
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class ModelChange:
+    """LOAD, UNLOAD: a model of the repository, by name."""
+
+    model: str
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class CancelCommand:
+    """CANCEL: the caller's own request ``target`` (its ``id``), queued or running."""
+
+    target: str
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class RegisterRegion:
+    """REGISTER: claim the segment handed over on the region socket under ``token``, as region ``name``."""
+
+    name: str
+    token: bytes = b""
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class UnregisterRegion:
+    """UNREGISTER: the caller's region ``name`` is no longer used."""
+
+    name: str
+    request_id: str = ""
+
+
+def _with_id(request_id: str, d: dict[str, Any]) -> dict[str, Any]:
+    if request_id:
+        d["id"] = request_id
+    return d
+
+
+def server_query_to_wire(r: ServerQuery) -> dict[str, Any]:
+    return _with_id(r.request_id, {})
+
+
+def server_query_from_wire(d: Mapping[str, Any]) -> ServerQuery:
+    return ServerQuery(request_id_of(d))
+
+
+def model_query_to_wire(r: ModelQuery) -> dict[str, Any]:
+    return _with_id(r.request_id, {"model": r.model, "version": r.version})
+
+
+def model_query_from_wire(d: Mapping[str, Any]) -> ModelQuery:
+    return ModelQuery(_name(d, "model"), _int(d, "version", 0), request_id_of(d))
+
+
+def statistics_to_wire(r: StatisticsQuery) -> dict[str, Any]:
+    d: dict[str, Any] = {} if r.model is None else {"model": r.model, "version": r.version}
+    return _with_id(r.request_id, d)
+
+
+def statistics_from_wire(d: Mapping[str, Any]) -> StatisticsQuery:
+    if "model" not in d:  # every model: a version alone means nothing
+        return StatisticsQuery(None, 0, request_id_of(d))
+    return StatisticsQuery(_name(d, "model"), _int(d, "version", 0), request_id_of(d))
+
+
+def model_change_to_wire(r: ModelChange) -> dict[str, Any]:
+    return _with_id(r.request_id, {"model": r.model})
+
+
+def model_change_from_wire(d: Mapping[str, Any]) -> ModelChange:
+    return ModelChange(_name(d, "model"), request_id_of(d))
+
+
+def cancel_command_to_wire(r: CancelCommand) -> dict[str, Any]:
+    return _with_id(r.request_id, {"target": r.target})
+
+
+def cancel_command_from_wire(d: Mapping[str, Any]) -> CancelCommand:
+    return CancelCommand(_name(d, "target"), request_id_of(d))
+
+
+def register_to_wire(r: RegisterRegion) -> dict[str, Any]:
+    return _with_id(r.request_id, {"name": r.name, "token": r.token})
+
+
+def register_from_wire(d: Mapping[str, Any]) -> RegisterRegion:
+    """The token's length and whether anything was handed over under it are the region intake's to check."""
+    return RegisterRegion(_name(d), _get(d, "token", bytes, b""), request_id_of(d))
+
+
+def unregister_to_wire(r: UnregisterRegion) -> dict[str, Any]:
+    return _with_id(r.request_id, {"name": r.name})
+
+
+def unregister_from_wire(d: Mapping[str, Any]) -> UnregisterRegion:
+    return UnregisterRegion(_name(d), request_id_of(d))
+

@@ -203,9 +203,6 @@ def test_worker_maps_only_what_the_table_names_with_matching_identity() -> None:
         regions.use_table({seg_name: [1 << 20, 0, 0]})  # no such descriptor in the broker
         with pytest.raises(InvalidArgument, match="no longer registered"):
             regions.bytes(ShmRef(seg_name, 0, 4))
-        regions.use_table({seg_name: ["x", -1]})  # malformed: ignored, so the name is unregistered
-        with pytest.raises(InvalidArgument, match="not registered"):
-            regions.bytes(ShmRef(seg_name, 0, 4))
     finally:
         regions.close()
         for f in fds:

@@ -39,7 +39,7 @@ def _pending(seq: int, inputs: list[dict[str, object]], frames: list[bytes], cal
     req = protocol.infer_from_wire(
         {"id": "r", "model": "m", "version": 0, "inputs": inputs, "caller_id": caller_id}
     )
-    return Pending(seq, b"c", req, list(frames), inputs, [{"name": "Y"}], 1, 0.0)
+    return Pending(seq, b"c", req, list(frames), (protocol.OutputRequest("Y"),), 1, 0.0)
 
 
 def test_execute_message_renumbers_inline_frames_only() -> None:

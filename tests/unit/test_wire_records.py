@@ -103,6 +103,16 @@ worker_results = st.one_of(
         st.tuples(u63, u63, u63),
     ),
 )
+server_queries = st.builds(protocol.ServerQuery, texts)
+model_queries = st.builds(protocol.ModelQuery, names, u63, texts)
+statistics_queries = st.one_of(
+    st.builds(protocol.StatisticsQuery, st.none(), st.just(0), texts),  # every model: no version
+    st.builds(protocol.StatisticsQuery, names, u63, texts),
+)
+model_changes = st.builds(protocol.ModelChange, names, texts)
+cancels = st.builds(protocol.CancelCommand, names, texts)
+registers = st.builds(protocol.RegisterRegion, names, st.binary(max_size=32), texts)
+unregisters = st.builds(protocol.UnregisterRegion, names, texts)
 readies = st.builds(wp.WorkerReady, names, u63, u63, names, u63, st.sampled_from([1, 2]))
 
 
@@ -118,6 +128,19 @@ RECORDS: list[tuple[str, st.SearchStrategy[Any], Command, Callable[[Any], Any], 
     ("OutputRequest", outputs, Command.REPLY, protocol.output_to_wire, protocol.output_from_wire),
     ("InferRequest", infer_requests, Command.INFER, protocol.infer_to_wire, protocol.infer_from_wire),
     ("Reply", replies, Command.REPLY, protocol.reply_to_wire, protocol.reply_from_wire),
+    ("ServerQuery", server_queries, Command.SERVER_LIVE, protocol.server_query_to_wire,
+     protocol.server_query_from_wire),
+    ("ModelQuery", model_queries, Command.MODEL_METADATA, protocol.model_query_to_wire,
+     protocol.model_query_from_wire),
+    ("StatisticsQuery", statistics_queries, Command.STATISTICS, protocol.statistics_to_wire,
+     protocol.statistics_from_wire),
+    ("ModelChange", model_changes, Command.LOAD, protocol.model_change_to_wire,
+     protocol.model_change_from_wire),
+    ("CancelCommand", cancels, Command.CANCEL, protocol.cancel_command_to_wire,
+     protocol.cancel_command_from_wire),
+    ("RegisterRegion", registers, Command.REGISTER, protocol.register_to_wire, protocol.register_from_wire),
+    ("UnregisterRegion", unregisters, Command.UNREGISTER, protocol.unregister_to_wire,
+     protocol.unregister_from_wire),
     ("WorkerReady", readies, Command.W_READY, wp.ready_to_wire, wp.ready_from_wire),
     ("LoadFailed", st.builds(wp.LoadFailed, texts), Command.W_LOAD_FAILED, wp.load_failed_to_wire,
      wp.load_failed_from_wire),
@@ -168,7 +191,7 @@ values = st.recursive(
 KEYS = ["id", "model", "version", "inputs", "outputs", "name", "datatype", "shape", "shm", "frame", "slot",
         "status", "error", "body", "batch", "requests", "regions", "results", "t", "partial", "final",
         "sequence", "controls", "kind", "data_type", "values", "start", "end", "request_id", "caller_id",
-        "instance", "device", "pid", "priority", "timeout_us", "parameters"]  # fmt: skip
+        "instance", "device", "pid", "priority", "timeout_us", "parameters", "target", "token"]  # fmt: skip
 FROM_WIRE = [r[4] for r in RECORDS]
 
 
@@ -199,7 +222,7 @@ def test_a_bad_field_in_an_execute_request_is_a_protocol_error(e: wp.Execute, ke
     "name, entry",
     [("zinfer-x", [3, 1, 1, 1]), ("zinfer-x", [3, 1]), ("zinfer-x", [-1, 1, 1]), ("zinfer-x", [True, 1, 1]),
      ("zinfer-x", ["3", 1, 1]), ("zinfer-x", [3, -1, 1]), ("zinfer-x", [3, 1, None]), ("zinfer-x", "311"),
-     ("zinfer-x", [3, 1, 1.0]), ("", [3, 1, 1]), ("x" * 257, [3, 1, 1]),
+     ("zinfer-x", [3, 1, 1.0]), ("zinfer-x", ["x", -1]), ("", [3, 1, 1]), ("x" * 257, [3, 1, 1]),
      (b"zinfer-x", [3, 1, 1])],
 )  # fmt: skip
 def test_a_malformed_region_entry_of_an_execute_is_a_protocol_error(name: Any, entry: Any) -> None:
@@ -215,3 +238,33 @@ def test_a_well_formed_region_table_comes_through_whole() -> None:
     header = {"batch": 1, "requests": [], "regions": table}
     e = wp.execute_from_wire(_through_frames(Command.W_EXECUTE, header))
     assert e.regions == {"zinfer-x": (3, 1, (1 << 64) - 1), "zinfer-y": (0, 0, 0)}
+
+
+@pytest.mark.parametrize(
+    "from_wire, header, match",
+    [(protocol.model_query_from_wire, {"model": ["x"]}, "'model' must be str"),
+     (protocol.model_query_from_wire, {"model": ""}, "'model' must be 1 to"),
+     (protocol.model_query_from_wire, {"model": "m", "version": -1}, "'version' out of range"),
+     (protocol.model_query_from_wire, {"model": "m", "version": True}, "'version' must be int"),
+     (protocol.statistics_from_wire, {"model": "m" * 257}, "'model' must be 1 to"),
+     (protocol.model_change_from_wire, {}, "missing field 'model'"),
+     (protocol.cancel_command_from_wire, {"target": 7}, "'target' must be str"),
+     (protocol.register_from_wire, {"name": "r", "token": "a string"}, "'token' must be bytes"),
+     (protocol.unregister_from_wire, {"name": None}, "'name' must be str")],
+)  # fmt: skip
+def test_a_bad_field_of_a_command_is_named(
+    from_wire: Callable[[Any], Any], header: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        from_wire(header)
+
+
+def test_a_command_without_an_id_is_answered_under_the_empty_id() -> None:
+    assert protocol.server_query_from_wire({}) == protocol.ServerQuery("")
+    assert protocol.server_query_from_wire({"id": 7}) == protocol.ServerQuery("")
+    assert protocol.server_query_to_wire(protocol.ServerQuery("")) == {}  # the connection adds its own
+
+
+def test_statistics_without_a_model_is_every_model_whatever_the_version() -> None:
+    assert protocol.statistics_from_wire({"version": 3}) == protocol.StatisticsQuery(None, 0)
+    assert protocol.statistics_from_wire({"version": -1}) == protocol.StatisticsQuery(None, 0)
