@@ -234,7 +234,7 @@ def test_region_of_another_connection_is_refused(client: Client, raw: Raw, regio
     [
         ("zinfer-s0-feedfacefeedface", "reserved"),
         ("../../etc/passwd", "region name"),
-        ("", "'name' must be a string"),
+        ("", "'name' must be 1 to 256"),
     ],
 )
 def test_bad_region_registration(raw: Raw, name: str, message: str) -> None:
