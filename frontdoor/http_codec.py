@@ -156,7 +156,7 @@ def parse_header_length(value: str | None, content_length: int) -> int | None:
     if value is None:
         return None
     text = value.strip()
-    if not text.isdigit() or len(text) > 19:
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
         raise _bad(f"Unable to parse {HEADER_LENGTH}, got: {value[:64]}")
     length = int(text)
     if length > content_length:
@@ -171,7 +171,8 @@ def _byte_size(name: str, datatype: str, shape: tuple[int, ...], limits: Limits)
     """Bytes of a fixed-size tensor (its element count for BYTES), checked against the limit."""
     count = math.prod(shape)
     size = count * (itemsize(datatype) or 1)
-    if size > limits.max_tensor_bytes:
+    # the dims other than 0 too: [0, 2**40, 2**40] holds nothing, but no array can have that shape
+    if max(size, math.prod(d for d in shape if d) * (itemsize(datatype) or 1)) > limits.max_tensor_bytes:
         raise _bad(
             f"input '{name}' of shape {list(shape)} needs {size} bytes, more than the limit of "
             f"{limits.max_tensor_bytes} (--max-tensor-bytes)"

@@ -145,6 +145,7 @@ def test_shared_memory_inputs_are_read_through_the_reader() -> None:
         (_one("BF16", [1], data=[1]), (), "BF16 data via JSON"),
         (_one("FP32", [1 << 40], data=[]), (), "--max-tensor-bytes"),
         (_one("FP32", [1 << 31, 1 << 31, 1 << 31], data=[]), (), "--max-tensor-bytes"),
+        (_one("FP32", [0, 18234169, 126457257757], data=[]), (), "--max-tensor-bytes"),  # found by fuzzing
         (_bin("FP32", [1], 8),  (b"1234",), "expecting 4 additional bytes for model 'm'"),
         (_bin("FP32", [1], -1),  (b"1234",), "Unable to parse 'binary_data_size'"),
         (_bin("FP32", [1], 1 << 62),  (b"1234",), "over the limit"),
@@ -171,7 +172,7 @@ def test_malformed_requests_are_refused_with_a_clear_text(
 def test_the_header_length_header() -> None:
     assert parse_header_length(None, 10) is None
     assert parse_header_length(" 7 ", 10) == 7
-    for bad in ("x", "-1", "1e3", "9" * 30):
+    for bad in ("x", "-1", "1e3", "9" * 30, "²", "１２"):  # digits int() rejects, or other than ASCII
         with pytest.raises(InvalidArgument, match="Unable to parse Inference-Header-Content-Length"):
             parse_header_length(bad, 10)
     with pytest.raises(InvalidArgument, match=r"should be in range \(0, 10\), got: 11"):
