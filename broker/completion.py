@@ -88,6 +88,8 @@ class Completion:
                     self.caching.store(state, p.cache_key, wire, frames)
                 outputs, out_frames = client_outputs(wire, frames)
                 body = {"model": state.name, "version": state.version, "outputs": outputs}
+                if res.parameters:
+                    body["parameters"] = dict(res.parameters)
                 if state.signature.decoupled:
                     body["final"] = True  # the last, empty response of a stream
                 reply = Reply(rid, Status.OK, body=body)
@@ -124,6 +126,8 @@ class Completion:
                 continue
             outputs, out_frames = client_outputs([protocol.tensor_to_wire(t) for t in res.outputs], frames)
             body = {"model": state.name, "version": state.version, "outputs": outputs, "final": False}
+            if res.parameters:
+                body["parameters"] = dict(res.parameters)
             self.outbox.send_client(p.client, Reply(p.request.request_id, Status.OK, body=body), out_frames)
 
     def _finish_streamed(
@@ -145,6 +149,8 @@ class Completion:
             state.window.record(now_ns / 1e9, duration / 1e9)
             outputs, out_frames = client_outputs([protocol.tensor_to_wire(t) for t in res.outputs], frames)
             body = {"model": state.name, "version": state.version, "outputs": outputs, "final": True}
+            if res.parameters:
+                body["parameters"] = dict(res.parameters)
             reply = Reply(rid, Status.OK, body=body)
         else:
             state.stats.fail.add(duration)

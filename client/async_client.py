@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from . import protocol
@@ -183,13 +183,13 @@ class AsyncClient(_ClientBase):
         sequence_id: int | str = 0,
         sequence_start: bool = False,
         sequence_end: bool = False,
+        parameters: Mapping[str, Any] | None = None,
     ) -> InferResult:
         """Run ``model`` on ``inputs`` (see ``Client.infer``). When ``client_timeout`` passes, or the task
         awaiting this is cancelled, the request is cancelled in the server too."""
         info = await self._model_info(model, _version(model_version))
-        p = self._prepare(
-            info, inputs, outputs, request_id, priority, timeout, (sequence_id, sequence_start, sequence_end)
-        )
+        sequence = (sequence_id, sequence_start, sequence_end)
+        p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence, parameters)
         try:
             await self._register_new()
             reply, rframes = await self._exchange(p, client_timeout)
@@ -215,12 +215,13 @@ class AsyncClient(_ClientBase):
         sequence_id: int | str = 0,
         sequence_start: bool = False,
         sequence_end: bool = False,
+        parameters: Mapping[str, Any] | None = None,
     ) -> AsyncIterator[InferResult]:
         """The responses of a decoupled model to one request as they come (see ``Client.stream``); the
         request options are ``infer``'s (a decoupled model may be stateful: ``sequence_*``)."""
         info = await self._model_info(model, _version(model_version))
         sequence = (sequence_id, sequence_start, sequence_end)
-        p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence)
+        p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence, parameters)
         await self._register_new()
         wait = self.timeout if client_timeout is None else client_timeout
         rid = p.header["id"] = self._conn.new_id()

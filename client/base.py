@@ -191,9 +191,12 @@ class _ClientBase:
         priority: int,
         timeout: int | None,
         sequence: tuple[int | str, bool, bool] = (0, False, False),
+        parameters: Mapping[str, Any] | None = None,
     ) -> _Prepared:
         """The header, inline frames and slots of one infer request (inputs copied into the arena);
-        ``sequence`` is ``(sequence_id, sequence_start, sequence_end)``, sent when the id is set."""
+        ``sequence`` is ``(sequence_id, sequence_start, sequence_end)``, sent when the id is set;
+        ``parameters`` the request's own (Triton's request parameters, which model code reads)."""
+        params = _user_parameters(parameters)
         named = input_arrays(inputs)
         names = output_names(outputs)
         slots: list[Slot] = []
@@ -214,7 +217,7 @@ class _ClientBase:
             outputs=tuple(out_reqs),
             priority=priority,
             timeout_us=timeout or 0,
-            parameters=_sequence_parameters(*sequence),
+            parameters={**params, **_sequence_parameters(*sequence)},
             caller_id=request_id or "",
         )
         return _Prepared(protocol.infer_to_wire(req), frames, slots, out_slots, request_id or "")
@@ -380,7 +383,9 @@ class _ClientBase:
                 types[ref.name] = ref.datatype
         finally:
             self._free([slot for name, slot in out_slots.items() if name not in used])
-        return InferResult(str(body.get("model", "")), int(body.get("version", 0)), request_id, arrays, types)
+        params = body.get("parameters")
+        return InferResult(str(body.get("model", "")), int(body.get("version", 0)), request_id, arrays, types,
+                           params if isinstance(params, dict) else None)  # fmt: skip
 
     def _output_array(
         self, ref: TensorRef, frames: list[Frame], out_slots: dict[str, Slot], used: set[str]
@@ -439,6 +444,21 @@ class _ClientBase:
     @staticmethod
     def _statistics_header(model: str | None, version: int) -> dict[str, Any]:
         return protocol.statistics_to_wire(protocol.StatisticsQuery(model or None, version))
+
+
+def _user_parameters(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A request's parameters, checked: names are strings, values booleans, numbers or strings."""
+    if not parameters:
+        return {}
+    if not isinstance(parameters, Mapping):
+        raise ClientError(f"parameters must be a dict, got {type(parameters).__name__}")
+    for key, value in parameters.items():
+        if not isinstance(key, str) or not key:
+            raise ClientError(f"parameter names must be non-empty strings, got {key!r}")
+        if not isinstance(value, bool | int | float | str):
+            kind = type(value).__name__
+            raise ClientError(f"parameter {key!r} must be a bool, int, float or str, got {kind}")
+    return dict(parameters)
 
 
 def _sequence_parameters(sequence_id: int | str, start: bool, end: bool) -> dict[str, Any]:

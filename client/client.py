@@ -8,7 +8,7 @@ and result reading live in ``base._ClientBase``, shared with ``AsyncClient``; th
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from . import protocol
@@ -179,6 +179,7 @@ class Client(_ClientBase):
         sequence_id: int | str = 0,
         sequence_start: bool = False,
         sequence_end: bool = False,
+        parameters: Mapping[str, Any] | None = None,
     ) -> InferResult:
         """Run ``model`` on ``inputs`` and return its outputs (all of them unless ``outputs`` names some).
 
@@ -191,11 +192,12 @@ class Client(_ClientBase):
         another thread.
         ``sequence_id`` (non-zero int or non-empty str), ``sequence_start`` and ``sequence_end`` make the
         request part of a sequence of a stateful model (``sequence_batching``), as Triton's parameters do.
+        ``parameters`` (names to bool, int, float or str) are the request's own, which a Triton-style model
+        reads with ``request.parameters()``; a response's come back as ``InferResult.parameters``.
         """
         info = self._model_info(model, _version(model_version))
-        p = self._prepare(
-            info, inputs, outputs, request_id, priority, timeout, (sequence_id, sequence_start, sequence_end)
-        )
+        sequence = (sequence_id, sequence_start, sequence_end)
+        p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence, parameters)
         try:
             self._conn.check_server()  # nothing sent yet: a missing server frees the slots below
             reply, rframes = self._exchange(p, client_timeout)
@@ -216,11 +218,12 @@ class Client(_ClientBase):
         request_id: str | None = None,
         model_version: int | str = 0,
         client_timeout: float | None = None,
+        parameters: Mapping[str, Any] | None = None,
     ) -> Iterator[InferResult]:
         """The responses of a decoupled model to one request, as they come; the last has ``final`` set
         (and, as in Triton, usually no outputs). ``client_timeout`` bounds the wait for each response."""
         info = self._model_info(model, _version(model_version))
-        p = self._prepare(info, inputs, outputs, request_id, 0, None)
+        p = self._prepare(info, inputs, outputs, request_id, 0, None, parameters=parameters)
         wait = self.timeout if client_timeout is None else client_timeout
         rid = self._conn.new_id()
         self._track(p, rid)

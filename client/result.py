@@ -26,6 +26,7 @@ class InferResult:
         request_id: str,
         outputs: Mapping[str, npt.NDArray[np.generic]],
         datatypes: Mapping[str, str] | None = None,
+        parameters: Mapping[str, Any] | None = None,
     ) -> None:
         self.model_name = model
         self.model_version = version
@@ -33,6 +34,7 @@ class InferResult:
         self._outputs = dict(outputs)
         self.final = True  # False for a decoupled model's responses before its last
         self._datatypes = dict(datatypes or {})
+        self.parameters: dict[str, Any] = dict(parameters or {})  # a Triton model may set them
 
     def as_numpy(self, name: str) -> npt.NDArray[np.generic]:
         try:
@@ -59,6 +61,7 @@ class InferResult:
             "model_version": str(self.model_version),
             "id": self.request_id,
             "outputs": [self.get_output(name) for name in self._outputs],
+            **({"parameters": dict(self.parameters)} if self.parameters else {}),
         }
 
     def __repr__(self) -> str:

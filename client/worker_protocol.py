@@ -338,6 +338,7 @@ class RequestResult(NamedTuple):
     error: str = ""
     outputs: tuple[TensorRef, ...] = ()
     final: bool | None = None
+    parameters: Mapping[str, bool | int | float | str] = NO_PARAMETERS  # a Triton response's parameters
 
 
 Timings = tuple[int, int, int]
@@ -363,6 +364,8 @@ def request_result_to_wire(r: RequestResult) -> dict[str, Any]:
         d["outputs"] = [tensor_to_wire(t) for t in r.outputs]
     if r.final is not None:
         d["final"] = r.final
+    if r.parameters:
+        d["parameters"] = dict(r.parameters)
     return d
 
 
@@ -372,7 +375,8 @@ def request_result_from_wire(d: Any) -> RequestResult:
     status = _STATUS_BY_INT.get(_int(d, "status", 0, lo=0, hi=255), Status.INTERNAL)
     final = _get(d, "final", bool, None) if "final" in d else None
     outputs = tuple(tensor_from_wire(t) for t in _list(d, "outputs", MAX_TENSORS, []))
-    return RequestResult(_int(d, "id"), status, _get(d, "error", str, ""), outputs, final)
+    parameters = parameters_from_wire(d["parameters"]) if "parameters" in d else NO_PARAMETERS
+    return RequestResult(_int(d, "id"), status, _get(d, "error", str, ""), outputs, final, parameters)
 
 
 def result_to_wire(r: WorkerResult) -> dict[str, Any]:

@@ -62,11 +62,13 @@ def infer(
     outputs: Sequence[str] | None = None,
     model_version: int = 0,
     timeout_s: float = BLS_TIMEOUT_S,
+    **options: Any,
 ) -> dict[str, npt.NDArray[Any]]:
-    """Run ``model`` on ``inputs`` through the server and return its outputs (raises zinfer errors)."""
+    """Run ``model`` on ``inputs`` through the server and return its outputs (raises zinfer errors).
+    ``options`` go to ``Client.infer`` (``parameters``, ``sequence_id``, ``sequence_start``, ...)."""
     _check_self_call(model)
     result = _connection().infer(model, inputs, outputs=outputs, model_version=model_version,
-                                 client_timeout=timeout_s)  # fmt: skip
+                                 client_timeout=timeout_s, **options)  # fmt: skip
     return {name: np.array(result.as_numpy(name)) for name in result.output_names}
 
 
@@ -76,12 +78,13 @@ def stream(
     outputs: Sequence[str] | None = None,
     model_version: int = 0,
     timeout_s: float = BLS_TIMEOUT_S,
+    parameters: Mapping[str, Any] | None = None,
 ) -> Iterator[tuple[dict[str, npt.NDArray[Any]], bool]]:
     """The responses of a decoupled ``model`` to one request, as they come: ``(outputs, final)`` each;
     ``timeout_s`` bounds the wait for each response (raises zinfer errors)."""
     _check_self_call(model)
     for result in _connection().stream(model, inputs, outputs=outputs, model_version=model_version,
-                                       client_timeout=timeout_s):  # fmt: skip
+                                       client_timeout=timeout_s, parameters=parameters):  # fmt: skip
         yield {name: np.array(result.as_numpy(name)) for name in result.output_names}, result.final
 
 

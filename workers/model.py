@@ -52,6 +52,14 @@ class RequestInputs(NamedTuple):
     cancelled: threading.Event | None = None  # set by the worker when the client cancels the request
 
 
+class RequestOutputs(dict[str, Array]):
+    """A request's outputs, with the parameters of its response (a Triton model's), which go to the client."""
+
+    def __init__(self, outputs: Mapping[str, Array], parameters: Mapping[str, Any] | None = None) -> None:
+        super().__init__(outputs)
+        self.parameters: Mapping[str, Any] = dict(parameters or {})
+
+
 RequestResult = Mapping[str, Array] | ServerError
 
 

@@ -15,6 +15,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from zinfer.client.protocol import MAX_NAME, MAX_TENSORS
+from zinfer.client.worker_protocol import MAX_PARAMETER_TEXT
+
 from .pb_errors import TritonError, TritonModelException, triton_error
 from .pb_tensor import Tensor
 
@@ -62,10 +65,19 @@ def _parameters(value: Mapping[str, Any] | str | None, where: str) -> dict[str, 
             value = json.loads(value)
         except ValueError:
             raise TritonModelException(f"{where}: parameters must be a dict or its JSON text") from None
-    if not isinstance(value, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, bool | int | float | str) for k, v in value.items()
-    ):
-        raise TritonModelException(f"{where}: parameters must map str keys to bool, int, float or str")
+    if not isinstance(value, Mapping) or len(value) > MAX_TENSORS:
+        raise TritonModelException(f"{where}: parameters must be a dict of at most {MAX_TENSORS} entries")
+    for k, v in value.items():
+        if not isinstance(k, str) or not 0 < len(k) <= MAX_NAME:
+            raise TritonModelException(f"{where}: parameter names must be 1 to {MAX_NAME} characters")
+        if isinstance(v, bool | float) or (isinstance(v, int) and -(1 << 63) <= v < (1 << 64)):
+            continue
+        if isinstance(v, str) and len(v) <= MAX_PARAMETER_TEXT:
+            continue
+        raise TritonModelException(
+            f"{where}: parameter {k!r} must be a bool, a 64-bit int, a float or a str of at most "
+            f"{MAX_PARAMETER_TEXT} characters"
+        )
     return dict(value)
 
 
@@ -232,8 +244,9 @@ class InferenceRequest:
         from . import bls
 
         try:
-            outputs = bls.infer(self.model_name, self._arrays(), self._outputs or None,
-                                max(self._model_version, 0), self._timeout_s())  # fmt: skip
+            version = max(self._model_version, 0)
+            outputs = bls.infer(self.model_name, self._arrays(), self._outputs or None, version,
+                                self._timeout_s(), **self._options())  # fmt: skip
         except Exception as exc:
             return InferenceResponse(error=triton_error(exc))
         return InferenceResponse(output_tensors=[Tensor(name, value) for name, value in outputs.items()])
@@ -244,6 +257,16 @@ class InferenceRequest:
         if decoupled:
             return ResponseIterator(self)
         return await asyncio.to_thread(self.exec)
+
+    def _options(self) -> dict[str, Any]:
+        """The call's id, parameters and, for a stateful model, its sequence (``correlation_id``,
+        ``flags``)."""
+        options: dict[str, Any] = {"parameters": self._parameters, "request_id": self._request_id or None}
+        if self._correlation_id or self._flags:
+            options["sequence_id"] = self._correlation_id
+            options["sequence_start"] = bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
+            options["sequence_end"] = bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
+        return options
 
     def _arrays(self) -> dict[str, Any]:
         return {t.name(): t.as_numpy() for t in self._inputs}
@@ -308,8 +331,9 @@ class ResponseIterator:
             r = self._request
             try:
                 if self._stream is None:
-                    self._stream = bls.stream(r.model_name, r._arrays(), r._outputs or None,
-                                              max(r._model_version, 0), r._timeout_s())  # fmt: skip
+                    version = max(r._model_version, 0)
+                    self._stream = bls.stream(r.model_name, r._arrays(), r._outputs or None, version,
+                                              r._timeout_s(), r._parameters)  # fmt: skip
                 outputs, final = next(self._stream)
             except StopIteration:
                 self._done = True

@@ -66,7 +66,10 @@ def _answer(
         return error_result(req.id, exc)
     base = len(frames)
     frames.extend(own)
-    return ok_result(req.id, tensors, base)
+    parameters = getattr(result, "parameters", None)  # a Triton response's, for the client
+    return ok_result(req.id, tensors, base)._replace(parameters=parameters) if parameters else ok_result(
+        req.id, tensors, base
+    )
 
 
 def run_requests(

@@ -16,7 +16,9 @@ instead; ``zinfer.workers.triton_stream`` runs it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from zinfer.modelconfig.model_config import ModelConfig
 from . import model_loop
 from . import triton_python_backend_utils as pb
 from .device import Device
-from .model import RequestInputs, RequestModel, RequestResult
+from .model import RequestInputs, RequestModel, RequestOutputs, RequestResult
 from .pb_errors import server_error
 
 
@@ -86,6 +88,52 @@ def pb_request(r: RequestInputs, model_name: str) -> pb.InferenceRequest:
     )
 
 
+def call_with(execute: Callable[[list[Any]], Any], holder: list[Any]) -> Any:
+    """Call ``execute`` with the requests, leaving no reference to them here once it returns (so a
+    response sender the model let go of is released at once)."""
+    requests = list(holder)
+    holder.clear()
+    return execute(requests)
+
+
+class _Senders:
+    """The response senders of a batch of a model that is not decoupled: one response each, then the
+    final flag; a sender released without it leaves its request without a response (an error)."""
+
+    def __init__(self, n: int) -> None:
+        self._lock = threading.Lock()
+        self._responses: list[Any] = [None] * n
+        self._done = [False] * n
+        self.used = False
+
+    def attach(self, i: int, request: pb.InferenceRequest) -> pb.InferenceRequest:
+        sender = pb.InferenceResponseSender(
+            lambda response, final: self._deliver(i, response, final), request._cancelled, False
+        )
+        request._sender = sender
+        weakref.finalize(sender, self._deliver, i, None, True)
+        return request
+
+    def _deliver(self, i: int, response: Any, final: bool) -> None:
+        with self._lock:
+            if response is not None:
+                self._responses[i] = response
+                self.used = True
+            self._done[i] = self._done[i] or final
+        model_loop.WAKE.set()
+
+    def all_done(self) -> bool:
+        with self._lock:
+            return all(self._done)
+
+    def responses(self) -> list[Any]:
+        with self._lock:
+            return [
+                r if r is not None else pb.InferenceResponse(error="the request's sender sent no response")
+                for r in self._responses
+            ]
+
+
 class TritonModel(RequestModel):
     def __init__(self, instance: Any, path: Path, config: ModelConfig) -> None:
         self.instance = instance
@@ -94,8 +142,16 @@ class TritonModel(RequestModel):
         self.decoupled = config.decoupled
 
     def execute_requests(self, requests: Sequence[RequestInputs], /) -> Sequence[RequestResult]:
-        pb_requests = [pb_request(r, self.name) for r in requests]
-        responses = model_loop.run(self.instance.execute, pb_requests)
+        senders = _Senders(len(requests))
+        holder = [senders.attach(i, pb_request(r, self.name)) for i, r in enumerate(requests)]
+        responses = model_loop.run(call_with, self.instance.execute, holder)
+        if responses is None:
+            # Triton lets a model that is not decoupled answer through its senders too: one response each,
+            # from execute or after it returned; wait until every sender sent its final flag or is gone
+            if not model_loop.pump(senders.all_done):
+                raise InternalError("the worker is stopping")
+            if senders.used:
+                responses = senders.responses()
         if responses is None:
             raise InternalError(
                 "TritonPythonModel.execute returned None: it must return a list with one InferenceResponse "
@@ -124,7 +180,8 @@ class TritonModel(RequestModel):
             )
         if response.has_error():
             return response_error(response.error())
-        return {t.name(): t.as_numpy() for t in response.output_tensors()}
+        outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        return RequestOutputs(outputs, response._parameters) if response._parameters else outputs
 
     def finalize(self) -> None:
         finalize = getattr(self.instance, "finalize", None)

@@ -44,7 +44,7 @@ from .batch_io import (
 from .model import RequestInputs
 from .pb_errors import server_error
 from .regions import RegionCache
-from .triton_model import TritonModel, pb_request
+from .triton_model import TritonModel, call_with, pb_request
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,8 @@ class _Streams:
                 return
         if final:
             del self.open[rid]
-        self.send(RequestResult(rid, outputs=tuple(tensors), final=final), frames)
+        parameters = response._parameters if response is not None else {}
+        self.send(RequestResult(rid, outputs=tuple(tensors), final=final, parameters=parameters), frames)
 
 
 def run_triton_stream(
@@ -159,7 +160,7 @@ def run_triton_stream(
         streams.open[req.id] = (req, rows)
     if not pb_requests:
         return out
-    future = model_loop.get().submit(_execute, model.instance.execute, pb_requests)
+    future = model_loop.get().submit(call_with, model.instance.execute, pb_requests)
     del pb_requests, request  # the model alone holds the requests (and their senders) now
     returned = False
     released: list[int] = []  # senders gone while execute ran: judged once it is known how it ended
@@ -196,9 +197,3 @@ def run_triton_stream(
     out.infer_ns = time.perf_counter_ns() - t0
     return out
 
-
-def _execute(execute: Callable[[list[Any]], Any], holder: list[pb.InferenceRequest]) -> Any:
-    """Call ``execute`` with the requests, leaving no reference to them here once it returns."""
-    requests = list(holder)
-    holder.clear()
-    return execute(requests)

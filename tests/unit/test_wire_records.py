@@ -67,6 +67,8 @@ sequences = st.builds(
     st.booleans(),
     st.lists(controls, max_size=3).map(tuple),
 )
+scalars = st.booleans() | st.integers(-(1 << 63), (1 << 63) - 1) | st.floats(allow_nan=False) | texts
+parameters = st.dictionaries(names, scalars, max_size=3)
 execute_requests = st.builds(
     wp.ExecuteRequest,
     u63,
@@ -74,10 +76,7 @@ execute_requests = st.builds(
     st.lists(outputs, max_size=3).map(tuple),
     texts,
     st.none() | sequences,
-    st.dictionaries(
-        names, st.booleans() | st.integers(-(1 << 63), (1 << 63) - 1) | st.floats(allow_nan=False) | texts,
-        max_size=3,
-    ),
+    parameters,
 )
 executes = st.builds(
     wp.Execute,
@@ -92,6 +91,7 @@ request_results = st.builds(
     texts,
     st.lists(tensors, max_size=3).map(tuple),
     st.none() | st.booleans(),
+    parameters,
 )
 worker_results = st.one_of(
     st.builds(wp.WorkerResult, u63, st.lists(request_results, max_size=3).map(tuple), st.just(True)),
