@@ -124,7 +124,7 @@ class AsyncConnection:
     ) -> tuple[Reply, list[Frame]]:
         """The reply to ``rid``. If the caller gives up first (``RequestTimeout``, ``ConnectionFailed``, or
         the task is cancelled), the reply, if it ever comes, goes to ``on_late_reply``."""
-        handle = fut.get_loop().call_later(max(0.0, timeout), _expire, fut)
+        handle = fut.get_loop().call_later(max(0.0, timeout), self._time_out, fut)
         try:
             return await fut
         except Unsent:
@@ -225,6 +225,12 @@ class AsyncConnection:
             if item[3] is not None:
                 self._sending.discard(item[3])
         del self._out[:sent]
+
+    def _time_out(self, fut: asyncio.Future[Any]) -> None:
+        """A call's timeout ran out: one still queued never left (``Unsent``), any other timed out."""
+        if self._out:
+            self._expire_unsent()
+        _expire(fut)
 
     def _expire_unsent(self) -> None:
         now = time.monotonic()

@@ -327,6 +327,17 @@ class Connection:
             waiter.error = exc
             waiter.event.set()
 
+    def _withdraw(self, waiter: _Waiter) -> bool:
+        """Take a message that is still queued (never sent) out of the queue; False when it is not there
+        (sent, or being sent by the socket's owner right now)."""
+        with self._waiters_lock:
+            for i, item in enumerate(self._out):
+                if item[3] is waiter:
+                    del self._out[i]
+                    self._waiters.pop(item[1]["id"], None)
+                    return True
+        return False
+
     def _done(self, waiter: _Waiter) -> bool:
         return waiter.error is not None or waiter.reply is not None or bool(waiter.stream)
 
@@ -336,6 +347,8 @@ class Connection:
             now = time.monotonic()
             remaining = deadline - now
             if remaining <= 0:
+                if self._withdraw(waiter):  # still queued: it never left, no server was there to take it
+                    raise Unsent(f"no connection to a zinfer server at {self.url}")
                 raise RequestTimeout("no reply from the server within the timeout")
             if now >= next_check:
                 next_check = now + _SERVER_CHECK_S

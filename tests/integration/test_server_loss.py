@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import MODELS, ServerProcess, wait_for
 from zinfer.client import AsyncClient, Client
+from zinfer.client.connection import Unsent
 from zinfer.client.errors import ConnectionFailed
 
 pytestmark = pytest.mark.integration
@@ -261,5 +262,31 @@ def test_frozen_server_is_noticed_by_heartbeats(
                 _restart(server_factory, server, repo)
                 assert _add(client) == 2.0
                 assert await _aadd(aclient) == 2.0
+
+    asyncio.run(main())
+
+
+def _unused_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("timeout", [0.5, 1.0, 2.0])
+def test_a_call_no_server_ever_took_fails_as_unsent_not_as_a_timeout(timeout: float) -> None:
+    """The call's timeout may be the same as its connect wait (min(timeout, 2 heartbeats)): a message that
+    never left is ``Unsent`` (the server never saw it), never a ``RequestTimeout``. With a 1 s timeout and
+    the 1 s heartbeat both deadlines fell on the same instant and the sync client said timeout."""
+    url = f"tcp://127.0.0.1:{_unused_port()}"
+    with Client(url, timeout=timeout) as client:
+        with pytest.raises(Unsent, match="no connection"):
+            client.is_server_live()
+
+    async def main() -> None:
+        async with AsyncClient(url, timeout=timeout) as aclient:
+            with pytest.raises(Unsent, match="no connection"):
+                await aclient.is_server_live()
 
     asyncio.run(main())
