@@ -24,8 +24,9 @@ from .batching.rate_limiter import normalize_resources
 from .cli_parser import parser as _parser
 from .frontdoor_procs import FrontDoorConfig, FrontDoorProcs, listen_problem
 from .sd_notify import Notifier
-from .server import Broker, ServerOptions
+from .server import Broker
 from .server_config import FILE_ONLY_KEYS, KEYS, ConfigFileError, flag_defaults, load_config
+from .server_options import ServerOptions
 
 log = logging.getLogger("zinfer.serve")
 

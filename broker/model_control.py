@@ -26,7 +26,7 @@ from .outbox import Outbox
 from .registry import ModelRegistry
 
 if TYPE_CHECKING:
-    from .server import ServerOptions
+    from .server_options import ServerOptions
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,7 @@ import logging
 import os
 import resource
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
 
 import zmq
 
@@ -53,9 +51,9 @@ from .registry import ModelRegistry
 from .request_path import RequestPath
 from .runtime_dir import RuntimeDir
 from .server_config import cpus_for
+from .server_options import ServerOptions
 from .supervisor import RestartPolicy, Supervisor, WorkerSpec
 from .tcp_access import TcpFrontend
-from .validation import DEFAULT_MAX_TENSOR_BYTES
 from .worker_inbox import WorkerInbox
 from .worker_watch import WorkerWatch
 
@@ -75,32 +73,6 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError) as exc:
             log.warning("event=fd_limit_unchanged soft=%d hard=%d error=%r", soft, hard, str(exc))
-
-
-@dataclass(frozen=True)
-class ServerOptions:
-    model_repository: Path
-    runtime_dir: Path
-    tcp: str | None = None
-    max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES
-    max_batch_bytes: int = 2 * DEFAULT_MAX_TENSOR_BYTES  # input bytes of one batch
-    exit_timeout_s: float = 5.0
-    drain_timeout_s: float = 30.0
-    heartbeat_interval_s: float = 1.0  # workers and broker heartbeat each other this often
-    heartbeat_liveness: int = 5  # intervals of silence after which a worker is declared dead
-    gpus: tuple[int, ...] | None = None  # GPUs instances may use (indices after CUDA_VISIBLE_DEVICES)
-    cpu_affinity: Mapping[str, tuple[frozenset[int], ...]] = field(default_factory=dict)  # by model or "*"
-    max_region_bytes: int = 0  # largest shared-memory region a client may register (0: no limit)
-    socket_group: str | None = None  # a group whose members may use the client socket
-    metrics: str | None = "127.0.0.1:8002"  # HOST:PORT of /metrics and the health endpoints; None = off
-    curve_secret_key: Path | None = None  # server certificate (zinfer keys); enables CURVE on --tcp
-    curve_allow: Path | None = None  # folder of the client public certificates allowed to connect
-    log_level: str = "INFO"
-    model_control_mode: str = "none"  # "none": load everything at start; "explicit": load/unload on request
-    load_models: tuple[str, ...] = ()  # with "explicit": the models to load at start ("*" = all)
-    cache_bytes: int = 0  # size of the response cache in bytes; 0 = no cache
-    # rate limiter pool sizes: (resource, count, device "cpu"/"gpu:N" or None for every device and global)
-    rate_limit_resources: tuple[tuple[str, int, str | None], ...] = ()
 
 
 class Broker:

@@ -7,7 +7,7 @@ Triton's ``tritonclient`` run against zinfer by changing the import and the URL.
 
 from .async_client import AsyncClient
 from .client import Client
-from .connection import CurveKeys
+from .curve_keys import CurveKeys
 from .errors import (
     Cancelled,
     ClientError,

@@ -17,7 +17,8 @@ from typing import Any
 from . import protocol
 from .async_connection import AsyncConnection
 from .base import _ClientBase, _ModelInfo, _Prepared
-from .connection import CurveKeys, Unsent
+from .connection import Unsent
+from .curve_keys import CurveKeys
 from .errors import ClientError, RequestTimeout, Status, from_status
 from .link_watch import HEARTBEAT_INTERVAL_S
 from .protocol import (

@@ -26,7 +26,8 @@ from typing import Any
 import zmq
 
 from . import protocol
-from .connection import CurveKeys, Unsent
+from .connection import Unsent
+from .curve_keys import CurveKeys
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
 from .paths import check_server_socket

@@ -5,6 +5,9 @@ reply into an ``InferResult``; the model-info cache; zero-copy arrays; and the b
 belong to requests in flight. A request's slots belong to its caller until it is sent, then to the
 ``_orphans`` entry of its wire id; the reply hands them back, or, when the caller gave up first (timeout,
 cancellation, lost server), the late reply frees them, since until then the server may still use them.
+
+Over 400 lines on purpose: it is one class, and the slot ownership above runs through preparing a
+request, tracking it and reading its reply; split apart, no file would show who frees a slot and when.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from .errors import (
 from .paths import default_url
 from .protocol import Command, Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef, is_final
 from .region_handoff import hand_over, handoff_path
+from .request_parameters import sequence_parameters, user_parameters
 from .result import InferResult
 from .shm import Segment
 from .triton_compat import InputsArg, OutputsArg, input_arrays, output_names
@@ -196,7 +200,7 @@ class _ClientBase:
         """The header, inline frames and slots of one infer request (inputs copied into the arena);
         ``sequence`` is ``(sequence_id, sequence_start, sequence_end)``, sent when the id is set;
         ``parameters`` the request's own (Triton's request parameters, which model code reads)."""
-        params = _user_parameters(parameters)
+        params = user_parameters(parameters)
         named = input_arrays(inputs)
         names = output_names(outputs)
         slots: list[Slot] = []
@@ -217,7 +221,7 @@ class _ClientBase:
             outputs=tuple(out_reqs),
             priority=priority,
             timeout_us=timeout or 0,
-            parameters={**params, **_sequence_parameters(*sequence)},
+            parameters={**params, **sequence_parameters(*sequence)},
             caller_id=request_id or "",
         )
         return _Prepared(protocol.infer_to_wire(req), frames, slots, out_slots, request_id or "")
@@ -444,25 +448,3 @@ class _ClientBase:
     @staticmethod
     def _statistics_header(model: str | None, version: int) -> dict[str, Any]:
         return protocol.statistics_to_wire(protocol.StatisticsQuery(model or None, version))
-
-
-def _user_parameters(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A request's parameters, checked: names are strings, values booleans, numbers or strings."""
-    if not parameters:
-        return {}
-    if not isinstance(parameters, Mapping):
-        raise ClientError(f"parameters must be a dict, got {type(parameters).__name__}")
-    for key, value in parameters.items():
-        if not isinstance(key, str) or not key:
-            raise ClientError(f"parameter names must be non-empty strings, got {key!r}")
-        if not isinstance(value, bool | int | float | str):
-            kind = type(value).__name__
-            raise ClientError(f"parameter {key!r} must be a bool, int, float or str, got {kind}")
-    return dict(parameters)
-
-
-def _sequence_parameters(sequence_id: int | str, start: bool, end: bool) -> dict[str, Any]:
-    """Triton's sequence request parameters; none for a request outside any sequence."""
-    if sequence_id in (0, "") and not start and not end:
-        return {}
-    return {"sequence_id": sequence_id, "sequence_start": bool(start), "sequence_end": bool(end)}

@@ -25,6 +25,7 @@ from typing import Any
 import zmq
 
 from . import protocol
+from .curve_keys import CurveKeys
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
 from .paths import check_server_socket
@@ -43,34 +44,6 @@ _POLLIN, _POLLOUT, _EVENTS = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.EVENTS)
 class Unsent(ConnectionFailed):
     """The request never left this client (no server connected in time, or none there): the server never
     saw it, so nothing it holds (shared-memory slots) waits for a reply."""
-
-
-@dataclass(frozen=True)
-class CurveKeys:
-    """Keys for a CURVE-secured TCP server (Z85 text or raw 32 bytes)."""
-
-    server_public: bytes
-    public: bytes
-    secret: bytes
-
-    def apply(self, sock: zmq.Socket[Any]) -> None:
-        """Make ``sock`` a CURVE client of the server (before it connects)."""
-        sock.curve_serverkey = self.server_public
-        sock.curve_publickey = self.public
-        sock.curve_secretkey = self.secret
-
-    @classmethod
-    def from_files(
-        cls, server_cert: str | os.PathLike[str], client_secret_cert: str | os.PathLike[str]
-    ) -> CurveKeys:
-        """From files written by ``zinfer keys``: the server's public one and the client's secret one."""
-        import zmq.auth
-
-        server_public, _ = zmq.auth.load_certificate(os.fspath(server_cert))
-        public, secret = zmq.auth.load_certificate(os.fspath(client_secret_cert))
-        if secret is None:
-            raise ClientError(f"{client_secret_cert}: no secret key in the file")
-        return cls(server_public, public, secret)
 
 
 @dataclass

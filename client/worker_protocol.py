@@ -1,9 +1,10 @@
 """The broker<->worker half of the wire contract: one typed record per command, with its to-wire and
 from-wire functions (the frames are drawn in ``zinfer.client.protocol``'s docstring).
 
-It is a sibling of ``protocol`` rather than a part of it so that each file stays one idea under 400
-lines: ``protocol`` frames messages and holds the client half; this module holds what only the broker and
-its workers say to each other. Both halves share ``protocol``'s tensor records and field checks.
+It is a sibling of ``protocol`` rather than a part of it so that each file stays one idea: ``protocol``
+frames messages and holds the client half; this module holds what only the broker and its workers say to
+each other (about 400 lines, one record and its two functions per command, best read side by side).
+Both halves share ``protocol``'s tensor records and field checks.
 
 Every ``*_from_wire`` checks each field's type and range and raises ``ProtocolError`` on anything else
 (never ``KeyError`` or ``TypeError``): a worker runs user code, so the broker takes nothing it says on

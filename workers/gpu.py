@@ -51,6 +51,9 @@ before its reply is sent, and the next batch's compute starts after that. The ho
 hook sleeps in ``poll`` on its socket and on a pipe that a waiter thread writes to once a blocking-sync
 CUDA event after the batch's work has completed, and the final wait is on that event (the host thread
 sleeps) before the stream is synchronized.
+
+Over 400 lines on purpose: streams, events, page-locking and the pool rule above only make sense
+together; each part of this file relies on the order the others keep.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ import pytest
 
 from tests.conftest import wait_for
 from zinfer.broker.response_cache import ENTRY_OVERHEAD, TENSOR_OVERHEAD
-from zinfer.broker.server import Broker, ServerOptions
+from zinfer.broker.server import Broker
+from zinfer.broker.server_options import ServerOptions
 from zinfer.client import Client
 from zinfer.client.errors import ServerError, Unavailable
 

@@ -11,7 +11,8 @@ import pytest
 
 from tests.conftest import MODELS, ServerProcess
 from zinfer.modelconfig.model_config import parse_model_config
-from zinfer.tools.tune_cli import Point, apply_point, default_ranges, main
+from zinfer.tools.tune_cli import main
+from zinfer.tools.tune_points import Point, apply_point, default_ranges
 
 pytestmark = pytest.mark.integration
 

@@ -127,3 +127,22 @@ def test_the_rules_are_checked(tmp_path: Path) -> None:
     assert len(config_found) == 2
     assert "zinfer.broker" in config_found[0]
     assert "not in ALLOWED" in config_found[1]
+
+
+MAX_LINES = 400
+REASON = ("on purpose", "about 400 lines")  # the words a long module's docstring states its reason with
+
+
+def test_no_module_is_over_400_lines_without_a_reason_in_its_docstring() -> None:
+    """Each file is one idea (issue 14): a package module over ``MAX_LINES`` says why in its docstring."""
+    long = []
+    for package, folder in _packages().items():
+        if package == "configs":
+            continue
+        for path in sorted(folder.rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            lines = text.count("\n")
+            doc = ast.get_docstring(ast.parse(text, str(path))) or ""
+            if lines > MAX_LINES and not any(words in doc for words in REASON):
+                long.append(f"{path.relative_to(ROOT)}: {lines} lines")
+    assert not long, "modules over 400 lines without a reason in their docstring:\n" + "\n".join(long)

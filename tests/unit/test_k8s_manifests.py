@@ -28,7 +28,7 @@ import yaml
 from kubernetes_validate import utils as kv_utils
 
 from zinfer.broker.cli import parse_args
-from zinfer.broker.server import ServerOptions
+from zinfer.broker.server_options import ServerOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"
