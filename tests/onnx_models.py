@@ -55,3 +55,79 @@ def int_identity(path: Path) -> Path:
         [helper.make_tensor_value_info("OUT", TensorProto.INT64, [2, 3])],
     )
     return _save(graph, path)
+
+
+def string_identity(path: Path) -> Path:
+    """OUT = Identity(TEXT) for a string TEXT of shape [batch, -1]: TYPE_STRING in and out."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["TEXT"], ["OUT"])],
+        "string_identity",
+        [helper.make_tensor_value_info("TEXT", TensorProto.STRING, ["N", "L"])],
+        [helper.make_tensor_value_info("OUT", TensorProto.STRING, ["N", "L"])],
+    )
+    return _save(graph, path)
+
+
+def simple(path: Path, elem: int = TensorProto.INT32, batch: int | str = "N") -> Path:
+    """Triton's quickstart ``simple`` (and ``simple_int8`` with ``elem=TensorProto.INT8``) as an ONNX graph:
+    OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1, every tensor [batch, 16]."""
+    shape: list[int | str] = [batch, 16]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ],
+        "simple",
+        [helper.make_tensor_value_info(n, elem, shape) for n in ("INPUT0", "INPUT1")],
+        [helper.make_tensor_value_info(n, elem, shape) for n in ("OUTPUT0", "OUTPUT1")],
+    )
+    return _save(graph, path)
+
+
+def simple_string(path: Path) -> Path:
+    """Triton's quickstart ``simple_string`` as an ONNX graph: string tensors [batch, 16] holding decimal
+    integers; OUTPUT0 the sum and OUTPUT1 the difference, as strings (Cast string -> int32 -> string)."""
+    nodes = [
+        helper.make_node("Cast", ["INPUT0"], ["A"], to=TensorProto.INT32),
+        helper.make_node("Cast", ["INPUT1"], ["B"], to=TensorProto.INT32),
+        helper.make_node("Add", ["A", "B"], ["SUM"]),
+        helper.make_node("Sub", ["A", "B"], ["DIFF"]),
+        helper.make_node("Cast", ["SUM"], ["OUTPUT0"], to=TensorProto.STRING),
+        helper.make_node("Cast", ["DIFF"], ["OUTPUT1"], to=TensorProto.STRING),
+    ]
+    shape: list[int | str] = ["N", 16]
+    graph = helper.make_graph(
+        nodes,
+        "simple_string",
+        [helper.make_tensor_value_info(n, TensorProto.STRING, shape) for n in ("INPUT0", "INPUT1")],
+        [helper.make_tensor_value_info(n, TensorProto.STRING, shape) for n in ("OUTPUT0", "OUTPUT1")],
+    )
+    return _save(graph, path)
+
+
+# the stand-in classifier's 1x1 convolution: class k scores 3 colour means with small integer weights
+CLASSES = 1000
+CLASSIFIER = ((np.arange(CLASSES * 3).reshape(CLASSES, 3, 1, 1) % 7) - 3.0).astype(np.float32)
+
+
+def densenet_standin(path: Path) -> Path:
+    """A stand-in with the signature of Triton's quickstart ``densenet_onnx``: ``data_0`` float32
+    [N, 3, 224, 224] in, ``fc6_1`` float32 [N, 1000, 1, 1] out. fc6_1 = Conv1x1(GlobalAveragePool(data_0)),
+    the weights :data:`CLASSIFIER`, so a test can compute the scores with NumPy."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("GlobalAveragePool", ["data_0"], ["pooled"]),
+            helper.make_node("Conv", ["pooled", "W"], ["fc6_1"], kernel_shape=[1, 1]),
+        ],
+        "densenet_standin",
+        [helper.make_tensor_value_info("data_0", TensorProto.FLOAT, ["N", 3, 224, 224])],
+        [helper.make_tensor_value_info("fc6_1", TensorProto.FLOAT, ["N", CLASSES, 1, 1])],
+        initializer=[numpy_helper.from_array(CLASSIFIER, "W")],
+    )
+    return _save(graph, path)
+
+
+def densenet_scores(images: np.ndarray) -> np.ndarray:
+    """What :func:`densenet_standin` computes, in NumPy: [N, 1000] scores for [N, 3, 224, 224] images."""
+    means = images.astype(np.float64).mean(axis=(2, 3))
+    return (means @ CLASSIFIER.reshape(CLASSES, 3).T.astype(np.float64)).astype(np.float32)

@@ -8,6 +8,12 @@ it gets the whole batch the dynamic batcher formed, as one array per input, and 
 same data type and a shape the graph accepts; a mismatch fails the load with a ConfigError naming the
 tensor.
 
+``TYPE_STRING`` tensors: zinfer's BYTES tensors are NumPy object arrays of ``bytes``; ONNX Runtime's Python
+API takes string tensors as object arrays of ``str`` only (it turns a ``bytes`` element into its repr,
+``"b'...'"``), and hands them back as ``str``. So string inputs are decoded as UTF-8 before ``session.run``
+(an element that is not UTF-8 fails the batch with InvalidArgument naming the input) and string outputs go
+back as UTF-8.
+
 Instances: KIND_CPU runs on ONNX Runtime's CPU execution provider. KIND_GPU needs ``onnxruntime-gpu``
 with the CUDA execution provider and is refused at load without it; with it, the session runs on the
 instance's GPU, inputs are copied to the host first and outputs handed back as host arrays (no I/O
@@ -21,7 +27,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from zinfer.client.errors import ConfigError
+import numpy as np
+
+from zinfer.client.errors import ConfigError, InvalidArgument
 from zinfer.modelconfig.autocomplete import onnx_model_path
 from zinfer.modelconfig.model_config import ModelConfig, TensorConfig
 from zinfer.modelconfig.onnx_graph import ONNX_TO_CONFIG
@@ -72,8 +80,6 @@ def _check_tensor(config: ModelConfig, tensor: TensorConfig, node: Any, what: st
     graph_type = ONNX_TO_CONFIG.get(_ORT_TYPES.get(node.type, 0), node.type)
     if graph_type != tensor.data_type:
         raise ConfigError(f"{where} is {tensor.data_type} in config.pbtxt but {graph_type} in the graph")
-    if tensor.data_type == "TYPE_STRING":
-        raise ConfigError(f"{where}: TYPE_STRING tensors are not supported by the onnxruntime backend yet")
     graph_shape = node.shape
     if graph_shape is None:  # the graph does not say
         return
@@ -137,6 +143,25 @@ def _providers(ort: Any, config: ModelConfig, device: Device) -> list[Any]:
     return [("CUDAExecutionProvider", {"device_id": device.id})]
 
 
+def _as_text(name: str, array: Any) -> Any:
+    """A BYTES input (an object array of ``bytes``) as ONNX Runtime takes string tensors: ``str``."""
+    flat = array.reshape(-1)
+    out = np.empty(flat.shape, dtype=object)
+    for i, item in enumerate(flat):
+        if isinstance(item, (bytes, bytearray, memoryview)):
+            try:
+                out[i] = bytes(item).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidArgument(
+                    f"input {name!r}: element {i} of the batch is not UTF-8 text ({exc.reason} at byte "
+                    f"{exc.start}); ONNX Runtime takes string tensors as text, so an onnxruntime model's "
+                    "TYPE_STRING inputs must be UTF-8"
+                ) from None
+        else:
+            out[i] = str(item)
+    return out.reshape(array.shape)
+
+
 class OnnxModel:
     """An ONNX Runtime session behind the :class:`Model` interface: the whole batch in one run."""
 
@@ -144,6 +169,7 @@ class OnnxModel:
         self.session = session
         self.device = device
         self.outputs = [t.name for t in config.output]
+        self.string_inputs = frozenset(t.name for t in config.input if t.data_type == "TYPE_STRING")
 
     def execute(self, inputs: Mapping[str, Array], /) -> Mapping[str, Array]:
         """The batch runner has applied ``reshape`` already (and undoes it on the outputs)."""
@@ -151,6 +177,8 @@ class OnnxModel:
             feed: Mapping[str, Any] = inputs
         else:
             feed = {name: self.device.to_host(array) for name, array in inputs.items()}
+        if self.string_inputs:
+            feed = {n: _as_text(n, a) if n in self.string_inputs else a for n, a in feed.items()}
         results = self.session.run(self.outputs, feed)
         return dict(zip(self.outputs, results, strict=True))
 

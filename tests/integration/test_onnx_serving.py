@@ -1,5 +1,6 @@
 """ONNX models served through ONNX Runtime by a real ``zinfer serve``: auto-completed config, dynamic
-batching (the model gets the whole batch), results bit-exact against NumPy, and a clear load error."""
+batching (the model gets the whole batch), results bit-exact against NumPy, TYPE_STRING tensors and a clear
+load error."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 from tests.conftest import ServerProcess, start_server, wait_for  # noqa: E402
-from tests.onnx_models import WEIGHTS, add_matmul  # noqa: E402
+from tests.onnx_models import WEIGHTS, add_matmul, string_identity  # noqa: E402
 from zinfer.client.client import Client  # noqa: E402
+from zinfer.client.errors import InvalidArgument  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -39,6 +41,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         'output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
         "instance_group [ { kind: KIND_CPU } ]\n"
     )
+    # TYPE_STRING in and out, config completed from the graph
+    string_identity(repo / "strings" / "1" / "model.onnx")
+    (repo / "strings" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\n')
     s = start_server(repo)
     yield s
     s.stop()
@@ -113,3 +118,19 @@ def test_a_config_that_does_not_match_the_graph_fails_its_load_clearly(server: S
         wait_for(lambda: text in reason(), 30, "the load error of 'wrong' in the repository index")
         assert not c.is_model_ready("wrong")
         assert c.is_model_ready("addmm")
+
+
+def test_string_tensors_in_and_out(server: ServerProcess) -> None:
+    rows = [[b"caf\xc3\xa9", b"", b"a\x00b"], [b"x" * 5000, b"1", "\u00e9t\u00e9 \u2603".encode()]]
+    text = np.array(rows, dtype=object)
+    with Client(server.url, timeout=30) as c:
+        config = c.model_config("strings")
+        assert [(t["name"], t["data_type"]) for t in config["input"]] == [("TEXT", "TYPE_STRING")]
+        out = c.infer("strings", {"TEXT": text}).as_numpy("OUT")
+        assert out.shape == (2, 3)
+        assert list(out.reshape(-1)) == list(text.reshape(-1))
+        # not UTF-8: ONNX Runtime cannot take it; a clear InvalidArgument, and the model keeps serving
+        with pytest.raises(InvalidArgument, match="input 'TEXT': element 1 of the batch is not UTF-8"):
+            c.infer("strings", {"TEXT": np.array([[b"ok", b"\xff"]], dtype=object)})
+        again = c.infer("strings", {"TEXT": np.array([[b"still here"]], dtype=object)}).as_numpy("OUT")
+        assert list(again.reshape(-1)) == [b"still here"]

@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from tests.onnx_models import WEIGHTS, add_matmul, int_identity  # noqa: E402
-from zinfer.client.errors import ConfigError  # noqa: E402
+from tests.onnx_models import WEIGHTS, add_matmul, int_identity, simple_string, string_identity  # noqa: E402
+from zinfer.client.errors import ConfigError, InvalidArgument  # noqa: E402
 from zinfer.modelconfig.autocomplete import DEFAULT_MAX_BATCH_SIZE, complete_onnx_config  # noqa: E402
 from zinfer.modelconfig.model_config import parse_model_config  # noqa: E402
 from zinfer.modelconfig.onnx_graph import read_onnx_graph  # noqa: E402
@@ -208,3 +208,33 @@ def test_auto_complete_normalises_the_configs_dynamic_batching(tmp_path: Path) -
     assert done.max_batch_size == 4 and done.dynamic_batching is not None
     assert done.dynamic_batching.preferred_batch_size == (4,)
     assert done.dynamic_batching.max_queue_delay_microseconds == 100
+
+
+def test_string_tensors_go_through_onnx_runtime_as_text(tmp_path: Path) -> None:
+    model_dir = _repo_model(tmp_path, 'platform: "onnxruntime_onnx"\n', build=string_identity)
+    config = load_model_entry(model_dir).config
+    assert config is not None and config.max_batch_size == 4
+    assert [(t.name, t.data_type, t.dims) for t in config.input] == [("TEXT", "TYPE_STRING", (-1,))]
+    model = load_model(config, model_dir / "1")
+    rows = [[b"caf\xc3\xa9", b"", b"a\x00b"], [b"x" * 1000, b"1", "\u00e9t\u00e9".encode()]]
+    text = np.array(rows, dtype=object)
+    out = model.execute({"TEXT": text})["OUT"]
+    assert out.shape == (2, 3) and out.dtype == object
+    assert [s.encode() for s in out.reshape(-1)] == list(text.reshape(-1))  # UTF-8 back, byte for byte
+    with pytest.raises(InvalidArgument, match=r"input 'TEXT': element 1 of the batch is not UTF-8"):
+        model.execute({"TEXT": np.array([[b"ok", b"\xff\xfe", b"ok"]], dtype=object)})
+    model.finalize()
+
+
+def test_string_arithmetic_through_cast(tmp_path: Path) -> None:
+    text = 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+    model_dir = _repo_model(tmp_path, text, build=simple_string)
+    config = load_model_entry(model_dir).config
+    assert config is not None
+    model = load_model(config, model_dir / "1")
+    a = np.array([[str(i).encode() for i in range(16)]], dtype=object)
+    b = np.array([[b"1"] * 16], dtype=object)
+    out = model.execute({"INPUT0": a, "INPUT1": b})
+    assert [int(v) for v in out["OUTPUT0"].reshape(-1)] == [i + 1 for i in range(16)]
+    assert [int(v) for v in out["OUTPUT1"].reshape(-1)] == [i - 1 for i in range(16)]
+    model.finalize()
