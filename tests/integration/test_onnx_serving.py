@@ -1,6 +1,6 @@
 """ONNX models served through ONNX Runtime by a real ``zinfer serve``: auto-completed config, dynamic
-batching (the model gets the whole batch), results bit-exact against NumPy, TYPE_STRING tensors and a clear
-load error."""
+batching (the model gets the whole batch), results bit-exact against NumPy, TYPE_STRING tensors, a model
+folder holding nothing but ``1/model.onnx``, and a clear load error."""
 
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     # TYPE_STRING in and out, config completed from the graph
     string_identity(repo / "strings" / "1" / "model.onnx")
     (repo / "strings" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\n')
+    # no config.pbtxt at all: the newest version's model.onnx makes it an ONNX model, as in Triton
+    add_matmul(repo / "bare" / "1" / "model.onnx")
     s = start_server(repo)
     yield s
     s.stop()
@@ -134,3 +136,14 @@ def test_string_tensors_in_and_out(server: ServerProcess) -> None:
             c.infer("strings", {"TEXT": np.array([[b"ok", b"\xff"]], dtype=object)})
         again = c.infer("strings", {"TEXT": np.array([[b"still here"]], dtype=object)}).as_numpy("OUT")
         assert list(again.reshape(-1)) == [b"still here"]
+
+
+def test_a_folder_with_only_a_model_onnx_is_an_onnx_model(server: ServerProcess) -> None:
+    inputs = _inputs(np.random.default_rng(3), 2)
+    with Client(server.url, timeout=30) as c:
+        config = c.model_config("bare")
+        assert config["platform"] == "onnxruntime_onnx" and config["max_batch_size"] == 4
+        assert [t["name"] for t in config["input"]] == ["A", "B"]
+        result = c.infer("bare", inputs)
+    assert result.as_numpy("SUM").tobytes() == (inputs["A"] + inputs["B"]).tobytes()
+    assert result.as_numpy("PROJ").tobytes() == (inputs["A"] @ WEIGHTS).tobytes()
