@@ -130,6 +130,7 @@ class Admission:
             raise InvalidArgument(str(exc)) from None
         except BatchTooLarge as exc:
             raise ResourceExhausted(str(exc)) from None
+        state.metrics.pending(state.queued)
         if state.order is not None:
             state.order.submit(p.seq)
 
@@ -152,6 +153,7 @@ class Admission:
             state.sequencer.add(SequenceRequest(p, sid, start, end, now), now, sorted(state.instances))
         except SequenceError as exc:
             raise InvalidArgument(str(exc)) from None
+        state.metrics.pending(state.queued)
         if state.order is not None:
             state.order.submit(p.seq)
 

@@ -176,6 +176,7 @@ class Completion:
 
     def finish_early(self, state: ModelState, p: Pending, error: ServerError) -> None:
         """Answer a request that never ran; it does not hold back the ordered responses behind it."""
+        state.metrics.pending(state.queued)  # it left the queue (cancelled, timed out, failed): say so now
         self.deliver(p, Reply(p.request.request_id, error.status, error.wire_text()), [])
         if state.order is not None:
             for _, (q, ready, ready_frames) in state.order.drop(p.seq):

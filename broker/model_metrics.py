@@ -145,7 +145,9 @@ class ModelMetrics:
         self._failures["CANCELED"] += 1
 
     def pending(self, n: int) -> None:
-        """Requests queued and not yet sent to an instance (set after every add and dispatch)."""
+        """Requests queued and not yet sent to an instance: set whenever a request joins the queue, leaves it
+        in a batch, or leaves it unanswered by an instance (cancelled, timed out, failed), before that
+        request's answer is sent; the observer's periodic snapshot sets it too."""
         self._pending = n
 
     def bytes(self, inp: int, out: int) -> None:

@@ -97,6 +97,7 @@ class RequestPath:
         state.stats.record_batch(batch.size, batch.reason.value)
         state.metrics.batch(batch.size, batch.reason.value, (now - oldest) * 1e6)
         state.window.batch(now, batch.size)
+        state.metrics.pending(state.queued)  # the batch left the queue
         if log.isEnabledFor(logging.DEBUG):
             log.debug("event=batch model=%s size=%d requests=%d reason=%s worker=%s", state.name, batch.size,
                       len(batch.items), batch.reason.value, worker.decode())  # fmt: skip

@@ -234,8 +234,45 @@ def test_cancel_takes_a_request_out_of_the_queue(server: ServerProcess) -> None:
         calls.join(10)  # long before its 3 s batch delay would have sent it
         assert isinstance(calls.results[1], Cancelled)
         assert not c.cancel("r1")  # no longer in flight
-        wait_for(lambda: pending(server, "cancel") == 0, 5, "the pending gauge to drop the cancelled request")
         assert c.statistics("cancel")["model_stats"][0]["execution_count"] == 0
+
+
+def test_the_pending_gauge_drops_a_cancelled_request_before_its_answer_leaves(server: ServerProcess) -> None:
+    """The gauge is set when the queue changes, not on the next periodic snapshot: read at once after the
+    Cancelled answer (no waiting), it already says 0. Three rounds, each first seeing the request queued."""
+    with Client(server.url, timeout=30) as c:
+        c._model_info("cancel", 0)
+        for round_ in range(3):
+            calls, rid = _Calls(), f"g{round_}"
+            calls.start(1, lambda rid=rid: c.infer("cancel", _ab(1), request_id=rid))  # type: ignore[misc]
+            wait_for(lambda: pending(server, "cancel") == 1, 10, "the request to wait in the queue")
+            assert c.cancel(rid)
+            calls.join(10)
+            assert isinstance(calls.results[1], Cancelled)
+            assert pending(server, "cancel") == 0, f"round {round_}: the gauge still counts the cancelled one"
+
+
+@pytest.mark.parametrize("gate", ["busy"], indirect=True)
+def test_the_pending_gauge_drops_a_timed_out_request_before_its_answer_leaves(
+    server: ServerProcess, gate: Gate
+) -> None:
+    """The only instance is held busy; a request waits in the queue until its 200 ms queue timeout; read at
+    once after its DeadlineExceeded, the gauge says 0. Three rounds."""
+    calls = _Calls()
+    with ExitStack() as stack:
+        holder, c = _warm_clients(stack, server, "busy", 2)
+        calls.start(1, _sum(holder, "busy", 1))
+        gate.wait_started(1)
+        for round_ in range(3):
+            waiting = _Calls()
+            waiting.start(7, lambda: c.infer("busy", _ab(7), client_timeout=10))
+            waiting.join(10)  # a queue timeout only ever rejects a request that waits in the queue
+            assert isinstance(waiting.results[7], DeadlineExceeded), waiting.results
+            assert pending(server, "busy") == 0, f"round {round_}: the gauge still counts the expired request"
+        assert not gate.done(1) and not gate.started(7)  # it expired in the queue while the instance was busy
+        gate.release(1)
+        calls.join()
+        assert calls.results == {1: 2.0}
 
 
 def test_client_timeout_cancels_in_the_server(server: ServerProcess) -> None:
