@@ -45,35 +45,88 @@ def test_every_flag_the_docs_name_is_in_zinfer_help() -> None:
     assert not stale, f"fixed in the docs, drop from KNOWN_WRONG: {stale}"
 
 
-def _reliability_tests() -> list[str]:
-    entries = []
-    for line in (ROOT / "docs" / "reliability.md").read_text().splitlines():
-        if not re.match(r"\|\s*\d+\s*\|", line):
+RELIABILITY = ROOT / "docs" / "reliability.md"
+# rows proven by a benchmark run by hand, not a test: row -> why (each must name bench/ scripts that exist)
+BENCH_ROWS: dict[int, str] = {27: "a soak (minutes of load with workers killed) is a benchmark, never a test"}
+
+
+def _reliability_rows() -> dict[int, list[str]]:
+    """Each row of docs/reliability.md's scenario table: its number -> the entries its last cell names."""
+    rows: dict[int, list[str]] = {}
+    for line in RELIABILITY.read_text().splitlines():
+        m = re.match(r"\|\s*(\d+)\s*\|", line)
+        if not m:
             continue
         last = line.rstrip().rstrip("|").rsplit("|", 1)[-1]
-        entries += re.findall(r"`([^`]+)`", last)
-    return entries
+        leftover = re.sub(r"`[^`]+`", "", last).replace(",", "").strip()
+        assert not leftover, f"row {m.group(1)}: the Test cell holds more than `entries`: {leftover!r}"
+        assert int(m.group(1)) not in rows, f"row {m.group(1)} appears twice"
+        rows[int(m.group(1))] = re.findall(r"`([^`]+)`", last)
+    return rows
 
 
-def test_reliability_md_names_tests_and_files_that_exist() -> None:
-    entries = _reliability_tests()
-    assert len(entries) > 30
-    missing = []
-    for entry in entries:
-        file, _, test = entry.partition("::")
-        if "/" in file:
-            found = [ROOT / file] if (ROOT / file).is_file() else []
-        else:
-            found = list((ROOT / "tests").rglob(file))
-        if not found:
-            missing.append(entry)
-            continue
-        if test:
-            trees = [ast.parse(p.read_text()) for p in found]
-            names = {n.name for tree in trees for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
-            if test not in names:
-                missing.append(entry)
-    assert not missing, f"docs/reliability.md names tests that do not exist: {missing}"
+def _test_functions(path: Path) -> set[str]:
+    """The test functions pytest would collect by name from one file: module-level ``test_*`` functions."""
+    tree = ast.parse(path.read_text())
+    return {
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name.startswith("test_")
+    }
+
+
+def _missing_tests(rows: dict[int, list[str]]) -> dict[int, list[str]]:
+    """Per row, what is wrong: no test named, an entry that is not FILE.py::TEST, a file or test not found."""
+    files: dict[str, list[Path]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        files.setdefault(path.name, []).append(path)
+    wrong: dict[int, list[str]] = {}
+    for row, entries in rows.items():
+        problems = []
+        if row in BENCH_ROWS:
+            if not entries or not all(e.startswith("bench/") and (ROOT / e).is_file() for e in entries):
+                problems.append(f"a benchmark row must name bench/ scripts that exist, not {entries}")
+        elif not entries:
+            problems.append("names no test")
+        for entry in [] if row in BENCH_ROWS else entries:
+            file, sep, test = entry.partition("::")
+            if not sep or not test.startswith("test_") or not file.endswith(".py"):
+                problems.append(f"{entry}: not FILE.py::test_name")
+            elif len(files.get(file, [])) != 1:
+                problems.append(f"{entry}: {len(files.get(file, []))} files named {file} under tests/")
+            elif test not in _test_functions(files[file][0]):
+                problems.append(f"{entry}: no test function {test} in {files[file][0].relative_to(ROOT)}")
+        if problems:
+            wrong[row] = problems
+    return wrong
+
+
+def test_every_reliability_row_names_tests_that_exist() -> None:
+    """docs/reliability.md names, for each row, the tests that exercise exactly that row: every row names at
+    least one ``FILE.py::test_name``, and each one is a test function in that file under tests/."""
+    rows = _reliability_rows()
+    assert sorted(rows) == list(range(1, len(rows) + 1)) and len(rows) > 50, sorted(rows)
+    assert not set(BENCH_ROWS) - set(rows), f"BENCH_ROWS names rows the table lacks: {BENCH_ROWS}"
+    wrong = _missing_tests(rows)
+    assert not wrong, f"docs/reliability.md rows naming no test or tests that do not exist: {wrong}"
+
+
+def test_the_reliability_check_catches_a_missing_or_wrong_test() -> None:
+    """The check above is not vacuous: a row without a test, a bare file, a misspelt test, a helper that is
+    not a test and a file that does not exist are each reported, and the table's real first row is not."""
+    real = _reliability_rows()
+    first = real[1]
+    assert first and not _missing_tests({1: first})
+    file = first[0].partition("::")[0]
+    bad = {
+        1: [],
+        2: [file],
+        3: [first[0] + "_not"],
+        4: [f"{file}::{first[0].partition('::')[2].removeprefix('test_')}"],
+        5: ["test_no_such_file.py::test_x"],
+        27: ["bench/no_such_bench.py"],
+    }
+    assert sorted(_missing_tests({**bad, 6: first})) == [1, 2, 3, 4, 5, 27]
 
 
 def _readme_test_command() -> str:
