@@ -12,6 +12,7 @@ Always supported, and so not listed: ``name``, ``platform``, ``backend``, ``max_
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .optimization import Optimization
@@ -61,6 +62,15 @@ SUPPORTED_FEATURES: frozenset[str] = frozenset(
 )
 
 
+def _optimization_set(c: ModelConfig) -> bool:
+    """``optimization`` beyond its defaults; an ONNX model's ``graph { level }`` (and its
+    ``execution_accelerators``, refused by name in ``onnx_options``) are the onnxruntime backend's."""
+    opt = c.optimization
+    if c.platform == "onnxruntime_onnx" or c.backend == "onnxruntime":
+        opt = replace(opt, graph_level=None, execution_accelerators=None)
+    return opt != Optimization()
+
+
 FEATURES: tuple[tuple[str, Callable[[ModelConfig], bool]], ...] = (
     ("version_policy", lambda c: c.version_policy.kind != "latest" or c.version_policy.num_versions != 1),
     ("runtime", lambda c: bool(c.runtime)),
@@ -86,7 +96,7 @@ FEATURES: tuple[tuple[str, Callable[[ModelConfig], bool]], ...] = (
     ("output.is_non_linear_format_io", lambda c: any(t.is_non_linear_format_io for t in c.output)),
     ("batch_input", lambda c: bool(c.batch_input)),
     ("batch_output", lambda c: bool(c.batch_output)),
-    ("optimization", lambda c: c.optimization != Optimization()),
+    ("optimization", lambda c: _optimization_set(c)),
     ("dynamic_batching", lambda c: c.dynamic_batching is not None),
     (
         "dynamic_batching.preferred_batch_size",

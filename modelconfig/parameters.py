@@ -10,13 +10,18 @@ The broker enforces it (``zinfer.broker.execution_limit``); a bad value makes th
 Triton's python backend reads ``EXECUTION_ENV_PATH``: a conda-pack tarball it unpacks and whose Python
 runs the model. zinfer runs every python model in the server's own environment, so a model that names
 one is refused at load with that reason (``check_parameters``) rather than run in the wrong environment.
+
+An ONNX model's ONNX Runtime keys (``intra_op_thread_count`` and the rest) are checked here too, through
+``onnx_options.onnx_session_options``.
 """
 
 from __future__ import annotations
 
 from zinfer.client.errors import ConfigError
 
+from .autocomplete import is_onnx
 from .model_config import ModelConfig
+from .onnx_options import onnx_session_options
 
 __all__ = [
     "EXECUTION_ENV_PARAMETER",
@@ -57,3 +62,5 @@ def check_parameters(config: ModelConfig) -> None:
             "Python environment, so install the packages the model needs there and remove the parameter"
         )
     execution_limit_ns(config)
+    if is_onnx(config):
+        onnx_session_options(config)

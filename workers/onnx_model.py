@@ -14,6 +14,11 @@ API takes string tensors as object arrays of ``str`` only (it turns a ``bytes`` 
 (an element that is not UTF-8 fails the batch with InvalidArgument naming the input) and string outputs go
 back as UTF-8.
 
+Session options come from the config as Triton's onnxruntime backend reads them
+(``zinfer.modelconfig.onnx_options``: ``optimization { graph { level } }``, ``intra_op_thread_count``,
+``inter_op_thread_count``, ``execution_mode``, ``enable_mem_arena``, ``enable_mem_pattern``, session and run
+config entries, CUDA provider options on KIND_GPU).
+
 Instances: KIND_CPU runs on ONNX Runtime's CPU execution provider. KIND_GPU needs ``onnxruntime-gpu``
 with the CUDA execution provider and is refused at load without it; with it, the session runs on the
 instance's GPU, inputs are copied to the host first and outputs handed back as host arrays (no I/O
@@ -33,6 +38,7 @@ from zinfer.client.errors import ConfigError, InvalidArgument
 from zinfer.modelconfig.autocomplete import onnx_model_path
 from zinfer.modelconfig.model_config import ModelConfig, TensorConfig
 from zinfer.modelconfig.onnx_graph import ONNX_TO_CONFIG
+from zinfer.modelconfig.onnx_options import OnnxSessionOptions, onnx_session_options
 
 from .device import Device
 from .model import Array
@@ -130,7 +136,7 @@ def check_signature(config: ModelConfig, session: Any) -> None:
         _check_tensor(config, out, node, "output")
 
 
-def _providers(ort: Any, config: ModelConfig, device: Device) -> list[Any]:
+def _providers(ort: Any, config: ModelConfig, device: Device, options: OnnxSessionOptions) -> list[Any]:
     if device.kind != "GPU":
         return ["CPUExecutionProvider"]
     available = ort.get_available_providers()
@@ -140,7 +146,34 @@ def _providers(ort: Any, config: ModelConfig, device: Device) -> list[Any]:
             f"with the CUDA execution provider; this onnxruntime has {', '.join(available)} "
             "(install onnxruntime-gpu, or use instance_group { kind: KIND_CPU })"
         )
-    return [("CUDAExecutionProvider", {"device_id": device.id})]
+    return [("CUDAExecutionProvider", {"device_id": str(device.id), **options.cuda_provider_options})]
+
+
+def session_options(ort: Any, options: OnnxSessionOptions) -> Any:
+    """``onnxruntime.SessionOptions`` with what the config sets."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3  # errors only: its warnings would go to the worker's stderr
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, options.graph_optimization_level)
+    so.execution_mode = getattr(ort.ExecutionMode, options.execution_mode)
+    so.intra_op_num_threads = options.intra_op_num_threads
+    so.inter_op_num_threads = options.inter_op_num_threads
+    if options.enable_cpu_mem_arena is not None:
+        so.enable_cpu_mem_arena = options.enable_cpu_mem_arena
+    if options.enable_mem_pattern is not None:
+        so.enable_mem_pattern = options.enable_mem_pattern
+    for key, value in options.session_config.items():
+        so.add_session_config_entry(key, value)
+    return so
+
+
+def run_options(ort: Any, options: OnnxSessionOptions, device: Device) -> Any:
+    """``onnxruntime.RunOptions`` for every ``session.run``, or None when the config sets none."""
+    shrinkage = options.shrinkage_for(on_gpu=not device.is_host)
+    if not shrinkage:
+        return None
+    ro = ort.RunOptions()
+    ro.add_run_config_entry("memory.enable_memory_arena_shrinkage", shrinkage)
+    return ro
 
 
 def _as_text(name: str, array: Any) -> Any:
@@ -165,8 +198,9 @@ def _as_text(name: str, array: Any) -> Any:
 class OnnxModel:
     """An ONNX Runtime session behind the :class:`Model` interface: the whole batch in one run."""
 
-    def __init__(self, session: Any, config: ModelConfig, device: Device) -> None:
+    def __init__(self, session: Any, config: ModelConfig, device: Device, run_opts: Any = None) -> None:
         self.session = session
+        self.run_options = run_opts
         self.device = device
         self.outputs = [t.name for t in config.output]
         self.string_inputs = frozenset(t.name for t in config.input if t.data_type == "TYPE_STRING")
@@ -179,7 +213,7 @@ class OnnxModel:
             feed = {name: self.device.to_host(array) for name, array in inputs.items()}
         if self.string_inputs:
             feed = {n: _as_text(n, a) if n in self.string_inputs else a for n, a in feed.items()}
-        results = self.session.run(self.outputs, feed)
+        results = self.session.run(self.outputs, feed, self.run_options)
         return dict(zip(self.outputs, results, strict=True))
 
     def finalize(self) -> None:
@@ -191,15 +225,16 @@ def load_onnx_model(config: ModelConfig, version_dir: Path, device: Device) -> O
     path = onnx_model_path(config, version_dir)
     if not path.is_file():
         raise ConfigError(f"model {config.name!r}: backend 'onnxruntime' needs {path}: not found")
-    providers = _providers(ort, config, device)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # errors only: its warnings would go to the worker's stderr
+    options = onnx_session_options(config)
+    providers = _providers(ort, config, device, options)
     try:
-        session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+        session = ort.InferenceSession(
+            str(path), sess_options=session_options(ort, options), providers=providers
+        )
     except Exception as exc:
         raise ConfigError(f"{path}: ONNX Runtime cannot load it: {type(exc).__name__}: {exc}") from None
     check_signature(config, session)
     log.info(
         "event=onnx_loaded model=%s file=%s providers=%s", config.name, path.name, session.get_providers()
     )
-    return OnnxModel(session, config, device)
+    return OnnxModel(session, config, device, run_options(ort, options, device))
