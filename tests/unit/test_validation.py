@@ -192,6 +192,9 @@ def test_shape_keys_ignore_the_batch_dim_only_when_the_model_batches(
     two = check_request(_req(TensorRef("X", "FP32", (2, 2, 3), frame=0), t2), [b"\0" * 48, b"\0" * 8],
                         SIG, table, ME)  # fmt: skip
     assert one.shape_key == two.shape_key  # batch sizes 1 and 2 of the same shape go together
+    wider = check_request(_req(TensorRef("X", "FP32", (1, 5, 3), frame=0), t1), [b"\0" * 60, b"\0" * 4],
+                          SIG, table, ME)  # fmt: skip
+    assert wider.shape_key != one.shape_key  # every dim past the batch dim counts, not only the last
     flat = Signature.of(parse_model_config(
         """
         name: "f"
