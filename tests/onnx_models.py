@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 WEIGHTS = (np.arange(12, dtype=np.float32).reshape(4, 3) - 6.0).astype(np.float32)
 
 
-def _save(graph: onnx.GraphProto, path: Path, ir_version: int = 8) -> Path:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+def _save(graph: onnx.GraphProto, path: Path, ir_version: int = 8, opset: int = 13) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = ir_version
     onnx.checker.check_model(model)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,7 +81,7 @@ def simple(path: Path, elem: int = TensorProto.INT32, batch: int | str = "N") ->
         [helper.make_tensor_value_info(n, elem, shape) for n in ("INPUT0", "INPUT1")],
         [helper.make_tensor_value_info(n, elem, shape) for n in ("OUTPUT0", "OUTPUT1")],
     )
-    return _save(graph, path)
+    return _save(graph, path, opset=14)  # Add and Sub take int8 from opset 14
 
 
 def simple_string(path: Path) -> Path:
