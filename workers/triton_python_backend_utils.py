@@ -217,6 +217,13 @@ def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Unload a model of the repository; ``unload_dependents=True`` (Triton also unloads the models that
+    depend on it, such as its ensembles) is refused by name rather than ignored."""
+    if unload_dependents:
+        raise TritonModelException(
+            f"pb_utils.unload_model({model_name!r}, unload_dependents=True) is not supported by zinfer: it "
+            "does not track which models depend on another; unload each dependent model by name"
+        )
     from . import bls
 
     try:
