@@ -310,34 +310,21 @@ def test_attack_05_registering_many_regions_exhausts_nothing_for_others(
 
 PID_NS_CLIENT = textwrap.dedent(
     """
-    import sys, time
+    import sys
     import numpy as np
     from zinfer.client.client import Client
     with Client(sys.argv[1], timeout=30, inline_threshold=-1) as c:
+        registered = []  # the client registers its regions again if the server forgot them: count that
+        register_all = c._register_all
+        c._register_all = lambda: (registered.append(1), register_all())[1]
         x = c.empty((1, 16), np.float32); x[:] = 3.0
         assert c.infer("identity", {"INPUT0": x}).as_numpy("OUTPUT0").sum() == 48.0
-        time.sleep(5.0)  # past two reap intervals: a server judging by pid would have dropped our regions
+        print("registered", flush=True)
+        assert sys.stdin.readline().strip() == "go"  # the test saw a reap pass run since
         assert c.infer("identity", {"INPUT0": x}).as_numpy("OUTPUT0").sum() == 48.0
-    print("ok")
+    print("ok", len(registered), flush=True)
     """
 )
-
-
-def _can_unshare_pid() -> bool:
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True, timeout=10)
-    return probe.returncode == 0
-
-
-@pytest.mark.skipif(not _can_unshare_pid(), reason="needs root and unshare(1) to start a PID namespace")
-def test_attack_07_a_client_in_another_pid_namespace_keeps_its_regions(bundled_server: ServerProcess) -> None:
-    out = subprocess.run(
-        ["unshare", "--pid", "--fork", sys.executable, "-c", PID_NS_CLIENT, bundled_server.url],
-        capture_output=True, text=True, timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
-
 
 KILLED_CLIENT = textwrap.dedent(
     """
@@ -348,9 +335,71 @@ KILLED_CLIENT = textwrap.dedent(
     x = c.empty((1, 1 << 20), np.float32); x[:] = 1.0
     c.infer("identity", {"INPUT0": x})
     print("registered", flush=True)
-    time.sleep(60)
+    time.sleep(60)  # holds its regions until the test kills it (a bound, should the test die first)
     """
 )
+
+
+UNSHARE = ("unshare", "--pid", "--fork", "--kill-child")  # a PID namespace of its own, ended with us
+
+
+def _can_unshare_pid() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run([*UNSHARE, "true"], capture_output=True, timeout=10)
+    return probe.returncode == 0
+
+
+def _client(script: str, url: str, *prefix: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([*prefix, sys.executable, "-c", script, url], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+
+
+def _line(proc: subprocess.Popen[str], timeout: float = 30.0) -> str:
+    """The next line the process prints, or an assertion error after ``timeout`` seconds."""
+    out = proc.stdout
+    assert out is not None
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(out.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    assert box, f"no line from pid {proc.pid} within {timeout} s"
+    return box[0].strip()
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()
+
+
+@pytest.mark.skipif(not _can_unshare_pid(), reason="needs root and unshare(1) to start a PID namespace")
+def test_attack_07_a_client_in_another_pid_namespace_keeps_its_regions(bundled_server: ServerProcess) -> None:
+    """A live client whose pid the server cannot see keeps its regions through a reap pass: the pass that
+    released a killed witness's regions also probed this client, and its next call needs no registration
+    (a client whose regions were dropped registers them again, so success alone would prove nothing)."""
+    reaped = "event=regions_reaped reason=connection_gone"
+    inside = _client(PID_NS_CLIENT, bundled_server.url, *UNSHARE)
+    try:
+        assert _line(inside) == "registered"
+        passes = bundled_server.log().count(reaped)
+        witness = _client(KILLED_CLIENT, bundled_server.url)
+        try:
+            assert _line(witness) == "registered"
+        finally:
+            _end(witness)
+        wait_for(lambda: bundled_server.log().count(reaped) > passes, 15.0, "a reap pass after the witness")
+        assert inside.stdin is not None
+        inside.stdin.write("go\n")
+        inside.stdin.flush()
+        assert _line(inside) == "ok 0", "the server dropped the live client's regions"
+        assert inside.wait(30) == 0
+    finally:
+        _end(inside)
 
 
 def test_attack_07_a_killed_clients_regions_are_released_by_its_connection(
@@ -358,14 +407,10 @@ def test_attack_07_a_killed_clients_regions_are_released_by_its_connection(
 ) -> None:
     broker = bundled_server.proc.pid
     before = _fds(broker)
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, bundled_server.url], stdout=subprocess.PIPE,
-                            text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    proc = _client(KILLED_CLIENT, bundled_server.url)
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "registered"
+        assert _line(proc) == "registered"
         assert _fds(broker) > before
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        _end(proc)
     wait_for(lambda: _fds(broker) <= before, 10.0, "the broker to release a dead client's regions")

@@ -93,6 +93,15 @@ def _started(repo: Path) -> Path:
     return repo / "slow" / "1" / "started"
 
 
+async def _until_started(repo: Path, waiting: asyncio.Future[float], timeout: float = 30.0) -> None:
+    """Wait (without blocking the loop) until the call ``waiting`` made has reached the model."""
+    deadline = time.monotonic() + timeout
+    while not _started(repo).exists():
+        assert not waiting.done(), waiting
+        assert time.monotonic() < deadline, f"the request did not reach the model within {timeout} s"
+        await asyncio.sleep(0.02)
+
+
 @pytest.fixture
 def hard_stops() -> Iterator[Callable[[ServerProcess], list[psutil.Process]]]:
     """``stop(server)``: SIGKILL a server (resumed first if it was stopped) and its workers; whatever a
@@ -178,9 +187,7 @@ def test_killed_server_fails_a_waiting_async_infer_promptly(
     async def main() -> None:
         async with AsyncClient(server.url, timeout=SLOW_S * 2, inline_threshold=-1) as client:
             waiting = asyncio.ensure_future(_aadd(client))
-            while not _started(repo).exists():
-                assert not waiting.done()
-                await asyncio.sleep(0.02)
+            await _until_started(repo, waiting)
             workers = hard_stops(server)
             killed_at = time.monotonic()
             server.proc.kill()
@@ -242,8 +249,7 @@ def test_frozen_server_is_noticed_by_heartbeats(
                 client.model_metadata("slow")
                 await aclient.model_metadata("slow")
                 waiting = asyncio.ensure_future(_aadd(aclient))
-                while not _started(repo).exists():
-                    await asyncio.sleep(0.02)
+                await _until_started(repo, waiting)
                 workers = hard_stops(server)
                 os.kill(server.proc.pid, signal.SIGSTOP)
                 stopped_at = time.monotonic()
