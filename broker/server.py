@@ -45,6 +45,7 @@ from .model_control import ModelControl
 from .model_state import ModelState
 from .observer import Observer
 from .outbox import IPC_TAG, TCP_TAG, Outbox
+from .precise_wait import PreciseWait, tighten_timer_slack
 from .region_intake import RegionIntake
 from .regions import Region, RegionTable
 from .registry import ModelRegistry
@@ -245,11 +246,11 @@ class Broker:
             intake.watch(lambda fd, on: poller.register(fd, zmq.POLLIN) if on else poller.unregister(fd))
         if tcp is not None:
             poller.register(tcp, zmq.POLLIN)
+        waiter = PreciseWait(poller)  # deadlines kept to microseconds, not whole milliseconds
+        if not tighten_timer_slack():
+            log.info("event=timer_slack_unchanged")
         while not self._should_exit(stop_requests()):
-            timeout_ms = self.path.poll_timeout_ms()
-            if timeout_ms < 1.0:  # zmq polls in whole milliseconds: sleep the sub-millisecond rest
-                time.sleep(timeout_ms / 1000)
-            events = dict(poller.poll(int(timeout_ms)))
+            events = waiter.poll(self.path.poll_timeout_ms())
             self.outbox.hold()  # replies of this turn to one connection go in one message
             if self.backend in events:
                 self._drain(self.backend, self.worker_inbox.on_message, b"")
