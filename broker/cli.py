@@ -145,6 +145,7 @@ def frontdoor_config(args: argparse.Namespace, options: ServerOptions) -> FrontD
         insecure_remote=args.insecure_remote,
         max_tensor_bytes=options.max_tensor_bytes,
         log_level=options.log_level,
+        model_repository=options.model_repository,
     )
     if (config.tls_cert is None) != (config.tls_key is None):
         raise ConfigError("--tls-cert and --tls-key go together")

@@ -69,6 +69,7 @@ class FrontDoorConfig:
     insecure_remote: bool = False
     max_tensor_bytes: int = 1 << 32
     log_level: str = "INFO"
+    model_repository: Path | None = None  # the front door reads classification's label files there
 
     @property
     def enabled(self) -> bool:
@@ -90,7 +91,8 @@ class FrontDoorConfig:
             "--log-level", self.log_level,
         ]  # fmt: skip
         optional = (("--grpc", self.grpc), ("--http", self.http), ("--tls-cert", self.tls_cert),
-                    ("--tls-key", self.tls_key), ("--tls-client-ca", self.tls_client_ca))  # fmt: skip
+                    ("--tls-key", self.tls_key), ("--tls-client-ca", self.tls_client_ca),
+                    ("--model-repository", self.model_repository))  # fmt: skip
         for flag, value in optional:
             if value is not None:
                 cmd += [flag, str(value)]

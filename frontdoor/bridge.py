@@ -53,6 +53,7 @@ EXTENSIONS = (
     "parameters",
     "statistics",
     "sequence",
+    "classification",
 )
 """Triton's protocol extensions the front door answers (server metadata lists them)."""
 

@@ -109,6 +109,8 @@ class InferCall:
     sequence_start: bool = False
     sequence_end: bool = False
     parameters: Mapping[str, Any] = field(default_factory=_empty)  # the other parameters, for the layers
+    # outputs asked for as their top classes (Triton's classification extension): {output: class count}
+    class_counts: Mapping[str, int] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .bridge import Bridge
+from .classification import LabelFiles
 from .sysshm import SystemShm
 
 __all__ = ["Counters", "FrontDoor", "FrontDoorOptions", "is_loopback", "is_local_peer", "listen_problem"]
@@ -31,6 +32,7 @@ class FrontDoorOptions:
     max_tensor_bytes: int = 1 << 30
     status_file: Path | None = None  # where the process writes its pid and request counts
     index: int = 0
+    model_repository: Path | None = None  # where classification's label files are read (None: no labels)
 
     @property
     def tls(self) -> bool:
@@ -111,3 +113,4 @@ class FrontDoor:
     bridge: Bridge
     shm: SystemShm
     counters: Counters = field(default_factory=Counters)
+    labels: LabelFiles = field(default_factory=LabelFiles)  # classification's label files

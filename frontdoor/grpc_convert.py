@@ -20,7 +20,7 @@ from zinfer.client import dtypes
 from zinfer.client.errors import InvalidArgument
 
 from .bridge_records import InferCall, InferReply, ModelMetadata, ModelStatistics, RepositoryModel, Tensor
-from .errors import FrontDoorError
+from .classification import parse_class_count
 from .sysshm import SystemShm
 
 __all__ = [
@@ -48,7 +48,6 @@ _CONTENTS = {
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
 }
-_REFUSED_OUTPUT_PARAMETERS = ("classification",)
 Alloc = Callable[[tuple[int, ...], np.dtype[Any]], npt.NDArray[Any]]
 """Where an input read from shared memory goes (the bridge's arena: ``Bridge.empty``)."""
 
@@ -191,11 +190,15 @@ def infer_call(
     if used_raw != len(raw):
         raise InvalidArgument(f"the request has {len(raw)} raw_input_contents for {used_raw} inputs")
     outputs = []
+    class_counts: dict[str, int] = {}
     for o in request.outputs:
         oparams = parameters(o.parameters)
-        for key in _REFUSED_OUTPUT_PARAMETERS:
-            if key in oparams:
-                raise FrontDoorError("INVALID_ARGUMENT", 400, f"output '{o.name}': {key} is not supported")
+        if "classification" in oparams:
+            count = parse_class_count(oparams["classification"], o.name)
+            if count and "shared_memory_region" in oparams:
+                raise InvalidArgument(f"output '{o.name}': classification cannot be written to shared memory")
+            if count:
+                class_counts[o.name] = count
         outputs.append(o.name)
     return InferCall(
         model=model,
@@ -209,6 +212,7 @@ def infer_call(
         sequence_start=_bool(params, "sequence_start"),
         sequence_end=_bool(params, "sequence_end"),
         parameters=params,
+        class_counts=class_counts,
     )
 
 

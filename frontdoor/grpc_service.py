@@ -20,6 +20,7 @@ from zinfer.client.errors import InvalidArgument
 
 from . import grpc_convert as convert
 from .bridge_records import InferCall
+from .classification import classify_reply
 from .door import FrontDoor, is_local_peer
 from .errors import FrontDoorError, triton_error
 
@@ -146,6 +147,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                     "ModelInfer RPC doesn't support models with decoupled transaction policy",
                 )
             reply = await self.bridge.infer(call)
+            reply = await classify_reply(self.bridge, self.door.labels, reply, call.class_counts)
             return convert.infer_response(reply, regions, self.door.shm)
 
         return await self._answer(context, run)
@@ -172,6 +174,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                 async for reply in self.bridge.stream(call):
                     if reply.final and not reply.outputs and not empty_final:
                         continue
+                    reply = await classify_reply(self.bridge, self.door.labels, reply, call.class_counts)
                     response = convert.infer_response(reply, regions, self.door.shm)
                     if empty_final:
                         response.parameters["triton_final_response"].bool_param = reply.final

@@ -32,6 +32,7 @@ from zinfer.client.dtypes import BYTES, WIRE_TYPES, deserialize_bytes, itemsize,
 from zinfer.client.errors import InvalidArgument
 
 from .bridge_records import Tensor
+from .classification import parse_class_count
 
 __all__ = [
     "HEADER_LENGTH",
@@ -101,6 +102,7 @@ class OutputSpec:
     name: str
     binary: bool | None = None
     shm: ShmRef | None = None
+    class_count: int = 0  # Triton's classification extension: the top classes instead of the tensor
 
 
 @dataclass(frozen=True)
@@ -303,13 +305,14 @@ def _output(item: Any, limits: Limits) -> OutputSpec:
     body = _object(item, "outputs")
     params = _object(body.get("parameters", {}), "parameters")
     name = _string(body.get("name"), "name", limits.max_name)
-    if "classification" in params:
-        raise _bad(f"output '{name}': classification is not supported by zinfer; ask for the tensor itself")
+    count = parse_class_count(params["classification"], name) if "classification" in params else 0
     binary = _bool(params["binary_data"], "binary_data") if "binary_data" in params else None
     shm = _shm_ref(params)
     if shm is not None and binary:
         raise _bad("Output can't set both 'shared_memory_region' and 'binary_data'")
-    return OutputSpec(name, binary, shm)
+    if shm is not None and count:
+        raise _bad(f"output '{name}': classification cannot be written to shared memory")
+    return OutputSpec(name, binary, shm, count)
 
 
 def _request_parameters(params: Mapping[str, Any]) -> dict[str, Any]:

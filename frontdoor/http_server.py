@@ -33,6 +33,7 @@ from aiohttp import web
 from zinfer.client.errors import InvalidArgument
 
 from .bridge_records import InferCall, Tensor
+from .classification import classify_reply
 from .door import FrontDoor
 from .errors import FrontDoorError, triton_error
 from .http_codec import (
@@ -271,6 +272,8 @@ class HttpFrontDoor:
             parameters=parsed.parameters,
         )
         reply = await self.bridge.infer(call)
+        counts = {o.name: o.class_count for o in parsed.outputs if o.class_count}
+        reply = await classify_reply(self.bridge, self.door.labels, reply, counts)
         in_shm = self._write_shm_outputs(parsed, reply.outputs)
         encoded = encode_infer_reply(reply, parsed, in_shm)
         headers = {}

@@ -22,6 +22,7 @@ from typing import Any
 from zinfer.client.errors import ConfigError
 
 from .bridge import Bridge
+from .classification import LabelFiles
 from .door import FrontDoor, FrontDoorOptions
 from .sysshm import SystemShm
 
@@ -43,6 +44,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[FrontDoorOptions, int
     p.add_argument("--max-tensor-bytes", type=int, default=1 << 30)
     p.add_argument("--status-file", type=Path)
     p.add_argument("--index", type=int, default=0)
+    p.add_argument("--model-repository", type=Path)
     p.add_argument("--parent", type=int)
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
@@ -58,6 +60,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[FrontDoorOptions, int
         max_tensor_bytes=a.max_tensor_bytes,
         status_file=a.status_file,
         index=a.index,
+        model_repository=a.model_repository,
     )
     return options, a.parent, a.log_level
 
@@ -68,7 +71,12 @@ async def serve(options: FrontDoorOptions, parent: int | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    door = FrontDoor(options, Bridge(options.broker_url), SystemShm(options.shm_folder))
+    door = FrontDoor(
+        options,
+        Bridge(options.broker_url),
+        SystemShm(options.shm_folder),
+        labels=LabelFiles(options.model_repository),
+    )
     servers: list[Any] = []
     tasks: list[asyncio.Task[None]] = []
     try:

@@ -8,9 +8,9 @@ difference), ``simple_int8`` and ``simple_string`` (the same on strings of decim
 the ones Triton's example clients make: image_client.py's metadata and config checks and its request, and
 simple_{http,grpc}_infer_client.py / simple_{http,grpc}_string_infer_client.py.
 
-image_client.py asks for classification (``class_count``, 1 by default); zinfer's front door refuses it
-with a clear error (docs/models.md says so), so the last step is shown refused, and the scores checked
-from the tensor itself."""
+image_client.py asks for classification (``class_count``, 1 by default): Triton's classification extension,
+answered by the front door as "<score>:<index>:<label>" strings from the output's ``label_filename``, read
+and printed here as image_client.py's postprocess does, and checked against the tensor itself and NumPy."""
 
 from __future__ import annotations
 
@@ -143,9 +143,27 @@ def test_image_client_model_checks_pass_over_grpc(grpc: grpcclient.InferenceServ
     assert config.output[0].label_filename == "densenet_labels.txt"
 
 
+def _text(item: Any) -> str:
+    return item.decode("utf-8") if isinstance(item, bytes) else str(item)
+
+
+def _expected(scores: np.ndarray[Any, Any], count: int, labels: bool = True) -> list[list[str]]:
+    """Triton's classification of [batch, classes] scores in NumPy: the top ``count`` per row, highest
+    first, ties to the lower index, each "<value>:<index>[:<label>]" with the value as std::to_string."""
+    rows = []
+    for row in scores:
+        best = np.argsort(-row.astype(np.float64), kind="stable")[:count]
+        rows.append([f"{float(row[k]):.6f}:{k}" + (f":class {k}" if labels else "") for k in best])
+    return rows
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_densenet_scores_and_classification_refused(
-    protocol: str, http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+@pytest.mark.parametrize("classes", [1, 3])
+def test_image_client_classification(
+    protocol: str,
+    classes: int,
+    http: httpclient.InferenceServerClient,
+    grpc: grpcclient.InferenceServerClient,
 ) -> None:
     mod: Any = httpclient if protocol == "http" else grpcclient
     client: Any = http if protocol == "http" else grpc
@@ -156,9 +174,69 @@ def test_densenet_scores_and_classification_refused(
     scores = result.as_numpy("fc6_1")
     assert scores.shape == (1, CLASSES) and scores.dtype == np.float32
     np.testing.assert_allclose(scores, densenet_scores(batch), rtol=1e-4, atol=1e-3)
-    # what image_client.py asks for: the top class as "score:index:label"; refused by zinfer
-    with pytest.raises(InferenceServerException, match="classification is not supported"):
-        client.infer("densenet_onnx", [inp], outputs=[mod.InferRequestedOutput("fc6_1", class_count=1)])
+    # image_client.py's request: binary_data=True over HTTP (the default), class_count=FLAGS.classes
+    requested = mod.InferRequestedOutput("fc6_1", class_count=classes)
+    classified = client.infer("densenet_onnx", [inp], outputs=[requested])
+    output_array = classified.as_numpy("fc6_1")
+    assert output_array.dtype == np.object_ and output_array.shape == (1, classes)
+    assert [[_text(v) for v in row] for row in output_array] == _expected(scores, classes)
+    # image_client.py's postprocess: one row per image, each "score:index:label" split on ':'
+    printed = []
+    for results in output_array:
+        for result in results:
+            cls = (
+                "".join(chr(x) for x in result).split(":") if isinstance(result, bytes) else result.split(":")
+            )
+            printed.append(f"    {cls[0]} ({cls[1]}) = {cls[2]}")
+    best = int(np.argsort(-scores[0].astype(np.float64), kind="stable")[0])
+    assert printed[0] == f"    {float(scores[0][best]):.6f} ({best}) = class {best}"
+    assert float(printed[0].split()[0]) == pytest.approx(float(densenet_scores(batch)[0].max()), abs=1e-3)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_classification_of_a_batch_of_two_without_labels(
+    protocol: str, http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    """``simple`` batches (max_batch_size 8) and names no label file: [2, 16] INT32 sums give [2, 3]
+    "value:index" strings, indices counted within each row (as JSON data over HTTP, not binary)."""
+    mod: Any = httpclient if protocol == "http" else grpcclient
+    client: Any = http if protocol == "http" else grpc
+    input0 = np.array([np.arange(16), np.arange(16)[::-1] % 5], dtype=np.int32)
+    input1 = np.ones((2, 16), dtype=np.int32)
+    inputs = [mod.InferInput("INPUT0", [2, 16], "INT32"), mod.InferInput("INPUT1", [2, 16], "INT32")]
+    inputs[0].set_data_from_numpy(input0)
+    inputs[1].set_data_from_numpy(input1)
+    extra = {"binary_data": False} if protocol == "http" else {}
+    outputs = [
+        mod.InferRequestedOutput("OUTPUT0", class_count=3, **extra),
+        mod.InferRequestedOutput("OUTPUT1"),
+    ]
+    result = client.infer("simple", inputs, outputs=outputs)
+    got = result.as_numpy("OUTPUT0")
+    assert got.shape == (2, 3)
+    sums = input0 + input1
+    want = [
+        [f"{int(row[k])}:{k}" for k in np.argsort(-row.astype(np.int64), kind="stable")[:3]] for row in sums
+    ]
+    assert [[_text(v) for v in row] for row in got] == want
+    assert np.array_equal(result.as_numpy("OUTPUT1"), input0 - input1)  # the other output stays a tensor
+    many = client.infer("simple", inputs, outputs=[mod.InferRequestedOutput("OUTPUT0", class_count=99)])
+    assert many.as_numpy("OUTPUT0").shape == (2, 16)  # more than the classes: all of them
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_classification_of_a_string_output_is_refused(
+    protocol: str, http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    mod: Any = httpclient if protocol == "http" else grpcclient
+    client: Any = http if protocol == "http" else grpc
+    data = np.array([[str(x).encode() for x in range(16)]], dtype=np.object_)
+    inputs = [mod.InferInput("INPUT0", [1, 16], "BYTES"), mod.InferInput("INPUT1", [1, 16], "BYTES")]
+    for i in inputs:
+        i.set_data_from_numpy(data)
+    refused = "class result not available for output due to unsupported type 'BYTES'"
+    with pytest.raises(InferenceServerException, match=refused):
+        client.infer("simple_string", inputs, outputs=[mod.InferRequestedOutput("OUTPUT0", class_count=1)])
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

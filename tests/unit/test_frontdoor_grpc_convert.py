@@ -23,7 +23,6 @@ from zinfer.frontdoor.bridge_records import (
     Tensor,
     TensorSpec,
 )
-from zinfer.frontdoor.errors import FrontDoorError
 from zinfer.frontdoor.sysshm import SystemShm
 from zinfer.modelconfig.model_config import load_model_config
 
@@ -117,10 +116,19 @@ def test_the_same_input_twice_and_an_unnamed_model_are_refused() -> None:
         convert.infer_call(_request(""), None)
 
 
-def test_classification_is_refused() -> None:
+def test_classification_counts_are_taken_and_bad_ones_refused() -> None:
     r = _request()
     r.outputs.add(name="Y").parameters["classification"].int64_param = 3
-    with pytest.raises(FrontDoorError, match="classification is not supported"):
+    r.outputs.add(name="Z").parameters["classification"].int64_param = 0  # 0: the tensor itself, as Triton
+    assert convert.infer_call(r, None).class_counts == {"Y": 3}
+    r.outputs.add(name="W").parameters["classification"].string_param = "3"
+    with pytest.raises(InvalidArgument, match="invalid value type for 'classification' parameter"):
+        convert.infer_call(r, None)
+    r = _request()
+    out = r.outputs.add(name="Y")
+    out.parameters["classification"].int64_param = 1
+    out.parameters["shared_memory_region"].string_param = "r"
+    with pytest.raises(InvalidArgument, match="classification cannot be written to shared memory"):
         convert.infer_call(r, None)
 
 

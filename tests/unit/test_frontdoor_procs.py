@@ -46,7 +46,9 @@ def test_the_command_line(tmp_path: Path) -> None:
     assert pairs["--index"] == "1" and pairs["--grpc"] == "127.0.0.1:1" and pairs["--http"] == "127.0.0.1:2"
     assert pairs["--status-file"] == str(tmp_path / "frontdoor" / "1.json")
     assert pairs["--max-tensor-bytes"] == "9" and pairs["--tls-key"] == "/k"
-    assert "--insecure-remote" in cmd and "--tls-client-ca" not in cmd
+    assert "--insecure-remote" in cmd and "--tls-client-ca" not in cmd and "--model-repository" not in cmd
+    with_repo = FrontDoorConfig(1, "u", tmp_path, "127.0.0.1:1", model_repository=Path("/models")).command(0)
+    assert with_repo[with_repo.index("--model-repository") + 1] == "/models"  # where label files are read
     assert not FrontDoorConfig(0, "u", tmp_path, grpc="127.0.0.1:1").enabled
     assert not FrontDoorConfig(1, "u", tmp_path).enabled
 

@@ -157,7 +157,10 @@ def test_shared_memory_inputs_are_read_through_the_reader() -> None:
         ({"inputs": [], "parameters": {"sequence_start": 1}}, (), "Unable to parse 'sequence_start'"),
         ({"inputs": [], "parameters": {"x": [1]}}, (), "has invalid type"),
         ({"inputs": [], "id": 5}, (), "Unable to parse 'id'"),
-        ({"inputs": [], "outputs": [{"name": "O", "parameters": {"classification": 3}}]}, (), "classificat"),
+        ({"inputs": [], "outputs": [{"name": "O", "parameters": {"classification": -1}}]}, (), "classificat"),
+        ({"inputs": [], "outputs": [{"name": "O", "parameters": {"classification": 1,
+                                                                  "shared_memory_region": "r"}}]},
+         (), "cannot be written to shared memory"),
         ({"inputs": [], "outputs": [{"name": "O", "parameters": {"binary_data": True,
                                                                   "shared_memory_region": "r"}}]},
          (), "can't set both"),
@@ -286,3 +289,8 @@ def test_fuzz_random_bytes_and_header_values(body: bytes, header: str | None) ->
         decode_infer_request(body, length, "m", LIMITS)
     except InvalidArgument:
         pass
+
+
+def test_an_outputs_classification_count_is_taken() -> None:
+    head = {"inputs": [], "outputs": [{"name": "O", "parameters": {"classification": 3}}, {"name": "P"}]}
+    assert [(o.name, o.class_count) for o in _decode(head).outputs] == [("O", 3), ("P", 0)]
