@@ -46,8 +46,6 @@ def test_every_flag_the_docs_name_is_in_zinfer_help() -> None:
 
 
 RELIABILITY = ROOT / "docs" / "reliability.md"
-# rows proven by a benchmark run by hand, not a test: row -> why (each must name bench/ scripts that exist)
-BENCH_ROWS: dict[int, str] = {27: "a soak (minutes of load with workers killed) is a benchmark, never a test"}
 
 
 def _reliability_rows() -> dict[int, list[str]]:
@@ -76,19 +74,20 @@ def _test_functions(path: Path) -> set[str]:
 
 
 def _missing_tests(rows: dict[int, list[str]]) -> dict[int, list[str]]:
-    """Per row, what is wrong: no test named, an entry that is not FILE.py::TEST, a file or test not found."""
+    """Per row, what is wrong: no test named, an entry that is not FILE.py::TEST, a file or test not found,
+    a ``bench/`` script named beside the tests (a benchmark run by hand, e.g. row 27's soak) missing."""
     files: dict[str, list[Path]] = {}
     for path in (ROOT / "tests").rglob("test_*.py"):
         files.setdefault(path.name, []).append(path)
     wrong: dict[int, list[str]] = {}
     for row, entries in rows.items():
         problems = []
-        if row in BENCH_ROWS:
-            if not entries or not all(e.startswith("bench/") and (ROOT / e).is_file() for e in entries):
-                problems.append(f"a benchmark row must name bench/ scripts that exist, not {entries}")
-        elif not entries:
+        benches = [e for e in entries if e.startswith("bench/")]
+        problems += [f"{b}: no such benchmark script" for b in benches if not (ROOT / b).is_file()]
+        tests = [e for e in entries if e not in benches]
+        if not tests:
             problems.append("names no test")
-        for entry in [] if row in BENCH_ROWS else entries:
+        for entry in tests:
             file, sep, test = entry.partition("::")
             if not sep or not test.startswith("test_") or not file.endswith(".py"):
                 problems.append(f"{entry}: not FILE.py::test_name")
@@ -106,17 +105,19 @@ def test_every_reliability_row_names_tests_that_exist() -> None:
     least one ``FILE.py::test_name``, and each one is a test function in that file under tests/."""
     rows = _reliability_rows()
     assert sorted(rows) == list(range(1, len(rows) + 1)) and len(rows) > 50, sorted(rows)
-    assert not set(BENCH_ROWS) - set(rows), f"BENCH_ROWS names rows the table lacks: {BENCH_ROWS}"
     wrong = _missing_tests(rows)
     assert not wrong, f"docs/reliability.md rows naming no test or tests that do not exist: {wrong}"
 
 
 def test_the_reliability_check_catches_a_missing_or_wrong_test() -> None:
     """The check above is not vacuous: a row without a test, a bare file, a misspelt test, a helper that is
-    not a test and a file that does not exist are each reported, and the table's real first row is not."""
+    not a test, a file that does not exist, a benchmark alone and a benchmark that does not exist are each
+    reported, and neither the table's real first row nor that row with a real benchmark beside it is."""
     real = _reliability_rows()
     first = real[1]
-    assert first and not _missing_tests({1: first})
+    assert (
+        first and not _missing_tests({1: first}) and not _missing_tests({1: [*first, "bench/bench_soak.py"]})
+    )
     file = first[0].partition("::")[0]
     bad = {
         1: [],
@@ -124,9 +125,10 @@ def test_the_reliability_check_catches_a_missing_or_wrong_test() -> None:
         3: [first[0] + "_not"],
         4: [f"{file}::{first[0].partition('::')[2].removeprefix('test_')}"],
         5: ["test_no_such_file.py::test_x"],
-        27: ["bench/no_such_bench.py"],
+        7: ["bench/bench_soak.py"],
+        8: [*first, "bench/no_such_bench.py"],
     }
-    assert sorted(_missing_tests({**bad, 6: first})) == [1, 2, 3, 4, 5, 27]
+    assert sorted(_missing_tests({**bad, 6: first})) == [1, 2, 3, 4, 5, 7, 8]
 
 
 def _readme_test_command() -> str:
