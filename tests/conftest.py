@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,6 +31,22 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval:
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def open_fds(pid: int) -> int:
+    """How many descriptors process ``pid`` has open."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The next line ``proc`` prints (stripped), or '' when none comes within ``timeout`` seconds."""
+    out = proc.stdout
+    assert out is not None
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(out.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return box[0].strip() if box else ""
 
 
 def zinfer_segments() -> set[str]:

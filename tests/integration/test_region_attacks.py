@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import zmq
 
-from tests.conftest import MODELS, ServerProcess, wait_for
+from tests.conftest import MODELS, ServerProcess, open_fds, read_line, wait_for
 from tests.raw_client import Raw
 from zinfer.client import protocol
 from zinfer.client.client import Client
@@ -49,10 +49,6 @@ def raw(bundled_server: ServerProcess) -> Iterator[Raw]:
     r = Raw(bundled_server.url)
     yield r
     r.close()
-
-
-def _fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def _identity_header(region: str, offset: int, n: int, out_offset: int) -> dict[str, object]:
@@ -278,7 +274,7 @@ def test_attack_05_registering_many_regions_exhausts_nothing_for_others(
 ) -> None:
     broker = bundled_server.proc.pid
     worker = next(p for p in bundled_server.workers() if "identity" in " ".join(p.cmdline()))
-    before = _fds(broker)
+    before = open_fds(broker)
     attacker = Raw(bundled_server.url)
     segs: list[Segment] = []
     try:
@@ -295,7 +291,7 @@ def test_attack_05_registering_many_regions_exhausts_nothing_for_others(
             assert reply.status == protocol.Status.OK, reply.error
         assert refused is not None and refused.status == protocol.Status.RESOURCE_EXHAUSTED
         assert "at most" in refused.error
-        assert _fds(worker.pid) < 600  # one descriptor per mapping, bounded
+        assert open_fds(worker.pid) < 600  # one descriptor per mapping, bounded
         with Client(bundled_server.url, timeout=30, inline_threshold=-1) as other:  # a new client is fine
             _still_serving(other)
     finally:
@@ -303,7 +299,7 @@ def test_attack_05_registering_many_regions_exhausts_nothing_for_others(
         for seg in segs:
             seg.close()
     # the attacker's connection is gone: its regions are released, judged by the connection
-    wait_for(lambda: _fds(broker) <= before + 8, 15.0, "the broker to release the attacker's regions")
+    wait_for(lambda: open_fds(broker) <= before + 8, 15.0, "the broker to release the attacker's regions")
 
 
 # ---------------------------------------------------------------------------------------------- item 7
@@ -358,14 +354,9 @@ def _client(script: str, url: str, *prefix: str) -> subprocess.Popen[str]:
 
 def _line(proc: subprocess.Popen[str], timeout: float = 30.0) -> str:
     """The next line the process prints, or an assertion error after ``timeout`` seconds."""
-    out = proc.stdout
-    assert out is not None
-    box: list[str] = []
-    reader = threading.Thread(target=lambda: box.append(out.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    assert box, f"no line from pid {proc.pid} within {timeout} s"
-    return box[0].strip()
+    line = read_line(proc, timeout)
+    assert line, f"no line from pid {proc.pid} within {timeout} s"
+    return line
 
 
 def _end(proc: subprocess.Popen[str]) -> None:
@@ -406,11 +397,11 @@ def test_attack_07_a_killed_clients_regions_are_released_by_its_connection(
     bundled_server: ServerProcess,
 ) -> None:
     broker = bundled_server.proc.pid
-    before = _fds(broker)
+    before = open_fds(broker)
     proc = _client(KILLED_CLIENT, bundled_server.url)
     try:
         assert _line(proc) == "registered"
-        assert _fds(broker) > before
+        assert open_fds(broker) > before
     finally:
         _end(proc)
-    wait_for(lambda: _fds(broker) <= before, 10.0, "the broker to release a dead client's regions")
+    wait_for(lambda: open_fds(broker) <= before, 10.0, "the broker to release a dead client's regions")

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from tests.conftest import MODELS, ServerProcess, wait_for
+from tests.frontdoor_helpers import free_port
 from zinfer.client import AsyncClient, Client
 from zinfer.client.connection import Unsent
 from zinfer.client.errors import ConnectionFailed
@@ -272,20 +273,12 @@ def test_frozen_server_is_noticed_by_heartbeats(
     asyncio.run(main())
 
 
-def _unused_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize("timeout", [0.5, 1.0, 2.0])
 def test_a_call_no_server_ever_took_fails_as_unsent_not_as_a_timeout(timeout: float) -> None:
     """The call's timeout may be the same as its connect wait (min(timeout, 2 heartbeats)): a message that
     never left is ``Unsent`` (the server never saw it), never a ``RequestTimeout``. With a 1 s timeout and
     the 1 s heartbeat both deadlines fell on the same instant and the sync client said timeout."""
-    url = f"tcp://127.0.0.1:{_unused_port()}"
+    url = f"tcp://127.0.0.1:{free_port()}"
     with Client(url, timeout=timeout) as client:
         with pytest.raises(Unsent, match="no connection"):
             client.is_server_live()

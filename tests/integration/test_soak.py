@@ -23,7 +23,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.conftest import MODELS, ServerProcess, wait_for, zinfer_segments
+from tests.conftest import MODELS, ServerProcess, open_fds, read_line, wait_for, zinfer_segments
 from zinfer.client import Client
 from zinfer.client.errors import RequestTimeout, ServerError, ZinferError
 from zinfer.client.shm import creator_pid
@@ -110,17 +110,6 @@ def _loader(url: str, stop: threading.Event, tally: Tally, seed: int) -> None:
                     tally.add("ok" if right else "wrong", time.monotonic() - start)
 
 
-def _line(proc: subprocess.Popen[str], timeout: float) -> str:
-    """The next line the process prints, or '' after ``timeout`` seconds."""
-    out = proc.stdout
-    assert out is not None
-    box: list[str] = []
-    reader = threading.Thread(target=lambda: box.append(out.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    return box[0].strip() if box else ""
-
-
 def _dying_clients(
     url: str, broker: int, stop: threading.Event, procs: list[subprocess.Popen[str]], held: list[int]
 ) -> None:
@@ -134,7 +123,7 @@ def _dying_clients(
         proc = subprocess.Popen([sys.executable, "-c", DYING_CLIENT, url], stdout=subprocess.PIPE, text=True,
                                 stdin=subprocess.DEVNULL, cwd=ROOT, env=env)  # fmt: skip
         procs.append(proc)
-        if _line(proc, 20.0) == "registered":
+        if read_line(proc, 20.0) == "registered":
             held.append(_memory_fds(broker))
             stop.wait(rng.uniform(0.1, 0.4))  # some requests in flight when it dies
         proc.send_signal(signal.SIGKILL)
@@ -176,10 +165,6 @@ def _memory_fds(pid: int) -> int:
     return n
 
 
-def _fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
 def _server_segments(pid: int) -> set[str]:
     return {n for n in zinfer_segments() if creator_pid(n) == pid}
 
@@ -204,7 +189,7 @@ def test_soak_with_workers_killed_and_clients_dying_loses_nothing_and_leaks_noth
         warm.infer("identity", {"INPUT0": np.ones((1, 20000), np.float32)})
     with Client(server.url, timeout=CALL_TIMEOUT_S) as probe:  # inline only: holds no region
         probe.is_server_ready()
-        fds_base, memory_base = _fds(broker.pid), _memory_fds(broker.pid)
+        fds_base, memory_base = open_fds(broker.pid), _memory_fds(broker.pid)
         segments_base, rss_base = _server_segments(broker.pid), broker.memory_info().rss
 
         tally, stop = Tally(), threading.Event()
@@ -251,12 +236,12 @@ def test_soak_with_workers_killed_and_clients_dying_loses_nothing_and_leaks_noth
 
         # every connection is gone but the probe's: the dead clients' regions are released once reaped
         def back_to_baseline() -> bool:
-            return _memory_fds(broker.pid) <= memory_base and _fds(broker.pid) <= fds_base + 2
+            return _memory_fds(broker.pid) <= memory_base and open_fds(broker.pid) <= fds_base + 2
 
         try:
             wait_for(back_to_baseline, 15.0, "the broker to release the dead clients' regions", interval=0.1)
         except AssertionError as exc:
-            exc.add_note(f"descriptors {_fds(broker.pid)} (baseline {fds_base}), memory files "
+            exc.add_note(f"descriptors {open_fds(broker.pid)} (baseline {fds_base}), memory files "
                          f"{_memory_fds(broker.pid)} (baseline {memory_base})")  # fmt: skip
             raise
         assert _server_segments(broker.pid) <= segments_base
