@@ -21,8 +21,12 @@ config entries, CUDA provider options on KIND_GPU).
 
 Instances: KIND_CPU runs on ONNX Runtime's CPU execution provider. KIND_GPU needs ``onnxruntime-gpu``
 with the CUDA execution provider and is refused at load without it; with it, the session runs on the
-instance's GPU, inputs are copied to the host first and outputs handed back as host arrays (no I/O
-binding to the worker's device buffers yet).
+instance's GPU (the CUDA device number inside the worker's process) with the instance's compute stream as
+its ``user_compute_stream``, and reads and writes the worker's device buffers through I/O binding
+(``zinfer.workers.onnx_binding``): the batch's inputs are bound where the worker copied them, the outputs
+stay on the device until the batch runner copies each request's piece into its reply slot. A model with
+``TYPE_STRING`` inputs, which ONNX Runtime cannot bind, runs through the host instead (inputs copied to the
+host, ``session.run``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from zinfer.modelconfig.onnx_options import OnnxSessionOptions, onnx_session_opt
 
 from .device import Device
 from .model import Array
+from .onnx_binding import DEVICE_TYPES, BoundRun, cupy_place
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +151,17 @@ def _providers(ort: Any, config: ModelConfig, device: Device, options: OnnxSessi
             f"with the CUDA execution provider; this onnxruntime has {', '.join(available)} "
             "(install onnxruntime-gpu, or use instance_group { kind: KIND_CPU })"
         )
-    return [("CUDAExecutionProvider", {"device_id": str(device.id), **options.cuda_provider_options})]
+    cuda = {"device_id": str(gpu_ordinal(device)), **options.cuda_provider_options}
+    stream = getattr(device, "stream", None)
+    if stream is not None:  # its kernels on the instance's compute stream, ordered with the copies
+        cuda["has_user_compute_stream"] = "1"
+        cuda["user_compute_stream"] = str(int(stream.ptr))
+    return [("CUDAExecutionProvider", cuda)]
+
+
+def gpu_ordinal(device: Device) -> int:
+    """The CUDA device number of ``device`` inside this process (not the server's GPU index)."""
+    return int(getattr(device, "ordinal", device.id))
 
 
 def session_options(ort: Any, options: OnnxSessionOptions) -> Any:
@@ -204,12 +219,19 @@ class OnnxModel:
         self.device = device
         self.outputs = [t.name for t in config.output]
         self.string_inputs = frozenset(t.name for t in config.input if t.data_type == "TYPE_STRING")
+        self.bound: BoundRun | None = None
+        if not device.is_host and not self.string_inputs:  # ONNX Runtime cannot bind string inputs
+            device_outputs = frozenset(t.name for t in config.output if t.data_type in DEVICE_TYPES)
+            place = cupy_place(device.xp, gpu_ordinal(device))
+            self.bound = BoundRun(session, self.outputs, device_outputs, place, run_opts)
 
     def execute(self, inputs: Mapping[str, Array], /) -> Mapping[str, Array]:
         """The batch runner has applied ``reshape`` already (and undoes it on the outputs)."""
+        if self.bound is not None:
+            return self.bound.run(inputs)
         if self.device.is_host:
             feed: Mapping[str, Any] = inputs
-        else:
+        else:  # a GPU instance of a model with string inputs: through the host
             feed = {name: self.device.to_host(array) for name, array in inputs.items()}
         if self.string_inputs:
             feed = {n: _as_text(n, a) if n in self.string_inputs else a for n, a in feed.items()}
@@ -218,6 +240,7 @@ class OnnxModel:
 
     def finalize(self) -> None:
         self.session = None
+        self.bound = None
 
 
 def load_onnx_model(config: ModelConfig, version_dir: Path, device: Device) -> OnnxModel:
