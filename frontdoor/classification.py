@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -38,7 +36,14 @@ import numpy as np
 import numpy.typing as npt
 
 from zinfer.client.dtypes import BYTES
-from zinfer.client.errors import InvalidArgument
+from zinfer.client.errors import ConfigError, InvalidArgument
+from zinfer.modelconfig.model_files import (
+    MAX_LABEL_BYTES,
+    FileIdentity,
+    plain_relative,
+    read_model_file_if_changed,
+    split_labels,
+)
 
 from .bridge_records import InferReply, Tensor
 
@@ -53,7 +58,6 @@ __all__ = [
 
 MAX_CLASSIFICATION_ELEMENTS = 1_000_000
 """The most elements one batch row may have (Triton's bound, "classification output tensor too large")."""
-MAX_LABEL_BYTES = 16 << 20
 _MAX_CACHED = 256
 _THREAD_ABOVE = 1 << 16  # elements: a larger tensor is sorted off the event loop
 _FLOATS = frozenset({"FP32", "FP64"})
@@ -114,12 +118,6 @@ def top_k(tensor: Tensor, count: int, batched: bool, labels: Sequence[bytes] = (
 # ------------------------------------------------------------------------------------------ labels
 
 
-def _plain_relative(name: str) -> bool:
-    if not name or "\0" in name or name.startswith("/"):
-        return False
-    return all(part not in ("", ".", "..") for part in name.split("/"))
-
-
 class LabelFiles:
     """Label files of the model repository at ``repository`` (None: no labels), cached by file identity
     (a changed file is read again)."""
@@ -127,53 +125,25 @@ class LabelFiles:
     def __init__(self, repository: Path | None = None, max_bytes: int = MAX_LABEL_BYTES) -> None:
         self.repository = repository
         self.max_bytes = max_bytes
-        self._cache: dict[tuple[str, str], tuple[tuple[int, int, int, int], tuple[bytes, ...]]] = {}
+        self._cache: dict[tuple[str, str], tuple[FileIdentity, tuple[bytes, ...]]] = {}
 
     def labels(self, model: str, label_filename: str) -> tuple[bytes, ...]:
         """The labels of ``label_filename`` in ``model``'s folder, one per line; an error names why a file
         cannot be used."""
         if self.repository is None:
             return ()
-
-        def refused(why: str) -> InvalidArgument:
-            return InvalidArgument(f"model '{model}': label file '{label_filename}' {why}")
-
-        if not _plain_relative(model) or "/" in model:
+        if not plain_relative(model) or "/" in model:
             raise InvalidArgument(f"model '{model}': not a model folder name")
-        if not _plain_relative(label_filename):
-            raise refused("is not a plain relative name")
-        folder = os.path.realpath(self.repository / model)
-        path = os.path.realpath(os.path.join(folder, label_filename))
-        if os.path.commonpath([folder, path]) != folder:
-            raise refused("leads out of the model folder")
+        found = self._cache.get((model, label_filename))
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            raise refused(f"cannot be read: {exc.strerror}") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise refused("is not a regular file")
-            if st.st_size > self.max_bytes:
-                raise refused(f"has {st.st_size} bytes, more than {self.max_bytes}")
-            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-            found = self._cache.get((model, label_filename))
-            if found is not None and found[0] == identity:
-                return found[1]
-            chunks: list[bytes] = []
-            total = 0
-            while total <= self.max_bytes and (chunk := os.read(fd, self.max_bytes + 1 - total)):
-                chunks.append(chunk)
-                total += len(chunk)
-            raw = b"".join(chunks)
-        finally:
-            os.close(fd)
-        if len(raw) > self.max_bytes:
-            raise refused(f"has more than {self.max_bytes} bytes")
-        lines = raw.split(b"\n")
-        if lines and lines[-1] == b"":
-            lines.pop()  # the newline that ends the last line starts no label
-        labels = tuple(line.removesuffix(b"\r") for line in lines)
+            identity, raw = read_model_file_if_changed(
+                self.repository / model, label_filename, self.max_bytes, found[0] if found else None
+            )
+        except ConfigError as exc:
+            raise InvalidArgument(f"model '{model}': label file '{label_filename}' {exc}") from None
+        if raw is None and found is not None:
+            return found[1]
+        labels = split_labels(raw or b"")
         if len(self._cache) >= _MAX_CACHED:
             self._cache.clear()
         self._cache[(model, label_filename)] = (identity, labels)

@@ -25,6 +25,7 @@ from zinfer.client.errors import ConfigError
 from .autocomplete import ONNX_DEFAULT_FILENAME, ONNX_PLATFORM, complete_config
 from .instances import InstanceGroup
 from .model_config import CONFIG_FILENAME, ModelConfig, load_model_config, unsupported_features
+from .model_files import check_label_files
 from .parameters import check_parameters
 from .python_autocomplete import PYTHON_DEFAULT_FILENAME
 from .version_policy import VersionPolicy
@@ -135,6 +136,7 @@ def load_model_entry(model_dir: Path) -> ModelEntry:
         try:
             config = complete_config(config, model_dir, versions[-1])
             check_warmup(config)
+            check_label_files(config, model_dir)
         except ConfigError as exc:
             return ModelEntry(name, model_dir, config, versions, str(exc))
     return ModelEntry(name, model_dir, config, versions, error)

@@ -16,7 +16,6 @@ request's inputs. The worker runs them (``zinfer.workers.warmup``); a sample tha
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from zinfer.client import dtypes
 from zinfer.client.errors import ConfigError, InvalidArgument
 
 from .model_config import ModelConfig
+from .model_files import read_model_file
 from .model_options import ModelWarmup, WarmupInput
 
 __all__ = ["WARMUP_FOLDER", "check_warmup", "request_arrays"]
@@ -68,20 +68,11 @@ def check_warmup(config: ModelConfig) -> None:
 def _from_file(
     config: ModelConfig, sample: ModelWarmup, name: str, given: WarmupInput, model_dir: Path
 ) -> bytes:
-    where = _where(config, sample)
-    folder = (model_dir / WARMUP_FOLDER).resolve()
-    path = (folder / given.input_data_file).resolve()
-    if not path.is_relative_to(folder) or path == folder:
-        raise ConfigError(f"{where}: input_data_file {given.input_data_file!r} is not inside {folder}")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot open {path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size > _MAX_FILE_BYTES:
-            raise ConfigError(f"{where}: {path} is {size} bytes, over the {_MAX_FILE_BYTES} byte limit")
-        return f.read(_MAX_FILE_BYTES + 1)
+        return read_model_file(model_dir / WARMUP_FOLDER, given.input_data_file, _MAX_FILE_BYTES)
+    except ConfigError as exc:
+        where = _where(config, sample)
+        raise ConfigError(f"{where}: input_data_file {given.input_data_file!r} {exc}") from None
 
 
 def _array(

@@ -123,7 +123,7 @@ def test_labels_are_read_one_per_line_and_read_again_when_the_file_changes(tmp_p
         ("..", "labels.txt", "not a model folder name"),
         ("m/x", "labels.txt", "not a model folder name"),
         ("m", "missing.txt", "cannot be read"),
-        ("m", "link.txt", "leads out of the model folder"),
+        ("m", "link.txt", "is not inside"),
         ("m", "sub", "not a regular file"),
         ("m", "big.txt", "more than 64"),
     ],

@@ -185,8 +185,8 @@ def test_warmup_request_arrays(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "name, content, message",
     [
-        ("../outside.bin", None, "is not inside"),
-        ("missing.bin", None, "cannot open"),
+        ("../outside.bin", None, "is not a plain relative name"),
+        ("missing.bin", None, "cannot be read"),
         ("short.bin", b"\0" * 4, "needs 8 bytes"),
     ],
 )
