@@ -9,6 +9,7 @@ from zinfer.client.errors import (
     InternalError,
     InvalidArgument,
     NotFound,
+    RequestTimeout,
     ServerError,
     Unavailable,
     Unsupported,
@@ -75,6 +76,10 @@ def server_error(error: object) -> ServerError:
 
 
 def triton_error(exc: BaseException) -> TritonError:
-    """The ``TritonError`` a BLS call's failure comes back as (its code from the zinfer error's class)."""
+    """The ``TritonError`` a BLS call's failure comes back as (its code from the zinfer error's class). A
+    call past its ``timeout`` gets Triton's answer to an expired request: ``Request timeout expired``,
+    ``UNAVAILABLE``."""
+    if isinstance(exc, RequestTimeout):
+        return TritonError("Request timeout expired", TritonError.UNAVAILABLE)
     code = next((c for cls, c in _CODE_BY_ERROR.items() if isinstance(exc, cls)), TritonError.INTERNAL)
     return TritonError(f"{type(exc).__name__}: {exc}", code)
