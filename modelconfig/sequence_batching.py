@@ -107,7 +107,8 @@ class SequenceBatching:
     iterative_sequence: bool = False
 
 
-_CORRID_TYPES = ("TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32", "TYPE_INT32")
+# TYPE_STRING as in Triton, whose qa serves simple_string_dyna_sequence so (the id as its text, as BYTES)
+_CORRID_TYPES = ("TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32", "TYPE_INT32", "TYPE_STRING")
 
 
 def _decode_control(b: Block) -> SequenceControl:

@@ -273,3 +273,34 @@ def test_worker_builds_control_tensors() -> None:
     single = control_arrays(reqs[:1], batching=False)
     assert single["START"].shape == (1,)
     assert control_arrays([BatchRequest(1, (), ())], batching=True) == {}
+
+
+def test_a_string_corrid_control_is_accepted_and_built_as_bytes() -> None:
+    """Triton's qa serves ``simple_string_dyna_sequence`` (what Triton's dyna sequence clients send string
+    ids to) with ``CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING``: the config loads and the model gets
+    each request's id as a BYTES row (an integer id as its decimal text)."""
+    from zinfer.modelconfig.model_config import parse_model_config
+
+    config = parse_model_config(
+        """
+        max_batch_size: 8
+        input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        sequence_batching {
+          control_input [
+            { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] }
+          ]
+        }
+        """,
+        source="config.pbtxt",
+        model_name="m",
+    )
+    assert config.sequence_batching is not None
+    specs = control_specs(config.sequence_batching)
+    assert specs == [{"name": "CORRID", "kind": "CORRID", "data_type": "TYPE_STRING"}]
+    reqs = [
+        BatchRequest(1, (), (), "", {"id": "1002", "start": True, "end": False, "controls": specs}),
+        BatchRequest(2, (), (), "", {"id": 7, "start": False, "end": True, "controls": specs}),
+    ]
+    arrays = control_arrays(reqs, batching=True)
+    assert arrays["CORRID"].dtype == np.object_ and arrays["CORRID"].tolist() == [[b"1002"], [b"7"]]
