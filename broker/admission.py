@@ -34,7 +34,7 @@ from zinfer.client.protocol import Command, Frame, Reply
 from zinfer.client.worker_protocol import CancelRequest, SequenceFlags, cancel_to_wire
 
 from .batching.batcher import BatchTooLarge, InvalidPriority, QueuedRequest, QueueFull
-from .batching.sequence_batcher import SequenceError, SequenceRequest, parse_sequence
+from .batching.sequence_batcher import NotStarted, SequenceError, SequenceRequest, parse_sequence
 from .cache_path import CachePath
 from .completion import Completion
 from .instance_pool import InstancePool
@@ -151,6 +151,11 @@ class Admission:
         p.sequence = SequenceFlags(sid, start, end)
         try:
             state.sequencer.add(SequenceRequest(p, sid, start, end, now), now, sorted(state.instances))
+        except NotStarted as exc:  # Triton's text, which clients match on
+            raise InvalidArgument(
+                f"inference request for sequence {exc.sequence_id} to model '{state.name}' must specify "
+                "the START flag on the first request of the sequence"
+            ) from None
         except SequenceError as exc:
             raise InvalidArgument(str(exc)) from None
         state.metrics.pending(state.queued)

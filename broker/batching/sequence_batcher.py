@@ -36,6 +36,7 @@ from .batch_policy import BatchReason
 __all__ = [
     "SequenceBatch",
     "SequenceBatcher",
+    "NotStarted",
     "SequenceError",
     "SequencePolicy",
     "SequenceRequest",
@@ -52,6 +53,17 @@ _US_PER_S = 1_000_000
 
 class SequenceError(ValueError):
     """A request that breaks the sequence rules (Triton: INVALID_ARGUMENT)."""
+
+
+class NotStarted(SequenceError):
+    """A request of an unknown or ended sequence without START (Triton's text names the model too)."""
+
+    def __init__(self, sequence_id: SequenceId) -> None:
+        self.sequence_id = sequence_id
+        super().__init__(
+            f"inference request for sequence {sequence_id} must specify the START flag on the first "
+            "request of the sequence"
+        )
 
 
 def parse_sequence(params: Any) -> tuple[SequenceId, bool, bool] | None:
@@ -167,9 +179,7 @@ class SequenceBatcher(Generic[T, I]):
         seq = self._seqs.get(request.sequence_id)
         if seq is None or not seq.open:
             if not request.start:
-                raise SequenceError(
-                    f"sequence {request.sequence_id} is not active: send sequence_start first"
-                )
+                raise NotStarted(request.sequence_id)
             if seq is None:
                 seq = self._bind(request.sequence_id, now, instances)
         seq.queue.append(request)

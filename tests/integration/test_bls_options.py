@@ -328,11 +328,13 @@ def test_a_request_after_end_without_start_is_refused_as_invalid(server: ServerP
         {"sum": 5, "corrid": "'seq-b'", "flags": 3},
         {
             "code": INVALID_ARG,
-            "message": "InvalidArgument: sequence seq-b is not active: send sequence_start first",
+            "message": "InvalidArgument: inference request for sequence seq-b to model 'accumulate' "
+            "must specify the START flag on the first request of the sequence",
         },
         {
             "code": INVALID_ARG,
-            "message": "InvalidArgument: sequence never-started is not active: send sequence_start first",
+            "message": "InvalidArgument: inference request for sequence never-started to model 'accumulate' "
+            "must specify the START flag on the first request of the sequence",
         },
         {"sum": 2, "corrid": "'seq-b'", "flags": 1},
         {"sum": 6, "corrid": "'seq-b'", "flags": 2},

@@ -116,9 +116,10 @@ def test_end_then_request_without_start_fails(server: ServerProcess) -> None:
     with Client(server.url, timeout=30) as client:
         assert _step(client, DIRECT, 500, 1.0, start=True) == 1.0
         assert _step(client, DIRECT, 500, 1.0, end=True) == 2.0
-        with pytest.raises(InvalidArgument, match="sequence 500 is not active: send sequence_start first"):
+        text = f"inference request for sequence 500 to model '{DIRECT}' must specify the START flag"
+        with pytest.raises(InvalidArgument, match=text + " on the first request of the sequence"):
             _step(client, DIRECT, 500, 1.0)
-        with pytest.raises(InvalidArgument, match="sequence 501 is not active"):
+        with pytest.raises(InvalidArgument, match="sequence 501 to model .* must specify the START flag"):
             _step(client, DIRECT, 501, 1.0)
         with pytest.raises(InvalidArgument, match="sequence_id"):
             client.infer(DIRECT, {"X": _x(1.0)})
@@ -131,7 +132,7 @@ def test_idle_sequences_are_released(server: ServerProcess) -> None:
         # the broker releases it once idle for 200 ms, and says so; wait for that, not for a fixed time
         released = f"event=sequences_released model={IDLE} reason=idle"
         wait_for(lambda: released in server.log(), 10, "the idle sequence's release")
-        with pytest.raises(InvalidArgument, match="sequence 9 is not active"):
+        with pytest.raises(InvalidArgument, match="sequence 9 to model .* must specify the START flag"):
             _step(client, IDLE, 9, 1.0)
         assert _step(client, IDLE, 9, 5.0, start=True) == 5.0
 

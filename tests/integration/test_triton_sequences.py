@@ -183,7 +183,7 @@ def test_end_releases_the_sequence_state(server: ServerProcess) -> None:
         assert _step(client, model, 102, 10, start=True) == (10, 2)
         assert _step(client, model, 101, 2) == (3, 2)
         assert _step(client, model, 101, 3, end=True) == (6, 1)  # 101's state is gone, 102's stays
-        with pytest.raises(InvalidArgument, match="sequence 101 is not active"):
+        with pytest.raises(InvalidArgument, match="sequence 101 to model .* must specify the START flag"):
             _step(client, model, 101, 1)  # the broker knows it ended too
         assert _step(client, model, 102, 5, end=True) == (15, 0)
         assert _step(client, model, 101, 7, start=True) == (7, 1)  # the id may start over

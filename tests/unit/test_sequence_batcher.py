@@ -67,11 +67,15 @@ def test_one_request_of_a_sequence_at_a_time_in_arrival_order() -> None:
 @pytest.mark.parametrize(
     ("steps", "error"),
     [
-        ([("x", 5, False, False)], "sequence 5 is not active: send sequence_start first"),
-        ([("x", 5, True, True), ("y", 5, False, False)], "sequence 5 is not active"),
+        (
+            [("x", 5, False, False)],
+            "^inference request for sequence 5 must specify the START flag on the first request of the "
+            "sequence$",
+        ),
+        ([("x", 5, True, True), ("y", 5, False, False)], "sequence 5 must specify the START flag"),
         (
             [("x", "s", True, False), ("y", "s", False, True), ("z", "s", False, False)],
-            "sequence s is not active",
+            "sequence s must specify the START flag",
         ),
     ],
 )
@@ -107,7 +111,7 @@ def test_idle_sequences_are_released_with_a_fake_clock() -> None:
     assert sb.expire(1.4) == [] and sb.active() == 1
     sb.expire(1.5)
     assert sb.active() == 0
-    with pytest.raises(SequenceError, match="not active"):
+    with pytest.raises(SequenceError, match="must specify the START flag"):
         sb.add(req("a1", 1, 2.0), 2.0, ["w"])
 
 
