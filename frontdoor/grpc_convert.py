@@ -256,6 +256,9 @@ def infer_response(
             _set(out.parameters["shared_memory_byte_size"], len(data))
             if offset:
                 _set(out.parameters["shared_memory_offset"], offset)
+            # an empty entry, as Triton adds one for every output: clients read raw_output_contents by
+            # output index (perf_analyzer crashed on a response without it)
+            response.raw_output_contents.append(b"")
         else:
             response.raw_output_contents.append(bytes(data))
     return response

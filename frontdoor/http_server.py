@@ -137,6 +137,8 @@ class HttpFrontDoor:
         if length is not None and length > limit:
             raise _BodyRefused(f"request body of {length} bytes is more than the limit of {limit}")
         try:
+            if request.content.is_eof():  # the whole body is buffered already: nothing can keep us waiting
+                return await self._read(request, length, limit)
             return await asyncio.wait_for(self._read(request, length, limit), BODY_TIMEOUT_S)
         except asyncio.TimeoutError:
             raise _BodyRefused(f"the request body did not arrive within {BODY_TIMEOUT_S:g} s") from None

@@ -161,7 +161,7 @@ def test_shared_memory_inputs_and_outputs(tmp_path: Path) -> None:
         assert regions == {"Y": ("R", 16, 16)}
         reply = InferReply("m", "1", "rid", (Tensor("Y", "FP32", (4,), a * 2),))
         response = convert.infer_response(reply, regions, registry)
-        assert not response.raw_output_contents
+        assert list(response.raw_output_contents) == [b""]  # one entry per output, as Triton's
         assert response.outputs[0].parameters["shared_memory_byte_size"].int64_param == 16
         assert np.frombuffer(seg.read_bytes()[16:], np.float32).tolist() == [0.0, 2.0, 4.0, 6.0]
         t.parameters["shared_memory_region"].string_param = "missing"
@@ -171,6 +171,31 @@ def test_shared_memory_inputs_and_outputs(tmp_path: Path) -> None:
         t.parameters["shared_memory_byte_size"].int64_param = 12
         with pytest.raises(InvalidArgument, match="Expected 16, got 12"):
             convert.infer_call(r, registry, alloc)
+    finally:
+        registry.close()
+
+
+def test_a_shared_memory_output_keeps_the_raw_contents_aligned_with_the_outputs(tmp_path: Path) -> None:
+    """Triton puts an (empty) raw_output_contents entry for every output, shared-memory ones included, and
+    clients index them by output: failed before (the inline output after a shared-memory one was read from
+    the wrong index, and perf_analyzer crashed on such responses)."""
+    import tritonclient.grpc as grpcclient
+
+    seg = tmp_path / "shm" / "seg"
+    seg.parent.mkdir()
+    seg.write_bytes(bytes(32))
+    registry = SystemShm(tmp_path / "reg", seg.parent)
+    try:
+        registry.register("R", "/seg", 0, 32, local=True)
+        first, second = np.arange(4, dtype=np.float32), np.array([7, 8, 9], np.int32)
+        reply = InferReply(
+            "m", "1", "rid", (Tensor("A", "FP32", (4,), first), Tensor("B", "INT32", (3,), second))
+        )
+        response = convert.infer_response(reply, {"A": ("R", 0, 16)}, registry)
+        assert list(response.raw_output_contents) == [b"", second.tobytes()]
+        result = grpcclient.InferResult(response)
+        np.testing.assert_array_equal(result.as_numpy("B"), second)
+        assert np.frombuffer(seg.read_bytes()[:16], np.float32).tolist() == first.tolist()
     finally:
         registry.close()
 
