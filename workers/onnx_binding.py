@@ -154,6 +154,4 @@ class BoundRun:
         result: dict[str, Array] = {}
         for name, value in zip(self.outputs, values, strict=True):
             result[name] = place.view(value) if name in self.device_outputs else value.numpy()
-        binding.clear_binding_inputs()
-        del held
         return result

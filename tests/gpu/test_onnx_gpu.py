@@ -5,6 +5,7 @@ skipped, with the reason, when the installed onnxruntime has no CUDA execution p
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ if "CUDAExecutionProvider" not in ort.get_available_providers():
 from tests.onnx_models import WEIGHTS, add_matmul  # noqa: E402
 from zinfer.client.protocol import OutputRequest, ShmRef, TensorRef  # noqa: E402
 from zinfer.client.shm import Segment  # noqa: E402
+from zinfer.modelconfig.model_config import ModelConfig  # noqa: E402
 from zinfer.modelconfig.repository import load_model_entry  # noqa: E402
 from zinfer.modelconfig.signature import Signature  # noqa: E402
 from zinfer.workers.batch import BatchRequest, run_batch  # noqa: E402
@@ -37,16 +39,21 @@ CONFIG = (
 )
 
 
-def test_onnx_on_the_gpu_reads_device_buffers_and_leaves_outputs_there(tmp_path: Path) -> None:
-    import cupy as cp
-
+def _load(tmp_path: Path) -> tuple[ModelConfig, Any, Any]:
+    """The add_matmul graph as a KIND_GPU onnxruntime model, loaded on GPU 0: (config, device, model)."""
     model_dir = tmp_path / "m"
     add_matmul(model_dir / "1" / "model.onnx")
     (model_dir / "config.pbtxt").write_text(CONFIG)
     config = load_model_entry(model_dir).config
     assert config is not None
     device = open_device("gpu:0")
-    model = load_model(config, model_dir / "1", device)
+    return config, device, load_model(config, model_dir / "1", device)
+
+
+def test_onnx_on_the_gpu_reads_device_buffers_and_leaves_outputs_there(tmp_path: Path) -> None:
+    import cupy as cp
+
+    _, device, model = _load(tmp_path)
     assert isinstance(model, OnnxModel) and model.bound is not None
     assert "CUDAExecutionProvider" in model.session.get_providers()
     rng = np.random.default_rng(5)
@@ -66,13 +73,7 @@ def test_onnx_on_the_gpu_reads_device_buffers_and_leaves_outputs_there(tmp_path:
 
 
 def test_a_batch_of_region_requests_through_the_batch_runner(tmp_path: Path) -> None:
-    model_dir = tmp_path / "m"
-    add_matmul(model_dir / "1" / "model.onnx")
-    (model_dir / "config.pbtxt").write_text(CONFIG)
-    config = load_model_entry(model_dir).config
-    assert config is not None
-    device = open_device("gpu:0")
-    model = load_model(config, model_dir / "1", device)
+    config, device, model = _load(tmp_path)
     seg, regions = Segment.create(1 << 20), RegionCache(device)
     try:
         a = np.arange(48, dtype=np.float32).reshape(12, 4)

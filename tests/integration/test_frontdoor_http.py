@@ -24,27 +24,12 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ServerProcess, start_server, stop_all
-from tests.frontdoor_helpers import free_port, repository
+from tests.frontdoor_helpers import free_port, repository, wait_http
 from zinfer.client import Client
 
 pytestmark = pytest.mark.integration
 
 MODELS = ("add", "double", "text_upper", "identity", "token_stream")
-
-
-def wait_http(url: str, timeout: float = 60.0) -> None:
-    """Until ``GET /v2/health/ready`` at ``url`` answers 200."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (OSError, urllib.error.URLError):
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the HTTP front door at {url} did not become ready within {timeout} s")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")

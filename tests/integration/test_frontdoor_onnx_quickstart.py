@@ -29,9 +29,7 @@ import tritonclient.http as httpclient  # noqa: E402
 from onnx import TensorProto  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from tests.conftest import ServerProcess, start_server, stop_all  # noqa: E402
-from tests.frontdoor_helpers import free_port, wait_grpc  # noqa: E402
-from tests.integration.test_frontdoor_http import wait_http  # noqa: E402
+from tests.frontdoor_helpers import serve_front_doors  # noqa: E402
 from tests.onnx_models import CLASSES, densenet_scores, densenet_standin, simple, simple_string  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -87,15 +85,8 @@ def _repository(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    repo = _repository(tmp_path_factory.mktemp("quickstart"))
-    http_url, grpc_url = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    server: ServerProcess = start_server(repo, "--http", http_url, "--grpc", grpc_url)
-    try:
-        wait_http(http_url)
-        wait_grpc(grpc_url).close()
-        yield http_url, grpc_url
-    finally:
-        stop_all([server])
+    with serve_front_doors(_repository(tmp_path_factory.mktemp("quickstart"))) as urls:
+        yield urls
 
 
 @pytest.fixture

@@ -40,9 +40,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ServerProcess, start_server, stop_all
-from tests.frontdoor_helpers import free_port, wait_grpc
-from tests.integration.test_frontdoor_http import wait_http
+from tests.frontdoor_helpers import serve_front_doors
 
 pytestmark = pytest.mark.integration
 
@@ -266,18 +264,8 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     _write(repo, "simple_sequence", SIMPLE_SEQUENCE, STATELESS_MODEL)
     _write(repo, "simple_dyna_sequence", SIMPLE_DYNA_SEQUENCE, STATELESS_MODEL)
     _write(repo, "simple_string_dyna_sequence", SIMPLE_STRING_DYNA_SEQUENCE, ACCUMULATOR_MODEL)
-    http_url, grpc_url = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    server: ServerProcess = start_server(repo, "--http", http_url, "--grpc", grpc_url)
-    try:
-        try:
-            wait_http(http_url)
-            wait_grpc(grpc_url).close()
-        except AssertionError as exc:  # a model that failed to load says why in the server's log
-            exc.add_note(server.log()[-4000:])
-            raise
-        yield http_url, grpc_url
-    finally:
-        stop_all([server])
+    with serve_front_doors(repo) as urls:
+        yield urls
 
 
 class Plan:
