@@ -71,9 +71,9 @@ def summarize(raw: Path, seconds: float) -> list[str]:
     return out
 
 
-def profile(s: z.ZinferServer, model: str, conc: int, seconds: float, tmp: Path) -> list[str]:
+def profile(s: z.ZinferServer, model: str, conc: int, seconds: float, tmp: Path, client: str) -> list[str]:
     load = subprocess.Popen(
-        [sys.executable, __file__, "--load", s.url, model, str(conc), str(seconds + 4)],
+        [sys.executable, __file__, "--load", s.url, model, str(conc), str(seconds + 4), client],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -96,7 +96,8 @@ def profile(s: z.ZinferServer, model: str, conc: int, seconds: float, tmp: Path)
             ]
             cmd += ["--format", "raw", "--nonblocking", "-o", str(out)]
             spies[name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out)
-        lines = [f"== {model}, {conc} in flight, one AsyncClient, {seconds:g} s at {RATE} Hz"]
+        who = "one sync Client" if client == "sync" else "one AsyncClient"
+        lines = [f"== {model}, {conc} in flight, {who}, {seconds:g} s at {RATE} Hz"]
         for name, (spy, out) in spies.items():
             _, err = spy.communicate(timeout=seconds + 60)
             lines.append(f"-- {name} (pid {pids[name]})")
@@ -114,21 +115,31 @@ def profile(s: z.ZinferServer, model: str, conc: int, seconds: float, tmp: Path)
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--load":
         url, model, conc, seconds = sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
-        r = z.async_closed(z.ZinferServer(url, os.getpid()), model, conc, seconds, 1_000_000)
+        server = z.ZinferServer(url, os.getpid())
+        if sys.argv[6] == "sync":
+            r = z.sync_latency(server, model, seconds, 1_000_000)
+        else:
+            r = z.async_closed(server, model, conc, seconds, 1_000_000)
         print(r, file=sys.stderr)
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("out", type=Path)
     ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--loads", default=LOADS, help="model:in_flight,... (default %(default)s)")
+    ap.add_argument(
+        "--loads",
+        default=LOADS,
+        help="model:in_flight[:sync],... (default %(default)s); ':sync': one sync Client, one in flight",
+    )
     args = ap.parse_args()
     lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="zpp-") as tmp:
         repo = vs_triton_repo.write(Path(tmp) / "repo", zinfer_only=True)
         with z.serve(repo) as s:
             for load in args.loads.split(","):
-                model, conc = load.split(":")
-                lines += profile(s, model, int(conc), args.seconds, Path(tmp))
+                model, conc, *how = load.split(":")
+                client = "sync" if how == ["sync"] else "async"
+                in_flight = 1 if client == "sync" else int(conc)
+                lines += profile(s, model, in_flight, args.seconds, Path(tmp), client)
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -1,37 +1,77 @@
 """The cancellation flags of the requests of the running batch, which the worker sets on W_CANCEL.
 
-A flag is a ``threading.Event`` shared by the request's ``pb_utils.InferenceRequest`` and its response
-sender (``is_cancelled()``); the worker's main thread sets it while the model runs on its own thread.
+A :class:`CancelFlag` is shared by the request's ``pb_utils.InferenceRequest`` and its response sender
+(``is_cancelled()``). The worker's main thread sets it when a W_CANCEL arrives: while a model runs on its
+own thread, the main thread is reading the socket anyway; while a model's ``execute`` runs on the main
+thread itself, ``is_cancelled()`` asks the worker to read what has arrived first (the hook given to
+:func:`set_poll`), so a cancel is seen as soon as the model looks, as in Triton, where the call asks the
+server. A flag is made only for a request that someone asks about or cancels: a batch of requests that
+nobody cancels costs a dict clear.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable
+
+__all__ = ["CancelFlag", "begin_batch", "cancel", "cancel_flag", "set_poll"]
 
 _lock = threading.Lock()
-_flags: dict[int, threading.Event] = {}
+_flags: dict[int, CancelFlag] = {}
+_running: frozenset[int] = frozenset()
 _batch: int | None = None
+_poll: Callable[[], None] | None = None
+_main = threading.main_thread().ident
 
 
-def begin_batch(batch: int, ids: list[int]) -> None:
-    """The requests of the batch now running: each gets a fresh flag (the last batch's are forgotten)."""
-    global _batch
+class CancelFlag:
+    """Set once, read from any thread (a bool under the GIL: no lock, no ``threading.Event``)."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        if not self._set and _poll is not None and threading.get_ident() == _main:
+            _poll()  # the model runs on the main thread: read the cancels that came meanwhile
+        return self._set
+
+
+def set_poll(poll: Callable[[], None] | None) -> None:
+    """What :meth:`CancelFlag.is_set` calls on the main thread before it answers (the worker's
+    non-blocking read of its socket); None: nothing."""
+    global _poll
+    _poll = poll
+
+
+def begin_batch(batch: int, ids: Iterable[int]) -> None:
+    """The requests of the batch now running (the last batch's flags are forgotten)."""
+    global _batch, _running
     with _lock:
         _batch = batch
+        _running = frozenset(ids)
         _flags.clear()
-        _flags.update((i, threading.Event()) for i in ids)
 
 
-def cancel_flag(request: int) -> threading.Event:
+def cancel_flag(request: int) -> CancelFlag:
     with _lock:
-        return _flags.setdefault(request, threading.Event())
+        flag = _flags.get(request)
+        if flag is None:
+            flag = _flags[request] = CancelFlag()
+        return flag
 
 
 def cancel(batch: int, request: int) -> bool:
     """Set the flag of ``request`` of ``batch`` if it runs; False when no running request is that one."""
     with _lock:
-        flag = _flags.get(request) if batch == _batch else None
-    if flag is None:
-        return False
+        if batch != _batch or request not in _running:
+            return False
+        flag = _flags.get(request)
+        if flag is None:
+            flag = _flags[request] = CancelFlag()
     flag.set()
     return True

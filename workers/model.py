@@ -11,7 +11,6 @@ Array values are NumPy arrays, or CuPy arrays on GPU instances.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -19,6 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from zinfer.client.errors import ServerError
+
+from .cancel_flags import CancelFlag
 
 Array = npt.NDArray[Any]
 Alloc = Callable[[str, tuple[int, ...], np.dtype[Any]], Array | None]
@@ -49,7 +50,7 @@ class RequestInputs(NamedTuple):
     outputs: tuple[str, ...]  # the output names the client asked for
     sequence: Mapping[str, Any] | None = None  # a sequence request: its id, start and end (and controls)
     parameters: Mapping[str, Any] | None = None  # the client's request parameters
-    cancelled: threading.Event | None = None  # set by the worker when the client cancels the request
+    cancelled: CancelFlag | None = None  # set by the worker when the client cancels the request
 
 
 class RequestOutputs(dict[str, Array]):

@@ -1,13 +1,16 @@
-"""Where a Triton-style model's ``execute`` runs: one model thread and one asyncio event loop per worker.
+"""Where a Triton-style model's ``execute`` runs: the worker's main thread, or one model thread and one
+asyncio event loop per worker.
 
-A plain ``def execute`` runs on the model thread; an ``async def execute`` runs on the event loop, which
-lives as long as the worker, so what it awaits (``InferenceRequest.async_exec``, its own tasks) may
-outlive one call, as in Triton where the loop is shared by a model instance's requests. Neither is the
-worker's main thread: that one stays free to read the socket while the model runs (a client's CANCEL
-reaches ``request.is_cancelled()`` at once) and to send what a decoupled model's response senders queue
-from any thread. The main thread waits through a *pump* the worker installs (``set_pump``): it runs until
-its predicate holds, woken by :data:`WAKE`, which every finished call and every queued response sets.
-Without a worker (unit tests) the default pump just sleeps on ``WAKE``.
+A plain ``def execute`` of a model that is not decoupled runs on the worker's main thread when the
+instance is on the CPU (see :func:`run`): a client's CANCEL is then read when the model asks
+``request.is_cancelled()``. On a GPU instance, and for every decoupled model, it runs on the model thread;
+an ``async def execute`` runs on the event loop, which lives as long as the worker, so what it awaits
+(``InferenceRequest.async_exec``, its own tasks) may outlive one call, as in Triton where the loop is
+shared by a model instance's requests. While the model runs on those, the main thread stays free to read
+the socket (a CANCEL reaches ``request.is_cancelled()`` at once) and to send what a decoupled model's
+response senders queue from any thread. The main thread waits through a *pump* the worker installs
+(``set_pump``): it runs until its predicate holds, woken by :data:`WAKE`, which every finished call and
+every queued response sets. Without a worker (unit tests) the default pump just sleeps on ``WAKE``.
 """
 
 from __future__ import annotations
@@ -143,8 +146,25 @@ def get() -> ModelLoop:
 
 
 def run(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` on the model thread or loop, the calling thread pumping until it is done."""
-    future = get().submit(fn, *args)
+    """``fn(*args)`` for the worker's main thread, which waits for it (pumping its socket meanwhile).
+
+    A plain function runs on the calling thread itself when the threads have no setup to run first (a
+    CPU instance): handing it to the model thread and back costs more than a small model's whole
+    ``execute`` on these machines (tens of µs of thread wake-ups per call). Triton's stub runs
+    ``execute`` on the thread that ran ``initialize`` too. A cancel that arrives meanwhile is read when
+    the model asks (``is_cancelled()``, see ``cancel_flags``). With a setup (a GPU instance: its device
+    current on the model thread), and for a coroutine function, the call goes to the model thread or the
+    loop as :meth:`ModelLoop.submit` says; an awaitable a plain function returns is awaited on the loop.
+    """
+    if _setup is None and not inspect.iscoroutinefunction(fn):
+        result = fn(*args)
+        if not inspect.isawaitable(result):
+            return result
+        loop = get().loop
+        future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(_awaited(result), loop)
+        future.add_done_callback(lambda _: WAKE.set())
+    else:
+        future = get().submit(fn, *args)
     if not pump(future.done):
         raise Unavailable("the worker is stopping")
     return future.result()

@@ -18,6 +18,7 @@ from typing import Any
 from zinfer.client.protocol import MAX_NAME, MAX_TENSORS
 from zinfer.client.worker_protocol import MAX_PARAMETER_TEXT
 
+from .cancel_flags import CancelFlag
 from .pb_errors import TritonError, TritonModelException, triton_error
 from .pb_tensor import Tensor
 
@@ -88,6 +89,17 @@ class _ModelName(str):
         return str(self)
 
 
+_SERVED_NAMES: dict[str, _ModelName] = {}
+
+
+def _served_name(name: str) -> _ModelName:
+    """The ``model_name`` of the requests given to ``execute``: one object per model, not per request."""
+    served = _SERVED_NAMES.get(name)
+    if served is None:
+        served = _SERVED_NAMES[name] = _ModelName(name)
+    return served
+
+
 Deliver = Callable[[InferenceResponse | None, bool], None]
 
 
@@ -96,7 +108,7 @@ class InferenceResponseSender:
     any number, the last with ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (or only the flag); other
     models exactly one, then the flag. Sending after the final flag raises ``TritonModelException``."""
 
-    def __init__(self, deliver: Deliver, cancelled: threading.Event, decoupled: bool) -> None:
+    def __init__(self, deliver: Deliver, cancelled: CancelFlag, decoupled: bool) -> None:
         self._deliver = deliver
         self._cancelled = cancelled
         self._decoupled = decoupled
@@ -166,8 +178,9 @@ class InferenceRequest:
         self._flags = int(flags)
         self._timeout = int(timeout)
         self._parameters = _parameters(parameters, "InferenceRequest")
-        self._cancelled = threading.Event()
+        self._cancelled = CancelFlag()
         self._sender: InferenceResponseSender | None = None
+        self._make_sender: Callable[[], InferenceResponseSender] | None = None  # made on first ask
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     @classmethod
@@ -180,13 +193,26 @@ class InferenceRequest:
         correlation_id: int | str = 0,
         flags: int = 0,
         parameters: Mapping[str, Any] | None = None,
-        cancelled: threading.Event | None = None,
+        cancelled: CancelFlag | None = None,
     ) -> InferenceRequest:
-        """A request the worker hands to ``execute`` (its sender is attached by the worker)."""
-        request = cls(inputs, request_id, requested_output_names, model_name, correlation_id=correlation_id,
-                      flags=flags, parameters=dict(parameters or {}))  # fmt: skip
-        if cancelled is not None:
-            request._cancelled = cancelled
+        """A request the worker hands to ``execute`` (its sender is attached by the worker). What the
+        worker gives was checked on its way in (tensors, names, parameters), so the object is filled in
+        without the checks ``__init__`` makes of a model's own (BLS) requests: this runs per request."""
+        request = cls.__new__(cls)
+        request._inputs = list(inputs)
+        request._by_name = {t.name(): t for t in request._inputs}
+        request._request_id = request_id
+        request._outputs = list(requested_output_names)
+        request.model_name = _served_name(model_name)
+        request._model_version = -1
+        request._correlation_id = correlation_id
+        request._flags = flags
+        request._timeout = 0
+        request._parameters = dict(parameters) if parameters else {}
+        request._cancelled = cancelled if cancelled is not None else CancelFlag()
+        request._sender = None
+        request._make_sender = None
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         return request
 
     def inputs(self) -> list[Tensor]:
@@ -219,6 +245,8 @@ class InferenceRequest:
         return self._cancelled.is_set()
 
     def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None and self._make_sender is not None:
+            self._sender, self._make_sender = self._make_sender(), None
         if self._sender is None:
             raise TritonModelException(
                 "get_response_sender: only a request given to execute has a response sender (a request "

@@ -132,6 +132,17 @@ class Tensor:
             array = array.view(triton_to_numpy_type(triton_dtype))
         self._array: NpArray = array
 
+    @classmethod
+    def _of(cls, name: str, array: NpArray) -> Tensor:
+        """A tensor of an array the worker made (a request's input): a host array of a supported dtype is
+        taken as it is, with no conversion; anything else goes through the checks of ``__init__``."""
+        if type(array) is not np.ndarray or array.dtype.kind == "V":
+            return cls(name, array)
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        return tensor
+
     def name(self) -> str:
         return self._name
 

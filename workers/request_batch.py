@@ -67,8 +67,10 @@ def _answer(
     base = len(frames)
     frames.extend(own)
     parameters = getattr(result, "parameters", None)  # a Triton response's, for the client
-    return ok_result(req.id, tensors, base)._replace(parameters=parameters) if parameters else ok_result(
-        req.id, tensors, base
+    return (
+        ok_result(req.id, tensors, base)._replace(parameters=parameters)
+        if parameters
+        else ok_result(req.id, tensors, base)
     )
 
 

@@ -15,6 +15,7 @@ instead; ``zinfer.workers.triton_stream`` runs it.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import weakref
@@ -27,6 +28,7 @@ from zinfer.modelconfig.model_config import ModelConfig
 
 from . import model_loop
 from . import triton_python_backend_utils as pb
+from .cancel_flags import CancelFlag
 from .device import Device
 from .model import RequestInputs, RequestModel, RequestOutputs, RequestResult
 from .pb_errors import server_error
@@ -78,7 +80,7 @@ def sequence_fields(sequence: Mapping[str, Any] | None) -> dict[str, Any]:
 def pb_request(r: RequestInputs, model_name: str) -> pb.InferenceRequest:
     """The ``pb_utils.InferenceRequest`` model code sees for one request."""
     return pb.InferenceRequest._served(
-        [pb.Tensor(name, array) for name, array in r.inputs.items()],
+        [pb.Tensor._of(name, array) for name, array in r.inputs.items()],
         r.request_id,
         r.outputs,
         model_name,
@@ -98,21 +100,43 @@ def call_with(execute: Callable[[list[Any]], Any], holder: list[Any]) -> Any:
 
 class _Senders:
     """The response senders of a batch of a model that is not decoupled: one response each, then the
-    final flag; a sender released without it leaves its request without a response (an error)."""
+    final flag; a sender released without it leaves its request without a response (an error).
+
+    Most such models return their responses and never ask for a sender, so a request's sender is made
+    when the model first asks (``get_response_sender``). Until then a request counts as done once the
+    model has let go of it (:meth:`all_done` looks at a weak reference): it can no longer answer.
+    """
 
     def __init__(self, n: int) -> None:
         self._lock = threading.Lock()
         self._responses: list[Any] = [None] * n
         self._done = [False] * n
+        self._taken = [False] * n
+        self._requests: list[weakref.ref[pb.InferenceRequest]] = []
         self.used = False
 
     def attach(self, i: int, request: pb.InferenceRequest) -> pb.InferenceRequest:
-        sender = pb.InferenceResponseSender(
-            lambda response, final: self._deliver(i, response, final), request._cancelled, False
-        )
-        request._sender = sender
-        weakref.finalize(sender, self._deliver, i, None, True)
+        request._make_sender = functools.partial(self._sender, i, request._cancelled)
+        self._requests.append(weakref.ref(request))
         return request
+
+    def watch_requests(self) -> None:
+        """Wake the pump when a request the model still holds, with no sender taken, is let go of (then
+        :meth:`all_done` changes without a delivery)."""
+        for ref in self._requests:
+            request = ref()
+            if request is not None:
+                weakref.finalize(request, model_loop.WAKE.set)
+            del request
+
+    def _sender(self, i: int, cancelled: CancelFlag) -> pb.InferenceResponseSender:
+        sender = pb.InferenceResponseSender(
+            lambda response, final: self._deliver(i, response, final), cancelled, False
+        )
+        with self._lock:
+            self._taken[i] = True
+        weakref.finalize(sender, self._deliver, i, None, True)
+        return sender
 
     def _deliver(self, i: int, response: Any, final: bool) -> None:
         with self._lock:
@@ -124,7 +148,10 @@ class _Senders:
 
     def all_done(self) -> bool:
         with self._lock:
-            return all(self._done)
+            return all(
+                done or (not taken and ref() is None)
+                for done, taken, ref in zip(self._done, self._taken, self._requests, strict=True)
+            )
 
     def responses(self) -> list[Any]:
         with self._lock:
@@ -148,6 +175,7 @@ class TritonModel(RequestModel):
         if responses is None:
             # Triton lets a model that is not decoupled answer through its senders too: one response each,
             # from execute or after it returned; wait until every sender sent its final flag or is gone
+            senders.watch_requests()
             if not model_loop.pump(senders.all_done):
                 raise InternalError("the worker is stopping")
             if senders.used:

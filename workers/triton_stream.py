@@ -196,4 +196,3 @@ def run_triton_stream(
         streams.end_all(InternalError("the worker is stopping"))
     out.infer_ns = time.perf_counter_ns() - t0
     return out
-

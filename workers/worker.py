@@ -287,21 +287,33 @@ class Worker:
             if model_loop.WAKE.fd in events:
                 model_loop.WAKE.clear()
             if self.sock in events:
-                msg = self._receive()
-                if msg is None:
-                    continue
-                if msg.command == Command.W_CANCEL:
-                    try:
-                        self._cancel(cancel_from_wire(msg.header))
-                    except ProtocolError as exc:
-                        log.error("event=bad_message command=W_CANCEL error=%r", str(exc))
-                    continue
-                self._pending.append(msg)
-                if msg.command == Command.W_SHUTDOWN:
+                if not self._take_while_busy():
                     return False
             elif not events and os.getppid() != self.args.parent:
                 return False
         return True
+
+    def _take_while_busy(self) -> bool:
+        """Read one message while a model runs: a CANCEL sets its request's flag now, anything else waits
+        its turn in ``_pending``. False when it was a SHUTDOWN."""
+        msg = self._receive()
+        if msg is None:
+            return True
+        if msg.command == Command.W_CANCEL:
+            try:
+                self._cancel(cancel_from_wire(msg.header))
+            except ProtocolError as exc:
+                log.error("event=bad_message command=W_CANCEL error=%r", str(exc))
+            return True
+        self._pending.append(msg)
+        return msg.command != Command.W_SHUTDOWN
+
+    def _poll_cancels(self) -> None:
+        """``cancel_flags``' hook while a model's ``execute`` runs on this thread: take what has arrived
+        (bounded, without waiting), so a CANCEL sent meanwhile sets its flag before the model reads it."""
+        for _ in range(64):
+            if not self.sock.poll(0, zmq.POLLIN) or not self._take_while_busy():
+                return
 
     def close(self) -> None:
         model_loop.close()
@@ -335,6 +347,7 @@ def _device_setup(device: Device) -> Callable[[], None] | None:
 def main_loop(args: WorkerArgs) -> int:
     worker = Worker(args)
     model_loop.set_pump(worker._pump)
+    cancel_flags.set_poll(worker._poll_cancels)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the broker stops us
     signal.signal(signal.SIGTERM, worker.request_stop)
     started = time.monotonic()

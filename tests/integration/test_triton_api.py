@@ -97,6 +97,31 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
+LATE_SENDER = """
+import threading
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()
+        if x[0] < 0:
+            return None  # lets go of its requests without a sender taken: no response can come
+        # keeps the requests and asks for their senders only after execute returned
+        threading.Thread(target=self.answer, args=(list(requests),)).start()
+        return None
+
+    def answer(self, requests):
+        time.sleep(0.2)
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            sender = request.get_response_sender()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 10)]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
 CALLER = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -137,6 +162,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     (repo / "via_sender" / "1").mkdir(parents=True)
     (repo / "via_sender" / "config.pbtxt").write_text('name: "via_sender"\nbackend: "python"\n' + IO)
     (repo / "via_sender" / "1" / "model.py").write_text(VIA_SENDER)
+    (repo / "late_sender" / "1").mkdir(parents=True)
+    (repo / "late_sender" / "config.pbtxt").write_text('name: "late_sender"\nbackend: "python"\n' + IO)
+    (repo / "late_sender" / "1" / "model.py").write_text(LATE_SENDER)
     (repo / "caller" / "1").mkdir(parents=True)
     (repo / "caller" / "config.pbtxt").write_text('name: "caller"\nbackend: "python"\n' + IO)
     (repo / "caller" / "1" / "model.py").write_text(CALLER)
@@ -207,6 +235,17 @@ def test_a_model_that_is_not_decoupled_may_answer_through_its_senders(server: Se
         result = c.infer("via_sender", {"X": np.array([1.0, 5.0], np.float32)}, outputs=["Y"])
     np.testing.assert_array_equal(result.as_numpy("Y"), [2.0, 6.0])
     wait_for(lambda: "cannot send more than one response" in server.log(), 10, "the refusal")
+
+
+def test_a_sender_asked_for_after_execute_returned_still_answers(server: ServerProcess) -> None:
+    with Client(server.url, timeout=30) as c:
+        result = c.infer("late_sender", {"X": np.array([1.0, 5.0], np.float32)}, outputs=["Y"])
+        np.testing.assert_array_equal(result.as_numpy("Y"), [10.0, 50.0])
+        # requests let go of with no sender taken and no response returned: a clear error, not a hang
+        with pytest.raises(InternalError, match="returned None"):
+            c.infer("late_sender", {"X": np.array([-1.0], np.float32)}, outputs=["Y"])
+        result = c.infer("late_sender", {"X": np.array([2.0], np.float32)}, outputs=["Y"])
+        np.testing.assert_array_equal(result.as_numpy("Y"), [20.0])
 
 
 def test_bls_passes_its_parameters_and_error_codes_on(server: ServerProcess) -> None:

@@ -1,0 +1,63 @@
+"""The worker's cancellation flags: made on demand, set by W_CANCEL, read by the model (``is_cancelled``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from zinfer.workers import cancel_flags
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> Iterator[None]:
+    yield
+    cancel_flags.set_poll(None)
+    cancel_flags.begin_batch(-1, [])
+
+
+def test_a_cancel_before_anyone_asked_is_seen_when_the_model_asks() -> None:
+    cancel_flags.begin_batch(7, [1, 2])
+    assert cancel_flags.cancel(7, 2)
+    assert cancel_flags.cancel_flag(2).is_set()
+    assert not cancel_flags.cancel_flag(1).is_set()
+
+
+def test_a_flag_taken_first_is_the_one_a_later_cancel_sets() -> None:
+    cancel_flags.begin_batch(7, [1])
+    flag = cancel_flags.cancel_flag(1)
+    assert not flag.is_set()
+    assert cancel_flags.cancel(7, 1)
+    assert flag.is_set()
+
+
+def test_cancels_of_other_batches_or_requests_set_nothing() -> None:
+    cancel_flags.begin_batch(7, [1])
+    assert not cancel_flags.cancel(6, 1)  # an older batch
+    assert not cancel_flags.cancel(7, 9)  # not in this batch
+    assert not cancel_flags.cancel_flag(1).is_set()
+    cancel_flags.begin_batch(8, [1])  # the next batch forgets the last one's flags
+    assert cancel_flags.cancel(8, 1)
+    cancel_flags.begin_batch(9, [1])
+    assert not cancel_flags.cancel_flag(1).is_set()
+
+
+def test_is_set_on_the_main_thread_reads_what_arrived_first() -> None:
+    cancel_flags.begin_batch(3, [5])
+    flag = cancel_flags.cancel_flag(5)
+    calls: list[str] = []
+
+    def poll() -> None:  # what the worker does: read the socket, and a W_CANCEL sets the flag
+        calls.append(threading.current_thread().name)
+        cancel_flags.cancel(3, 5)
+
+    cancel_flags.set_poll(poll)
+    seen: list[bool] = []
+    other = threading.Thread(target=lambda: seen.append(flag.is_set()), name="model-thread")
+    other.start()
+    other.join(10)
+    assert seen == [False] and calls == []  # another thread never reads the worker's socket
+    assert flag.is_set()
+    assert calls == [threading.main_thread().name]
+    assert flag.is_set() and len(calls) == 1  # once set, no more reads
