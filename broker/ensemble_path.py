@@ -38,7 +38,7 @@ from zinfer.client.errors import (
     Unavailable,
     Unsupported,
 )
-from zinfer.client.protocol import Frame, Reply, ShmRef
+from zinfer.client.protocol import Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef
 from zinfer.client.shm import Segment, new_server_name
 
 from .ensemble_plan import EnsemblePlan, PlanStep
@@ -174,14 +174,13 @@ class EnsemblePath:
             if target.signature.decoupled:
                 raise Unsupported(f"model '{target.name}' is decoupled: an ensemble step must answer once")
             frames: list[Frame] = []
-            inputs = [self._input_wire(run, name, tensor, frames) for name, tensor in step.inputs]
-            outputs = [self._output_wire(run, target, step, o, t, inputs, frames) for o, t in step.outputs]
+            inputs = [self._input_ref(run, name, tensor, frames) for name, tensor in step.inputs]
+            outputs = [self._output_ref(run, target, step, o, t, inputs, frames) for o, t in step.outputs]
             r = p.request
-            header = {"id": r.request_id, "model": target.name, "version": target.version,
-                      "inputs": inputs, "outputs": outputs, "priority": r.priority,
-                      "timeout_us": r.timeout_us, "parameters": dict(r.parameters),
-                      "caller_id": r.caller_id}  # fmt: skip
-            req = protocol.infer_from_wire(header)
+            # built here, not decoded from a header: every part is the broker's own or was checked
+            # when the ensemble's request came in; check_request holds it against the step's model
+            req = InferRequest(r.request_id, target.name, target.version, tuple(inputs), tuple(outputs),
+                               r.priority, r.timeout_us, r.parameters, r.caller_id)  # fmt: skip
             checked = check_request(req, frames, target.signature, self.regions, p.client,
                                     self.admission.max_tensor_bytes)  # fmt: skip
             sp = Pending(self.admission.new_seq(), p.client, req, frames, checked.outputs, checked.batch_size,
@@ -199,46 +198,44 @@ class EnsemblePath:
             log.exception("event=ensemble_step_failed ensemble=%s step=%d", run.state.name, step.index)
             self._fail(run, step, Status.INTERNAL, f"InternalError: {type(exc).__name__}: {exc}")
 
-    def _input_wire(self, run: Run, model_input: str, tensor: str, frames: list[Frame]) -> dict[str, Any]:
+    def _input_ref(self, run: Run, model_input: str, tensor: str, frames: list[Frame]) -> TensorRef:
         v = run.tensors[tensor]
-        d: dict[str, Any] = {"name": model_input, "datatype": v.datatype, "shape": list(v.shape)}
         if v.shm is not None:
-            d["shm"] = list(v.shm)
-        else:
-            assert v.data is not None
-            frames.append(v.data)
-            d["frame"] = len(frames) - 1
-        return d
+            return TensorRef(model_input, v.datatype, tuple(v.shape), _shm_ref(v.shm))
+        assert v.data is not None
+        frames.append(v.data)
+        return TensorRef(model_input, v.datatype, tuple(v.shape), None, len(frames) - 1)
 
-    def _output_wire(
+    def _output_ref(
         self,
         run: Run,
         target: ModelState,
         step: PlanStep,
         model_output: str,
         tensor: str,
-        inputs: list[dict[str, Any]],
+        inputs: list[TensorRef],
         frames: list[Frame],
-    ) -> dict[str, Any]:
+    ) -> OutputRequest:
         """Where a step writes one output: a server slot for an intermediate, else where the client said."""
         if not run.plan.is_intermediate(tensor):
             given = run.client_slots.get(tensor)
-            return {"name": model_output} if given is None else {"name": model_output, "slot": given}
+            return OutputRequest(model_output, None if given is None else _shm_ref(given))
         spec = target.signature.outputs.get(model_output)
         nbytes = 0
         if spec is not None and spec.wire != dtypes.BYTES and all(d >= 0 for d in spec.dims):
-            rows = int(inputs[0]["shape"][0]) if target.signature.batching and inputs else 1
+            rows = int(inputs[0].shape[0]) if target.signature.batching and inputs and inputs[0].shape else 1
             nbytes = rows * prod(spec.dims) * spec.itemsize
         else:
-            nbytes = max(MIN_GUESS_BYTES, 4 * sum(self._nbytes(d, frames) for d in inputs))
+            nbytes = max(MIN_GUESS_BYTES, 4 * sum(self._nbytes(t, frames) for t in inputs))
         slot = self._alloc(run, nbytes)
-        return {"name": model_output, "slot": [slot.region, slot.offset, slot.nbytes]}
+        return OutputRequest(model_output, ShmRef(slot.region, slot.offset, slot.nbytes))
 
     @staticmethod
-    def _nbytes(d: dict[str, Any], frames: list[Frame]) -> int:
-        if "shm" in d:
-            return int(d["shm"][2])
-        return len(memoryview(frames[int(d["frame"])]).cast("B"))
+    def _nbytes(t: TensorRef, frames: list[Frame]) -> int:
+        if t.shm is not None:
+            return t.shm.nbytes
+        assert t.frame is not None
+        return len(memoryview(frames[t.frame]).cast("B"))
 
     def _alloc(self, run: Run, nbytes: int) -> Slot:
         try:
@@ -379,6 +376,12 @@ class EnsemblePath:
     def close(self) -> None:
         """Unlink the server's segments (at shutdown, after every request was answered)."""
         self.arena.close()
+
+
+def _shm_ref(value: list[Any]) -> ShmRef:
+    """A run's ``[region, offset, nbytes]`` (the server's slot, or a reference checked on its way in)."""
+    region, offset, nbytes = value
+    return ShmRef(str(region), int(offset), int(nbytes))
 
 
 def _name_step(ensemble: str, step: PlanStep, error: str) -> str:

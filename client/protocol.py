@@ -412,7 +412,46 @@ def tensor_to_wire(t: TensorRef) -> dict[str, Any]:
     return d
 
 
+_SHAPE_LIMIT = 1 << 40
+_OFFSET_LIMIT = 1 << 63
+
+
 def tensor_from_wire(d: Any) -> TensorRef:
+    """A tensor entry of a header, every field checked (see :func:`_tensor_checked` for the errors)."""
+    # The fast path: the exact types msgpack builds, every bound checked inline; anything it does not
+    # take goes through the field-by-field checks, which accept the same and name what is wrong.
+    if type(d) is dict and len(d) == 4:
+        name = d.get("name")
+        datatype = d.get("datatype")
+        shape = d.get("shape")
+        if (
+            type(name) is str
+            and 0 < len(name) <= MAX_NAME
+            and type(datatype) is str
+            and 0 < len(datatype) <= MAX_NAME
+            and type(shape) is list
+            and len(shape) <= MAX_DIMS
+            and all(type(x) is int and 0 <= x < _SHAPE_LIMIT for x in shape)
+        ):
+            frame = d.get("frame")
+            if type(frame) is int and 0 <= frame <= MAX_TENSORS:
+                return TensorRef(name, datatype, tuple(shape), None, frame)
+            shm = d.get("shm")
+            if type(shm) is list and len(shm) == 3:
+                region, offset, nbytes = shm
+                if (
+                    type(region) is str
+                    and 0 < len(region) <= MAX_NAME
+                    and type(offset) is int
+                    and type(nbytes) is int
+                    and 0 <= offset < _OFFSET_LIMIT
+                    and 0 <= nbytes < _OFFSET_LIMIT
+                ):
+                    return TensorRef(name, datatype, tuple(shape), ShmRef(region, offset, nbytes))
+    return _tensor_checked(d)
+
+
+def _tensor_checked(d: Any) -> TensorRef:
     if not isinstance(d, dict):
         raise ProtocolError("tensor must be a map")
     shape = _list(d, "shape", MAX_DIMS)
@@ -434,6 +473,10 @@ def output_to_wire(o: OutputRequest) -> dict[str, Any]:
 
 
 def output_from_wire(d: Any) -> OutputRequest:
+    if type(d) is dict and len(d) == 1:
+        name = d.get("name")
+        if type(name) is str and 0 < len(name) <= MAX_NAME:
+            return OutputRequest(name)
     if not isinstance(d, dict):
         raise ProtocolError("requested output must be a map")
     return OutputRequest(_name(d), shm_from_wire(d["slot"]) if "slot" in d else None)
@@ -459,7 +502,48 @@ def infer_to_wire(r: InferRequest) -> dict[str, Any]:
     return d
 
 
+_INFER_KEYS = frozenset(("id", "model", "version", "inputs", "outputs", "priority", "timeout_us"))
+
+
 def infer_from_wire(d: Mapping[str, Any]) -> InferRequest:
+    """An INFER header as a request, every field checked (see :func:`_infer_checked` for the errors)."""
+    # The fast path, for the common header (no parameters, no caller id; exact msgpack types): what it
+    # does not take goes through the field-by-field checks, which accept the same and name what is wrong.
+    if _INFER_KEYS.issuperset(d):
+        rid = d.get("id")
+        model = d.get("model")
+        version = d.get("version", 0)
+        inputs = d.get("inputs")
+        outputs = d.get("outputs")
+        priority = d.get("priority", 0)
+        timeout_us = d.get("timeout_us", 0)
+        if (
+            type(rid) is str
+            and type(model) is str
+            and 0 < len(model) <= MAX_NAME
+            and type(version) is int
+            and type(priority) is int
+            and type(timeout_us) is int
+            and 0 <= version < _OFFSET_LIMIT
+            and 0 <= priority < _OFFSET_LIMIT
+            and 0 <= timeout_us < _OFFSET_LIMIT
+            and type(inputs) is list
+            and len(inputs) <= MAX_TENSORS
+            and ((type(outputs) is list and len(outputs) <= MAX_TENSORS) or "outputs" not in d)
+        ):
+            return InferRequest(
+                rid,
+                model,
+                version,
+                tuple([tensor_from_wire(t) for t in inputs]),
+                None if outputs is None else tuple([output_from_wire(o) for o in outputs]),
+                priority,
+                timeout_us,
+            )
+    return _infer_checked(d)
+
+
+def _infer_checked(d: Mapping[str, Any]) -> InferRequest:
     outputs = _list(d, "outputs", MAX_TENSORS, None)
     params = _get(d, "parameters", dict, {})
     return InferRequest(
@@ -621,4 +705,3 @@ def unregister_to_wire(r: UnregisterRegion) -> dict[str, Any]:
 
 def unregister_from_wire(d: Mapping[str, Any]) -> UnregisterRegion:
     return UnregisterRegion(_name(d), request_id_of(d))
-
