@@ -40,8 +40,11 @@ class InferenceResponse:
         parameters: Mapping[str, Any] | str | None = None,
     ) -> None:
         self._tensors = list(output_tensors or ())
-        if not all(isinstance(t, Tensor) for t in self._tensors):
-            raise TritonModelException("InferenceResponse: output_tensors must be a list of pb_utils.Tensor")
+        for t in self._tensors:  # a loop, not all(<generator>): this runs for every response
+            if not isinstance(t, Tensor):
+                raise TritonModelException(
+                    "InferenceResponse: output_tensors must be a list of pb_utils.Tensor"
+                )
         self._error = TritonError(error) if isinstance(error, str) else error
         self._parameters = _parameters(parameters, "InferenceResponse")
 
