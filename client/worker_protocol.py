@@ -263,7 +263,36 @@ def parameters_from_wire(value: Any) -> Mapping[str, bool | int | float | str]:
     return MappingProxyType(out)
 
 
+_EXECUTE_REQUEST_KEYS = frozenset(("id", "inputs", "outputs", "request_id"))
+
+
 def execute_request_from_wire(d: Any) -> ExecuteRequest:
+    # The fast path: a request with no sequence and no parameters, in the exact types msgpack builds;
+    # what it does not take goes through the field-by-field checks, which accept the same and name the fault.
+    if type(d) is dict and _EXECUTE_REQUEST_KEYS.issuperset(d):
+        rid = d.get("id")
+        inputs = d.get("inputs")
+        outputs = d.get("outputs")
+        request_id = d.get("request_id", "")
+        if (
+            type(rid) is int
+            and 0 <= rid < (1 << 63)
+            and type(inputs) is list
+            and len(inputs) <= MAX_TENSORS
+            and type(outputs) is list
+            and len(outputs) <= MAX_TENSORS
+            and type(request_id) is str
+        ):
+            return ExecuteRequest(
+                rid,
+                tuple([tensor_from_wire(t) for t in inputs]),
+                tuple([output_from_wire(o) for o in outputs]),
+                request_id,
+            )
+    return _execute_request_checked(d)
+
+
+def _execute_request_checked(d: Any) -> ExecuteRequest:
     if not isinstance(d, dict):
         raise ProtocolError("an EXECUTE request must be a map")
     return ExecuteRequest(

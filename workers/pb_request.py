@@ -46,7 +46,7 @@ class InferenceResponse:
                     "InferenceResponse: output_tensors must be a list of pb_utils.Tensor"
                 )
         self._error = TritonError(error) if isinstance(error, str) else error
-        self._parameters = _parameters(parameters, "InferenceResponse")
+        self._parameters = {} if parameters is None else _parameters(parameters, "InferenceResponse")
 
     def output_tensors(self) -> list[Tensor]:
         return list(self._tensors)

@@ -1,7 +1,8 @@
 """The decoders' fast paths take exactly what their field-by-field checks take, and build the same records.
 
-``tensor_from_wire``, ``output_from_wire``, ``infer_from_wire`` and ``request_result_from_wire`` first try a
-fast path for the common shapes of header; anything else goes to the full checks. Hostile headers are
+``tensor_from_wire``, ``output_from_wire``, ``infer_from_wire``, ``request_result_from_wire`` and
+``execute_request_from_wire`` first try a fast path for the common shapes of header; anything else goes to
+the full checks. Hostile headers are
 generated around the valid ones (wrong types, bools for ints, out-of-range numbers, extra or missing keys,
 subclasses), and each must give the same result or the same ``ProtocolError`` on both paths.
 """
@@ -107,6 +108,12 @@ def test_infer_fast_path_matches_the_checks(d: Any) -> None:
 @given(_variants({"id": 5, "status": 0, "outputs": [TENSOR]}))
 def test_result_fast_path_matches_the_checks(d: Any) -> None:
     _same(worker_protocol.request_result_from_wire, worker_protocol._request_result_checked, d)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_variants({"id": 3, "inputs": [TENSOR, SHM_TENSOR], "outputs": [{"name": "Y"}], "request_id": "r"}))
+def test_execute_request_fast_path_matches_the_checks(d: Any) -> None:
+    _same(worker_protocol.execute_request_from_wire, worker_protocol._execute_request_checked, d)
 
 
 def test_the_fast_paths_are_taken_for_the_common_headers() -> None:
