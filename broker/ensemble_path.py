@@ -201,7 +201,7 @@ class EnsemblePath:
     def _input_ref(self, run: Run, model_input: str, tensor: str, frames: list[Frame]) -> TensorRef:
         v = run.tensors[tensor]
         if v.shm is not None:
-            return TensorRef(model_input, v.datatype, tuple(v.shape), _shm_ref(v.shm))
+            return TensorRef(model_input, v.datatype, tuple(v.shape), protocol.shm_from_wire(v.shm))
         assert v.data is not None
         frames.append(v.data)
         return TensorRef(model_input, v.datatype, tuple(v.shape), None, len(frames) - 1)
@@ -219,7 +219,7 @@ class EnsemblePath:
         """Where a step writes one output: a server slot for an intermediate, else where the client said."""
         if not run.plan.is_intermediate(tensor):
             given = run.client_slots.get(tensor)
-            return OutputRequest(model_output, None if given is None else _shm_ref(given))
+            return OutputRequest(model_output, None if given is None else protocol.shm_from_wire(given))
         spec = target.signature.outputs.get(model_output)
         nbytes = 0
         if spec is not None and spec.wire != dtypes.BYTES and all(d >= 0 for d in spec.dims):
@@ -376,12 +376,6 @@ class EnsemblePath:
     def close(self) -> None:
         """Unlink the server's segments (at shutdown, after every request was answered)."""
         self.arena.close()
-
-
-def _shm_ref(value: list[Any]) -> ShmRef:
-    """A run's ``[region, offset, nbytes]`` (the server's slot, or a reference checked on its way in)."""
-    region, offset, nbytes = value
-    return ShmRef(str(region), int(offset), int(nbytes))
 
 
 def _name_step(ensemble: str, step: PlanStep, error: str) -> str:

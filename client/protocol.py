@@ -413,7 +413,8 @@ def tensor_to_wire(t: TensorRef) -> dict[str, Any]:
 
 
 _SHAPE_LIMIT = 1 << 40
-_OFFSET_LIMIT = 1 << 63
+INT63_LIMIT = 1 << 63
+"""Counts, offsets, sizes and ids are integers below this (``_int``'s default bound, exclusive)."""
 
 
 def tensor_from_wire(d: Any) -> TensorRef:
@@ -444,8 +445,8 @@ def tensor_from_wire(d: Any) -> TensorRef:
                     and 0 < len(region) <= MAX_NAME
                     and type(offset) is int
                     and type(nbytes) is int
-                    and 0 <= offset < _OFFSET_LIMIT
-                    and 0 <= nbytes < _OFFSET_LIMIT
+                    and 0 <= offset < INT63_LIMIT
+                    and 0 <= nbytes < INT63_LIMIT
                 ):
                     return TensorRef(name, datatype, tuple(shape), ShmRef(region, offset, nbytes))
     return _tensor_checked(d)
@@ -524,9 +525,9 @@ def infer_from_wire(d: Mapping[str, Any]) -> InferRequest:
             and type(version) is int
             and type(priority) is int
             and type(timeout_us) is int
-            and 0 <= version < _OFFSET_LIMIT
-            and 0 <= priority < _OFFSET_LIMIT
-            and 0 <= timeout_us < _OFFSET_LIMIT
+            and 0 <= version < INT63_LIMIT
+            and 0 <= priority < INT63_LIMIT
+            and 0 <= timeout_us < INT63_LIMIT
             and type(inputs) is list
             and len(inputs) <= MAX_TENSORS
             and ((type(outputs) is list and len(outputs) <= MAX_TENSORS) or "outputs" not in d)

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from .errors import ProtocolError, Status
 from .protocol import (
+    INT63_LIMIT,
     MAX_NAME,
     MAX_TENSORS,
     OutputRequest,
@@ -276,7 +277,7 @@ def execute_request_from_wire(d: Any) -> ExecuteRequest:
         request_id = d.get("request_id", "")
         if (
             type(rid) is int
-            and 0 <= rid < (1 << 63)
+            and 0 <= rid < INT63_LIMIT
             and type(inputs) is list
             and len(inputs) <= MAX_TENSORS
             and type(outputs) is list
@@ -410,7 +411,7 @@ def request_result_from_wire(d: Any) -> RequestResult:
             type(status) is int
             and status == 0
             and type(rid) is int
-            and 0 <= rid < (1 << 63)
+            and 0 <= rid < INT63_LIMIT
             and type(outputs) is list
             and len(outputs) <= MAX_TENSORS
         ):
@@ -440,7 +441,7 @@ def result_to_wire(r: WorkerResult) -> dict[str, Any]:
 def result_from_wire(h: Mapping[str, Any]) -> WorkerResult:
     timings = _list(h, "t", 3, [0, 0, 0])
     if len(timings) != 3 or not all(
-        isinstance(x, int) and not isinstance(x, bool) and 0 <= x < (1 << 63) for x in timings
+        isinstance(x, int) and not isinstance(x, bool) and 0 <= x < INT63_LIMIT for x in timings
     ):
         raise ProtocolError("field 't' must be three durations in nanoseconds")
     return WorkerResult(

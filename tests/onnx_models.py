@@ -22,6 +22,16 @@ def _save(graph: onnx.GraphProto, path: Path, ir_version: int = 8, opset: int = 
     return path
 
 
+ADD_MATMUL_CONFIG = (
+    'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+    'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] },\n'
+    '        { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+    'output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] },\n'
+    '         { name: "PROJ" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+)
+"""The full config.pbtxt of :func:`add_matmul`'s graph."""
+
+
 def add_matmul(path: Path, batch: int | str | None = "N", ir_version: int = 8) -> Path:
     """SUM = A + B and PROJ = A @ W for float32 A, B of shape [batch, 4] (W a [4, 3] initializer).
 

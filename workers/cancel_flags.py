@@ -57,12 +57,17 @@ def begin_batch(batch: int, ids: Iterable[int]) -> None:
         _flags.clear()
 
 
+def _flag(request: int) -> CancelFlag:
+    """The flag of ``request``, made now if nobody asked before (``_lock`` held)."""
+    flag = _flags.get(request)
+    if flag is None:
+        flag = _flags[request] = CancelFlag()
+    return flag
+
+
 def cancel_flag(request: int) -> CancelFlag:
     with _lock:
-        flag = _flags.get(request)
-        if flag is None:
-            flag = _flags[request] = CancelFlag()
-        return flag
+        return _flag(request)
 
 
 def cancel(batch: int, request: int) -> bool:
@@ -70,8 +75,6 @@ def cancel(batch: int, request: int) -> bool:
     with _lock:
         if batch != _batch or request not in _running:
             return False
-        flag = _flags.get(request)
-        if flag is None:
-            flag = _flags[request] = CancelFlag()
+        flag = _flag(request)
     flag.set()
     return True

@@ -169,19 +169,39 @@ class InferenceRequest:
         trace: Any = None,
         parameters: Mapping[str, Any] | str | None = None,
     ) -> None:
-        self._inputs = list(inputs)
-        if not all(isinstance(t, Tensor) for t in self._inputs):
+        tensors = list(inputs)
+        if not all(isinstance(t, Tensor) for t in tensors):
             raise TritonModelException("InferenceRequest: inputs must be a list of pb_utils.Tensor")
-        self._by_name = {t.name(): t for t in self._inputs}
+        outputs = [_text(n, "requested_output_names") for n in requested_output_names]
+        name = _ModelName(_text(model_name, "model_name"))
+        self._fill(tensors, request_id, outputs, name, int(model_version), correlation_id, int(flags),
+                   int(timeout), _parameters(parameters, "InferenceRequest"), CancelFlag())  # fmt: skip
+
+    def _fill(
+        self,
+        inputs: list[Tensor],
+        request_id: str,
+        outputs: list[str],
+        model_name: _ModelName,
+        model_version: int,
+        correlation_id: int | str,
+        flags: int,
+        timeout: int,
+        parameters: dict[str, Any],
+        cancelled: CancelFlag,
+    ) -> None:
+        """Every attribute of a request, from values already checked (``__init__`` or ``_served``)."""
+        self._inputs = inputs
+        self._by_name = {t.name(): t for t in inputs}
         self._request_id = request_id
-        self._outputs = [_text(n, "requested_output_names") for n in requested_output_names]
-        self.model_name = _ModelName(_text(model_name, "model_name"))
-        self._model_version = int(model_version)
+        self._outputs = outputs
+        self.model_name = model_name
+        self._model_version = model_version
         self._correlation_id = correlation_id
-        self._flags = int(flags)
-        self._timeout = int(timeout)
-        self._parameters = _parameters(parameters, "InferenceRequest")
-        self._cancelled = CancelFlag()
+        self._flags = flags
+        self._timeout = timeout
+        self._parameters = parameters
+        self._cancelled = cancelled
         self._sender: InferenceResponseSender | None = None
         self._make_sender: Callable[[], InferenceResponseSender] | None = None  # made on first ask
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
@@ -202,20 +222,9 @@ class InferenceRequest:
         worker gives was checked on its way in (tensors, names, parameters), so the object is filled in
         without the checks ``__init__`` makes of a model's own (BLS) requests: this runs per request."""
         request = cls.__new__(cls)
-        request._inputs = list(inputs)
-        request._by_name = {t.name(): t for t in request._inputs}
-        request._request_id = request_id
-        request._outputs = list(requested_output_names)
-        request.model_name = _served_name(model_name)
-        request._model_version = -1
-        request._correlation_id = correlation_id
-        request._flags = flags
-        request._timeout = 0
-        request._parameters = dict(parameters) if parameters else {}
-        request._cancelled = cancelled if cancelled is not None else CancelFlag()
-        request._sender = None
-        request._make_sender = None
-        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        request._fill(list(inputs), request_id, list(requested_output_names), _served_name(model_name), -1,
+                      correlation_id, flags, 0, dict(parameters) if parameters else {},
+                      cancelled if cancelled is not None else CancelFlag())  # fmt: skip
         return request
 
     def inputs(self) -> list[Tensor]:

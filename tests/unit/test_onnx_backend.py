@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
+from tests.onnx_models import ADD_MATMUL_CONFIG as FULL  # noqa: E402
 from tests.onnx_models import WEIGHTS, add_matmul, int_identity, simple_string, string_identity  # noqa: E402
 from zinfer.client.errors import ConfigError, InvalidArgument  # noqa: E402
 from zinfer.modelconfig.autocomplete import DEFAULT_MAX_BATCH_SIZE, complete_onnx_config  # noqa: E402
@@ -19,14 +20,6 @@ from zinfer.modelconfig.onnx_graph import read_onnx_graph  # noqa: E402
 from zinfer.modelconfig.repository import load_model_entry  # noqa: E402
 from zinfer.workers.loader import load_model  # noqa: E402
 from zinfer.workers.onnx_model import OnnxModel  # noqa: E402
-
-FULL = (
-    'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-    'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] },\n'
-    '        { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-    'output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] },\n'
-    '         { name: "PROJ" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
-)
 
 
 def _config(text: str, name: str = "m"):  # type: ignore[no-untyped-def]

@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
+from tests.onnx_models import ADD_MATMUL_CONFIG as FULL  # noqa: E402
 from tests.onnx_models import WEIGHTS, add_matmul, string_identity  # noqa: E402
 from zinfer.modelconfig.model_config import parse_model_config  # noqa: E402
 from zinfer.modelconfig.onnx_options import OnnxSessionOptions  # noqa: E402
@@ -24,14 +25,6 @@ from zinfer.modelconfig.repository import load_model_entry  # noqa: E402
 from zinfer.workers import onnx_model  # noqa: E402
 from zinfer.workers.device import CpuDevice  # noqa: E402
 from zinfer.workers.onnx_binding import BoundRun, host_place  # noqa: E402
-
-FULL = (
-    'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-    'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] },\n'
-    '        { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-    'output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] },\n'
-    '         { name: "PROJ" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
-)
 
 
 class _GpuLike(CpuDevice):
