@@ -130,6 +130,7 @@ class Admission:
             raise InvalidArgument(str(exc)) from None
         except BatchTooLarge as exc:
             raise ResourceExhausted(str(exc)) from None
+        self.registry.has_work(state)
         state.metrics.pending(state.queued)
         if state.order is not None:
             state.order.submit(p.seq)
@@ -151,6 +152,7 @@ class Admission:
         p.sequence = SequenceFlags(sid, start, end)
         try:
             state.sequencer.add(SequenceRequest(p, sid, start, end, now), now, sorted(state.instances))
+            self.registry.has_work(state)
         except NotStarted as exc:  # Triton's text, which clients match on
             raise InvalidArgument(
                 f"inference request for sequence {exc.sequence_id} to model '{state.name}' must specify "
@@ -222,7 +224,7 @@ class Admission:
         if now >= self._next_prune:
             self._next_prune = now + PRUNE_INTERVAL_S
             self.caching.readers.prune()
-        for state in self.registry.states():
+        for state in self.registry.working():
             seqs = state.sequencer
             if seqs is not None:
                 due_seq = seqs.next_expiry()

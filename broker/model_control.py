@@ -141,7 +141,7 @@ class ModelControl:
                 for identity in self.pool.retire(state):
                     self.outbox.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
             if not self.pool.workers_of(state):
-                registry.retiring.remove(state)
+                registry.drop_retired(state)
                 self._stopping.discard(id(state))
 
     def index(self) -> list[dict[str, Any]]:

@@ -3,6 +3,10 @@
 A load builds new states first (``prepare``) and only an ``install`` makes them serve; the states they
 replace, and the states of an unloaded model, move to ``retiring``: they take no new requests, finish what
 they have queued, and then their workers stop.
+
+The broker loop's per-turn work (queue timeouts, dispatch, the next deadline) walks only the states that
+have work (``working``): a state joins when a request is queued to it (``has_work``) and leaves once it
+has none, so a turn costs the same with three models as with three hundred.
 """
 
 from __future__ import annotations
@@ -69,6 +73,9 @@ class ModelRegistry:
         self.load_errors: dict[str, str] = {}  # models that have no serving version, and why
         self.reload_errors: dict[str, str] = {}  # the last failed reload of a model that still serves
         self.retiring: list[ModelState] = []
+        # states that may have queued requests, expired ones to answer, or open sequences (whose idle limit
+        # runs on time), in the order they got work; a dict as an ordered set
+        self._work: dict[ModelState, None] = {}
         self.loading: set[str] = set()  # models with a load in progress
         self.known: set[str] = set()  # every model folder of the repository seen so far
         self._generations = itertools.count(1)
@@ -168,6 +175,29 @@ class ModelRegistry:
         failed for good (``error`` set) makes the server not ready; a model never asked for (explicit mode)
         or unloaded on request does not count."""
         return not self.load_errors and all(s.ready for s in self.serving())
+
+    def has_work(self, state: ModelState) -> None:
+        """A request was queued to ``state``: the loop looks at it each turn until it has no work."""
+        self._work[state] = None
+
+    def working(self) -> list[ModelState]:
+        """The states with work, in the order they got it; those found without any leave the set."""
+        out: list[ModelState] = []
+        done: list[ModelState] = []
+        for state in self._work:
+            seqs = state.sequencer
+            if (seqs.active() or len(seqs)) if seqs is not None else not state.batcher.empty:
+                out.append(state)
+            else:
+                done.append(state)
+        for state in done:
+            del self._work[state]
+        return out
+
+    def drop_retired(self, state: ModelState) -> None:
+        """A retired state whose workers have stopped: gone for good."""
+        self.retiring.remove(state)
+        self._work.pop(state, None)
 
     def serving(self) -> Iterator[ModelState]:
         for versions in self.models.values():

@@ -1,10 +1,10 @@
 """Dispatch: batches out of the model queues onto free instances.
 
-Each wake-up of the broker loop, ``dispatch`` asks each model's batcher (or sequence batcher) for the
-batches its free places can take (``instance_pool``), and ``execute`` sends each as an EXECUTE
-(``messages.execute_message``) through the outbox; models whose instance groups name resources take turns
-at them instead (``limited_dispatch``, handed ``execute``). ``poll_timeout_ms`` tells the loop when the next
-batch or queue deadline falls.
+Each wake-up of the broker loop, ``dispatch`` asks the batcher (or sequence batcher) of each model with
+queued work (``registry.working``) for the batches its free places can take (``instance_pool``), and
+``execute`` sends each as an EXECUTE (``messages.execute_message``) through the outbox; models whose
+instance groups name resources take turns at them instead (``limited_dispatch``, handed ``execute``).
+``poll_timeout_ms`` tells the loop when the next batch or queue deadline falls.
 
 A request's path through the broker: admission (``admission``: checks, the response cache, the queues),
 dispatch (here), completion (``completion``: results, replies, failures); ensembles run their steps through
@@ -59,7 +59,7 @@ class RequestPath:
 
     def dispatch(self, now: float) -> None:
         limited: list[ModelState] = []
-        for state in self.registry.states():
+        for state in self.registry.working():
             seqs = state.sequencer
             if seqs is not None:
                 if state.idle and len(seqs):
@@ -113,9 +113,10 @@ class RequestPath:
         return None if region is None else region.wire()
 
     def poll_timeout_ms(self) -> float:
-        """Milliseconds until the nearest batch deadline (models with an idle instance) or queue timeout."""
+        """Milliseconds until the nearest batch deadline (models with an idle instance) or queue timeout;
+        only the states with work (``registry.working``) can have one."""
         deadline: float | None = None
-        for state in self.registry.states():
+        for state in self.registry.working():
             if state.sequencer is not None:  # an instance waiting for its resources has no batch deadline
                 limiter = self.limiter
                 idle = [w for w in state.idle if not state.rate_limited or limiter.can_acquire(w)]

@@ -122,6 +122,11 @@ class DynamicBatcher(Generic[T]):
     def __len__(self) -> int:
         return len(self._queue)
 
+    @property
+    def empty(self) -> bool:
+        """Nothing queued and no timed-out request waiting for :meth:`expire`."""
+        return not self._queue and not self._expired
+
     def add(self, request: QueuedRequest[T], now: float) -> None:
         """Queue a request; the queue delay and timeout run from ``request.arrival``.
 
