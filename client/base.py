@@ -35,7 +35,7 @@ from .errors import (
     from_status,
 )
 from .paths import default_url
-from .protocol import Command, Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef, is_final
+from .protocol import Command, Frame, Reply, ShmRef, TensorRef, is_final
 from .region_handoff import hand_over, handoff_path
 from .request_parameters import sequence_parameters, user_parameters
 from .result import InferResult
@@ -199,65 +199,81 @@ class _ClientBase:
     ) -> _Prepared:
         """The header, inline frames and slots of one infer request (inputs copied into the arena);
         ``sequence`` is ``(sequence_id, sequence_start, sequence_end)``, sent when the id is set;
-        ``parameters`` the request's own (Triton's request parameters, which model code reads)."""
-        params = user_parameters(parameters)
+        ``parameters`` the request's own (Triton's request parameters, which model code reads). The header
+        is built as ``protocol.infer_to_wire`` writes an ``InferRequest``, without making one."""
+        params = user_parameters(parameters) if parameters else None
         named = input_arrays(inputs)
-        names = output_names(outputs)
+        names = output_names(outputs) if outputs is not None else None
         slots: list[Slot] = []
         frames: list[Frame] = []
         try:
-            refs, batch = self._put_inputs(named, slots, frames)
+            wire_inputs, batch, input_bytes = self._put_inputs(named, slots, frames)
             wanted = info.outputs if names is None else tuple(self._output_spec(info, n) for n in names)
-            input_bytes = sum(r.shm.nbytes if r.shm else 0 for r in refs)
-            out_reqs, out_slots = self._reserve_outputs(wanted, batch, info, input_bytes, slots)
+            wire_outputs, out_slots = self._reserve_outputs(wanted, batch, info, input_bytes, slots)
         except BaseException:
             self._free(slots)
             raise
-        req = InferRequest(
-            request_id=request_id or "",
-            model=info.name,
-            version=info.version,
-            inputs=tuple(refs),
-            outputs=tuple(out_reqs),
-            priority=priority,
-            timeout_us=timeout or 0,
-            parameters={**params, **sequence_parameters(*sequence)},
-            caller_id=request_id or "",
-        )
-        return _Prepared(protocol.infer_to_wire(req), frames, slots, out_slots, request_id or "")
+        rid = request_id or ""
+        header: dict[str, Any] = {
+            "id": rid,
+            "model": info.name,
+            "version": info.version,
+            "inputs": wire_inputs,
+            "outputs": wire_outputs,
+        }
+        if priority:
+            header["priority"] = priority
+        if timeout:
+            header["timeout_us"] = timeout
+        seq = sequence_parameters(*sequence) if sequence[0] or sequence[1] or sequence[2] else None
+        if params or seq:
+            header["parameters"] = {**(params or {}), **(seq or {})}
+        if rid:
+            header["caller_id"] = rid
+        return _Prepared(header, frames, slots, out_slots, rid)
 
     def _put_inputs(
         self, inputs: Mapping[str, npt.ArrayLike], slots: list[Slot], frames: list[Frame]
-    ) -> tuple[list[TensorRef], int]:
-        refs: list[TensorRef] = []
+    ) -> tuple[list[dict[str, Any]], int, int]:
+        """The inputs as wire descriptors (``protocol.tensor_to_wire``'s form), the batch size (the first
+        input's first dimension) and the bytes put in shared memory."""
+        wire_inputs: list[dict[str, Any]] = []
         batch = 1
+        shm_bytes = 0
+        use_shm = self._use_shm
         for i, (name, value) in enumerate(inputs.items()):
-            arr = np.asarray(value)
+            arr = value if type(value) is np.ndarray else np.asarray(value)
             wire = dtypes.numpy_to_wire(arr.dtype)
+            shape = arr.shape
             if i == 0 and arr.ndim > 0:
-                batch = arr.shape[0]
-            owned = self._owned_ref(arr) if self._use_shm and wire != dtypes.BYTES else None
+                batch = shape[0]
+            owned = self._owned_ref(arr) if use_shm and self._owned and wire != dtypes.BYTES else None
             if owned is not None:  # already in shared memory: send where it is, no copy
-                refs.append(TensorRef(name, wire, arr.shape, shm=owned))
+                wire_inputs.append({"name": name, "datatype": wire, "shape": list(shape),
+                                    "shm": protocol.shm_to_wire(owned)})  # fmt: skip
+                shm_bytes += owned.nbytes
                 continue
             data: bytes | npt.NDArray[Any]
             if wire == dtypes.BYTES:
                 data = dtypes.serialize_bytes(arr)
                 nbytes = len(data)
             else:
-                data = np.ascontiguousarray(arr)
+                data = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
                 nbytes = data.nbytes
-            if self._use_shm and nbytes > self.inline_threshold:
+            if use_shm and nbytes > self.inline_threshold:
                 slot = self._arena_get().alloc(nbytes)
                 slots.append(slot)
                 dst = np.frombuffer(slot.view(), dtype=np.uint8)
                 src = data if isinstance(data, bytes) else data.reshape(-1).view(np.uint8)
                 dst[:] = np.frombuffer(src, dtype=np.uint8) if isinstance(src, bytes) else src
-                refs.append(TensorRef(name, wire, arr.shape, shm=ShmRef(slot.region, slot.offset, nbytes)))
+                shm = [slot.region, slot.offset, nbytes]
+                wire_inputs.append({"name": name, "datatype": wire, "shape": list(shape), "shm": shm})
+                shm_bytes += nbytes
             else:
                 frames.append(data if isinstance(data, bytes) else _byte_view(data))
-                refs.append(TensorRef(name, wire, arr.shape, frame=len(frames) - 1))
-        return refs, batch
+                wire_inputs.append({"name": name, "datatype": wire, "shape": list(shape),
+                                    "frame": len(frames) - 1})  # fmt: skip
+        return wire_inputs, batch, shm_bytes
 
     def _reserve_outputs(
         self,
@@ -266,18 +282,20 @@ class _ClientBase:
         info: _ModelInfo,
         input_bytes: int,
         slots: list[Slot],
-    ) -> tuple[list[OutputRequest], dict[str, Slot]]:
-        reqs: list[OutputRequest] = []
+    ) -> tuple[list[dict[str, Any]], dict[str, Slot]]:
+        """The outputs asked for as wire descriptors (``protocol.output_to_wire``'s form), with an arena
+        slot reserved for each whose expected size is over the inline threshold."""
+        reqs: list[dict[str, Any]] = []
         out_slots: dict[str, Slot] = {}
         for spec in wanted:
-            size = self._output_capacity(spec, batch, info, input_bytes)
-            if not self._use_shm or size is None or size <= self.inline_threshold:
-                reqs.append(OutputRequest(spec.name))
+            size = self._output_capacity(spec, batch, info, input_bytes) if self._use_shm else None
+            if size is None or size <= self.inline_threshold:
+                reqs.append({"name": spec.name})
                 continue
             slot = self._arena_get().alloc(size)
             slots.append(slot)
             out_slots[spec.name] = slot
-            reqs.append(OutputRequest(spec.name, ShmRef(slot.region, slot.offset, size)))
+            reqs.append({"name": spec.name, "slot": [slot.region, slot.offset, size]})
         return reqs, out_slots
 
     @staticmethod

@@ -145,17 +145,19 @@ def in_arena(client: ClientBase, arr: npt.NDArray[Any]) -> bool:
 
 
 class SentRequests:
-    """Every INFER a client sends, as the typed request it encodes (installed with ``monkeypatch``)."""
+    """Every INFER a client builds, read back from its header as the broker reads it (installed with
+    ``monkeypatch`` on the request building both clients share)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.sent: list[protocol.InferRequest] = []
-        encode = protocol.infer_to_wire
+        prepare = ClientBase._prepare
 
-        def spy(r: protocol.InferRequest) -> dict[str, Any]:
-            self.sent.append(r)
-            return encode(r)
+        def spy(client: ClientBase, *args: Any, **kwargs: Any) -> Any:
+            p = prepare(client, *args, **kwargs)
+            self.sent.append(protocol.infer_from_wire(p.header))
+            return p
 
-        monkeypatch.setattr(protocol, "infer_to_wire", spy)
+        monkeypatch.setattr(ClientBase, "_prepare", spy)
 
     def input(self, name: str) -> protocol.TensorRef:
         """The last request's input ``name``."""
