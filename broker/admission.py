@@ -147,6 +147,14 @@ class Admission:
                 f"inference request to model '{state.name}' must specify a non-zero or non-empty sequence_id"
             )
         sid, start, end = parsed
+        if isinstance(sid, str):
+            for c in state.controls:
+                if c["kind"] == "CORRID" and c["data_type"] != "TYPE_STRING":
+                    raise InvalidArgument(
+                        f"inference request for sequence '{sid}' to model '{state.name}': a string "
+                        f"sequence_id needs the CORRID control '{c['name']}' to be TYPE_STRING, the model "
+                        f"has {c['data_type']}"
+                    )  # never a made-up id: the model would see 0 for every such sequence
         if state.signature.batching and p.batch_size != 1:
             raise InvalidArgument(f"a sequence request must hold one row, got a batch of {p.batch_size}")
         p.sequence = SequenceFlags(sid, start, end)

@@ -105,11 +105,27 @@ def test_pipelined_requests_of_one_sequence_run_in_order(server: ServerProcess) 
     assert sorted(sums) == [float(n) for n in range(2, 10)]  # each saw every earlier one exactly once
 
 
-def test_start_resets_and_string_ids_work(server: ServerProcess) -> None:
+def test_start_resets(server: ServerProcess) -> None:
     with Client(server.url, timeout=30) as client:
-        assert _step(client, DIRECT, "abc", 2.0, start=True) == 2.0
-        assert _step(client, DIRECT, "abc", 3.0, start=True) == 3.0  # a new START starts over
-        assert _step(client, DIRECT, "abc", 1.0, end=True) == 4.0
+        assert _step(client, DIRECT, 77, 2.0, start=True) == 2.0
+        assert _step(client, DIRECT, 77, 3.0, start=True) == 3.0  # a new START starts over
+        assert _step(client, DIRECT, 77, 1.0, end=True) == 4.0
+
+
+def test_string_ids_are_refused_where_the_model_keys_its_state_on_a_numeric_corrid(
+    server: ServerProcess,
+) -> None:
+    """running_sum keeps a sum per CORRID, a TYPE_UINT64: two string sequences would both be given 0 and
+    share one sum. So a string id is an error that says what to change; string ids work with a TYPE_STRING
+    CORRID (test_frontdoor_sequence_quickstart.py) or with none (test_bls_options.py)."""
+    with Client(server.url, timeout=30) as client:
+        for sid in ("abc", "xyz"):
+            with pytest.raises(
+                InvalidArgument, match=f"sequence '{sid}' to model '{DIRECT}': a string sequence_id"
+            ):
+                _step(client, DIRECT, sid, 2.0, start=True)
+        assert _step(client, DIRECT, 78, 2.0, start=True) == 2.0  # nothing of the refused ones is left
+        assert _step(client, DIRECT, 78, 1.0, end=True) == 3.0
 
 
 def test_end_then_request_without_start_fails(server: ServerProcess) -> None:

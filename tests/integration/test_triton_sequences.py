@@ -188,3 +188,18 @@ def test_end_releases_the_sequence_state(server: ServerProcess) -> None:
         assert _step(client, model, 102, 5, end=True) == (15, 0)
         assert _step(client, model, 101, 7, start=True) == (7, 1)  # the id may start over
         assert _step(client, model, 101, 0, end=True) == (7, 0)
+
+
+def test_a_string_sequence_id_is_refused_where_the_corrid_control_is_a_number(server: ServerProcess) -> None:
+    """CORRID is TYPE_UINT64 here: a string id has no value the model could be given (Triton's qa serves
+    string ids from a copy of the model whose CORRID is TYPE_STRING), so the request fails, clearly, and
+    integer sequences are unaffected."""
+    x = np.array([[1]], np.int32)
+    with Client(server.url, timeout=30) as client:
+        for model in MODELS:
+            with pytest.raises(
+                InvalidArgument, match=r"sequence 'abc' .* CORRID control 'CORRID' to be TYPE_STRING"
+            ):
+                client.infer(model, {"INPUT": x}, sequence_id="abc", sequence_start=True)
+            assert _step(client, model, 301, 4, start=True)[0] == 4
+            assert _step(client, model, 301, 1, end=True)[0] == 5
