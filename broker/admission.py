@@ -197,7 +197,7 @@ class Admission:
 
     def cancel(self, identity: bytes, target: str) -> str:
         """Cancel the caller's request ``target``: out of the queue, or its result discarded if it runs."""
-        for state in self.registry.states():
+        for state in self.registry.working():  # a queued request is in a state with work
             removed = state.batcher.remove(lambda p: p.client == identity and p.request.request_id == target)
             if state.sequencer is not None:
                 removed += state.sequencer.remove(

@@ -130,7 +130,5 @@ class RequestPath:
         return max(0.0, min(float(MAX_POLL_MS), (deadline - time.monotonic()) * 1000))
 
     def queued(self) -> int:
-        return sum(
-            len(s.batcher) + (len(s.sequencer) if s.sequencer is not None else 0)
-            for s in self.registry.states()
-        )
+        """Requests waiting for an instance, in every model (only those with work can have any)."""
+        return sum(s.queued for s in self.registry.working())
