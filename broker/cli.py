@@ -17,6 +17,7 @@ from typing import Any
 import zmq
 
 from zinfer.client.errors import ConfigError, ZinferError
+from zinfer.client.gc_tuning import tune_for_serving
 from zinfer.client.paths import client_endpoint, default_runtime_dir
 from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
 
@@ -266,6 +267,7 @@ def serve(args: argparse.Namespace) -> int:
         if doors.config.enabled:
             doors.start()
             broker.observer.frontdoors = doors.snapshot
+        tune_for_serving()  # set up: freeze the broker's heap, collect less often (gc_tuning)
         broker.run(_with_frontdoors(_reporting(notifier, broker, stop), doors))
     finally:
         log.info("event=stopping signal=%d", stop["signal"])

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from zinfer.client.errors import ConfigError
+from zinfer.client.gc_tuning import tune_for_serving
 
 from .bridge import Bridge
 from .classification import LabelFiles
@@ -91,6 +92,7 @@ async def serve(options: FrontDoorOptions, parent: int | None = None) -> None:
                 log.error("event=frontdoor_http_unavailable reason='zinfer.frontdoor.http_server is missing'")
             else:
                 tasks.append(asyncio.create_task(http.serve_http(door, stop)))
+        tune_for_serving()  # set up and listening: freeze the heap, collect less often (gc_tuning)
         log.info(
             "event=frontdoor_listening index=%d pid=%d grpc=%s http=%s",
             options.index, os.getpid(), options.grpc or "off", options.http or "off",

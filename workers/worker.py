@@ -27,6 +27,7 @@ import zmq
 
 from zinfer.client import protocol
 from zinfer.client.errors import ConfigError, ProtocolError, ResourceExhausted
+from zinfer.client.gc_tuning import tune_for_serving
 from zinfer.client.protocol import Command, Frame, Message
 from zinfer.client.transport import send_frames
 from zinfer.client.worker_protocol import (
@@ -92,6 +93,7 @@ class Worker:
         self._pending: deque[Message] = deque()  # received, not yet handled, in order
         self._staged_batch: object = None  # the batch id last looked at for staging
         self._stop = False
+        self.tune_gc = False  # tune the collector once loaded (gc_tuning): set where this is the process
         self._ctx = zmq.Context()
         self.sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, args.identity)
@@ -157,6 +159,8 @@ class Worker:
             self.device.on_wait = self._look_ahead
             self.send(Command.W_READY, ready_to_wire(replace(ready, slot=2)))  # a second idle place
             log.info("event=gpu_prefetch model=%s instance=%d", a.model, a.instance)
+        if self.tune_gc:  # the model is loaded and warm: freeze its heap, collect less often (gc_tuning)
+            tune_for_serving()
         log.info(
             "event=worker_ready model=%s version=%d instance=%d pid=%d",
             a.model,
@@ -346,6 +350,7 @@ def _device_setup(device: Device) -> Callable[[], None] | None:
 
 def main_loop(args: WorkerArgs) -> int:
     worker = Worker(args)
+    worker.tune_gc = True  # this process is the worker (not a test running one in its own process)
     model_loop.set_pump(worker._pump)
     cancel_flags.set_poll(worker._poll_cancels)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the broker stops us

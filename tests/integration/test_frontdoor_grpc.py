@@ -162,7 +162,7 @@ def test_decoupled_stream(client: grpcclient.InferenceServerClient) -> None:
         client.stop_stream()
 
 
-@pytest.mark.parametrize("sequence_id", [41, "seq-string-id"])
+@pytest.mark.parametrize("sequence_id", [41, 2**40 + 5])
 def test_sequence_over_stream_and_unary(
     client: grpcclient.InferenceServerClient, sequence_id: int | str
 ) -> None:
@@ -181,6 +181,17 @@ def test_sequence_over_stream_and_unary(
                           sequence_start=start, sequence_end=end).as_numpy("SUM").item()
              for start, end in ((True, False), (False, True))]  # fmt: skip
     assert unary == [5.0, 10.0]
+
+
+def test_a_string_sequence_id_to_a_numeric_corrid_model_is_invalid_argument(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    """running_sum keys its sums on a TYPE_UINT64 CORRID: a string id is refused, not turned into 0."""
+    x = _input("X", np.ones((1, 1), np.float32), "FP32")
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("running_sum", [x], sequence_id="seq-string-id", sequence_start=True)
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "CORRID control 'CORRID' to be TYPE_STRING" in str(err.value.message())
 
 
 def test_system_shared_memory_round_trip(client: grpcclient.InferenceServerClient) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import MODELS, ServerProcess
+from tests.conftest import MODELS, ServerProcess, wait_for
 from tests.gated import SentRequests, address, in_arena, shm_address
 from zinfer.client.client import Client
 
@@ -147,3 +147,24 @@ def test_bundled_repository_path_exists() -> None:
     from zinfer.broker.cli import bundled_models
 
     assert Path(bundled_models()).resolve() == MODELS.resolve()
+
+
+def test_the_broker_and_every_worker_tune_their_collector_once_set_up(bundled_server: ServerProcess) -> None:
+    """gc_tuning.tune_for_serving runs in the broker (before its loop) and in each worker (once its model is
+    loaded), each logging its pid: the frozen start-up heap is what takes full collections off the path."""
+
+    def tuned() -> set[int]:
+        return {
+            int(part.split("=", 1)[1])
+            for line in bundled_server.log().splitlines()
+            if "event=gc_tuned" in line
+            for part in line.split()
+            if part.startswith("pid=")
+        }
+
+    with Client(bundled_server.url, timeout=30) as c:
+        assert c.is_server_ready()  # every model loaded: each worker is past its load
+    workers = {p.pid for p in bundled_server.workers() if "zinfer.workers" in " ".join(p.cmdline())}
+    assert len(workers) >= 10, "the bundled repository runs a worker per model instance"
+    processes = workers | {bundled_server.proc.pid}
+    wait_for(lambda: processes <= tuned(), 10, "the broker and every worker to log event=gc_tuned")
