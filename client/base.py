@@ -17,7 +17,7 @@ import math
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -71,6 +71,9 @@ class _Prepared:
     out_slots: dict[str, Slot]
     request_id: str  # the caller's id ("" if none)
     rid: str = ""  # the wire id while the request is out; "" while the caller holds the slots
+    # arrays made by empty() that the request names where they are: alive while the server may read them
+    # (their slots go back to the arena with the arrays, ``_release_owned``)
+    keep: list[Any] = field(default_factory=list)
 
 
 def _byte_view(arr: npt.NDArray[Any]) -> memoryview:
@@ -96,11 +99,13 @@ class _ClientBase:
         self.inline_threshold = inline_threshold
         self._use_shm = self.url.startswith("ipc://") if shm is None else shm
         self._orphans_lock = threading.Lock()
-        self._orphans: dict[str, list[Slot]] = {}  # slots of requests in flight, by wire id
+        # slots (and empty() arrays, kept alive) of requests in flight, by wire id
+        self._orphans: dict[str, tuple[list[Slot], list[Any]]] = {}
         self._active: dict[str, str] = {}  # caller's request_id -> wire id, for cancel()
         self._models: dict[tuple[str, int], _ModelInfo] = {}
-        # arrays made by empty(): id of their base memoryview -> (that memoryview, its slot)
-        self._owned: dict[int, tuple[memoryview, Slot]] = {}
+        # arrays made by empty(): id of their base memoryview -> (a weak reference to it, its slot); weak, so
+        # the slot goes back to the arena when the user's last array over it is gone (``_release_owned``)
+        self._owned: dict[int, tuple[weakref.ref[memoryview], Slot]] = {}
         self._arena_args = (arena_bytes, max_arena_bytes)
         self._arena: Arena | None = None
         self._closed = False
@@ -131,7 +136,7 @@ class _ClientBase:
         anchor = flat.base  # the buffer object every view of this array keeps alive
         assert isinstance(anchor, memoryview)
         key = id(anchor)
-        self._owned[key] = (anchor, slot)
+        self._owned[key] = (weakref.ref(anchor), slot)
         weakref.finalize(anchor, self._release_owned, key, slot)
         return flat.reshape(dims)
 
@@ -153,9 +158,10 @@ class _ClientBase:
         while isinstance(base, np.ndarray) and base.base is not None:
             base = base.base
         entry = self._owned.get(id(base)) if isinstance(base, memoryview) else None
-        if entry is None or entry[0] is not base:
+        anchor = entry[0]() if entry is not None else None
+        if entry is None or anchor is not base:
             return None
-        anchor, slot = entry
+        slot = entry[1]
         start = arr.__array_interface__["data"][0] - np.frombuffer(anchor, dtype=np.uint8).ctypes.data
         if start < 0 or start + arr.nbytes > slot.nbytes:
             return None
@@ -206,8 +212,9 @@ class _ClientBase:
         names = output_names(outputs) if outputs is not None else None
         slots: list[Slot] = []
         frames: list[Frame] = []
+        keep: list[Any] = []
         try:
-            wire_inputs, batch, input_bytes = self._put_inputs(named, slots, frames)
+            wire_inputs, batch, input_bytes = self._put_inputs(named, slots, frames, keep)
             wanted = info.outputs if names is None else tuple(self._output_spec(info, n) for n in names)
             wire_outputs, out_slots = self._reserve_outputs(wanted, batch, info, input_bytes, slots)
         except BaseException:
@@ -230,13 +237,14 @@ class _ClientBase:
             header["parameters"] = {**(params or {}), **(seq or {})}
         if rid:
             header["caller_id"] = rid
-        return _Prepared(header, frames, slots, out_slots, rid)
+        return _Prepared(header, frames, slots, out_slots, rid, keep=keep)
 
     def _put_inputs(
-        self, inputs: Mapping[str, npt.ArrayLike], slots: list[Slot], frames: list[Frame]
+        self, inputs: Mapping[str, npt.ArrayLike], slots: list[Slot], frames: list[Frame], keep: list[Any]
     ) -> tuple[list[dict[str, Any]], int, int]:
         """The inputs as wire descriptors (``protocol.tensor_to_wire``'s form), the batch size (the first
-        input's first dimension) and the bytes put in shared memory."""
+        input's first dimension) and the bytes put in shared memory; ``keep`` gets the empty() arrays sent
+        where they are."""
         wire_inputs: list[dict[str, Any]] = []
         batch = 1
         shm_bytes = 0
@@ -252,6 +260,7 @@ class _ClientBase:
                 wire_inputs.append({"name": name, "datatype": wire, "shape": list(shape),
                                     "shm": protocol.shm_to_wire(owned)})  # fmt: skip
                 shm_bytes += owned.nbytes
+                keep.append(arr)
                 continue
             data: bytes | npt.NDArray[Any]
             if wire == dtypes.BYTES:
@@ -316,8 +325,8 @@ class _ClientBase:
         """``p`` goes out as ``rid``: its slots now wait for its reply."""
         p.header["id"] = p.rid = rid
         with self._orphans_lock:
-            if p.slots:
-                self._orphans[rid] = p.slots
+            if p.slots or p.keep:
+                self._orphans[rid] = (p.slots, p.keep)
             if p.request_id:
                 self._active[p.request_id] = rid
 
@@ -345,8 +354,8 @@ class _ClientBase:
     def _late_reply(self, request_id: str) -> None:
         """A request whose caller gave up finished after all: now its slots may be reused."""
         with self._orphans_lock:
-            slots = self._orphans.pop(request_id, [])
-        self._free(slots)
+            slots, _ = self._orphans.pop(request_id, ([], []))
+        self._free(slots)  # and the empty() arrays it named are the caller's alone again
 
     @staticmethod
     def _unknown_region(reply: Reply) -> bool:

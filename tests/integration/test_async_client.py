@@ -216,6 +216,25 @@ def test_zero_copy_empty_arrays(bundled_server: ServerProcess, monkeypatch: pyte
 # ---------------------------------------------------------------------------------------------- cancel
 
 
+def test_empty_arrays_sent_again_and_again_reuse_the_arena(bundled_server: ServerProcess) -> None:
+    """40 requests of a fresh 4 MiB ``empty()`` array each through a 16 MiB arena: each array's slot comes
+    back once its request is answered and the array is gone (it used to stay taken: the fifth failed)."""
+
+    async def main() -> None:
+        async with AsyncClient(
+            bundled_server.url, timeout=60, arena_bytes=8 << 20, max_arena_bytes=16 << 20
+        ) as c:
+            for i in range(40):
+                x = c.empty((1, 1 << 20))
+                x[:] = float(i)
+                out = (await c.infer("identity", {"INPUT0": x})).as_numpy("OUTPUT0")
+                assert out[0, 0] == float(i) and out[0, -1] == float(i)
+                del x, out
+            assert not c._orphans
+
+    run(main())
+
+
 def test_client_timeout_cancels_in_the_server(delayed_server: ServerProcess) -> None:
     before = _cancelled(delayed_server, "delayed")
 
