@@ -389,9 +389,14 @@ def decode_infer_request(
 
 
 def resolve_inputs(
-    request: HttpInferRequest, read: Callable[[str, int, int], Any], limits: Limits
+    request: HttpInferRequest,
+    read: Callable[..., Any],
+    limits: Limits,
+    alloc: Callable[[tuple[int, ...], np.dtype[Any]], npt.NDArray[Any]] | None = None,
 ) -> tuple[Tensor, ...]:
-    """The request's inputs as tensors: those in shared memory read with ``read(region, offset, size)``."""
+    """The request's inputs as tensors: those in shared memory read with ``read(region, offset, size)``,
+    straight into ``alloc``'s arrays when given (``read(region, offset, size, out)``: the bridge's arena,
+    so the bytes go on to the broker without another copy), except BYTES tensors."""
     out = []
     for spec in request.inputs:
         if spec.shm is None:
@@ -403,6 +408,18 @@ def resolve_inputs(
                 f"input '{spec.name}' names {spec.shm.byte_size} bytes of shared memory, more than the limit "
                 f"of {limits.max_tensor_bytes}"
             )
+        if alloc is not None and spec.datatype != BYTES and spec.shm.byte_size > 0:
+            dtype = wire_to_numpy(spec.datatype)
+            expected = math.prod(spec.shape) * dtype.itemsize
+            if spec.shm.byte_size != expected:
+                raise _bad(
+                    f"unexpected total byte size {spec.shm.byte_size} for input '{spec.name}', expecting "
+                    f"{expected}"
+                )
+            data = alloc(spec.shape, dtype)
+            read(spec.shm.region, spec.shm.offset, spec.shm.byte_size, data.reshape(-1).view(np.uint8))
+            out.append(Tensor(spec.name, spec.datatype, spec.shape, data))
+            continue
         raw = read(spec.shm.region, spec.shm.offset, spec.shm.byte_size)
         data = tensor_from_bytes(spec.name, spec.datatype, spec.shape, raw)
         out.append(Tensor(spec.name, spec.datatype, spec.shape, data))

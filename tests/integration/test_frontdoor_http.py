@@ -192,6 +192,16 @@ def test_system_shared_memory_round_trip(client: httpclient.InferenceServerClien
             inputs[0].set_shared_memory("fdh_in", nbytes, offset=3 * nbytes)
             client.infer("double", inputs)
         assert err.value.status() == "400"
+        inputs[0] = httpclient.InferInput("A", [2, 4], "FP32")
+        with pytest.raises(InferenceServerException) as err:  # fewer bytes than the shape holds
+            inputs[0].set_shared_memory("fdh_in", nbytes - 4)
+            client.infer("double", inputs)
+        assert err.value.status() == "400" and "unexpected total byte size 28 for input 'A'" in str(err.value)
+        inputs[0] = httpclient.InferInput("A", [2, 4], "FP32")
+        inputs[0].set_shared_memory("fdh_in", nbytes)
+        client.infer("double", inputs, outputs=[out])  # and the region still serves
+        got = shm.get_contents_as_numpy(handle, np.float32, [2, 4], offset=2 * nbytes)
+        np.testing.assert_array_equal(got, a * 3)
     finally:
         client.unregister_system_shared_memory()
         shm.destroy_shared_memory_region(handle)
