@@ -207,9 +207,9 @@ class _ClientBase:
         ``sequence`` is ``(sequence_id, sequence_start, sequence_end)``, sent when the id is set;
         ``parameters`` the request's own (Triton's request parameters, which model code reads). The header
         is built as ``protocol.infer_to_wire`` writes an ``InferRequest``, without making one."""
-        params = user_parameters(parameters) if parameters else None
+        params = user_parameters(parameters)
         named = input_arrays(inputs)
-        names = output_names(outputs) if outputs is not None else None
+        names = output_names(outputs)
         slots: list[Slot] = []
         frames: list[Frame] = []
         keep: list[Any] = []
@@ -232,9 +232,9 @@ class _ClientBase:
             header["priority"] = priority
         if timeout:
             header["timeout_us"] = timeout
-        seq = sequence_parameters(*sequence) if sequence[0] or sequence[1] or sequence[2] else None
+        seq = sequence_parameters(*sequence)
         if params or seq:
-            header["parameters"] = {**(params or {}), **(seq or {})}
+            header["parameters"] = {**params, **seq}
         if rid:
             header["caller_id"] = rid
         return _Prepared(header, frames, slots, out_slots, rid, keep=keep)
@@ -255,10 +255,11 @@ class _ClientBase:
             shape = arr.shape
             if i == 0 and arr.ndim > 0:
                 batch = shape[0]
+            d: dict[str, Any] = {"name": name, "datatype": wire, "shape": list(shape)}
+            wire_inputs.append(d)
             owned = self._owned_ref(arr) if use_shm and self._owned and wire != dtypes.BYTES else None
             if owned is not None:  # already in shared memory: send where it is, no copy
-                wire_inputs.append({"name": name, "datatype": wire, "shape": list(shape),
-                                    "shm": protocol.shm_to_wire(owned)})  # fmt: skip
+                d["shm"] = protocol.shm_to_wire(owned)
                 shm_bytes += owned.nbytes
                 keep.append(arr)
                 continue
@@ -275,13 +276,11 @@ class _ClientBase:
                 dst = np.frombuffer(slot.view(), dtype=np.uint8)
                 src = data if isinstance(data, bytes) else data.reshape(-1).view(np.uint8)
                 dst[:] = np.frombuffer(src, dtype=np.uint8) if isinstance(src, bytes) else src
-                shm = [slot.region, slot.offset, nbytes]
-                wire_inputs.append({"name": name, "datatype": wire, "shape": list(shape), "shm": shm})
+                d["shm"] = [slot.region, slot.offset, nbytes]
                 shm_bytes += nbytes
             else:
                 frames.append(data if isinstance(data, bytes) else _byte_view(data))
-                wire_inputs.append({"name": name, "datatype": wire, "shape": list(shape),
-                                    "frame": len(frames) - 1})  # fmt: skip
+                d["frame"] = len(frames) - 1
         return wire_inputs, batch, shm_bytes
 
     def _reserve_outputs(

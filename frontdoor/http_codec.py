@@ -193,11 +193,17 @@ def tensor_from_bytes(name: str, datatype: str, shape: tuple[int, ...], raw: Any
             return deserialize_bytes(view, shape)
         except InvalidArgument as exc:
             raise _bad(f"input '{name}': {exc}") from None
+    dtype = _sized(name, datatype, shape, view.nbytes)
+    return np.frombuffer(view, dtype=dtype).reshape(shape)
+
+
+def _sized(name: str, datatype: str, shape: tuple[int, ...], nbytes: int) -> np.dtype[Any]:
+    """The dtype of a fixed-size input whose ``nbytes`` must be what its shape holds (else Triton's 400)."""
     dtype = wire_to_numpy(datatype)
     expected = math.prod(shape) * dtype.itemsize
-    if view.nbytes != expected:
-        raise _bad(f"unexpected total byte size {view.nbytes} for input '{name}', expecting {expected}")
-    return np.frombuffer(view, dtype=dtype).reshape(shape)
+    if nbytes != expected:
+        raise _bad(f"unexpected total byte size {nbytes} for input '{name}', expecting {expected}")
+    return dtype
 
 
 def _flatten(data: list[Any], name: str) -> list[Any]:
@@ -409,14 +415,7 @@ def resolve_inputs(
                 f"of {limits.max_tensor_bytes}"
             )
         if alloc is not None and spec.datatype != BYTES and spec.shm.byte_size > 0:
-            dtype = wire_to_numpy(spec.datatype)
-            expected = math.prod(spec.shape) * dtype.itemsize
-            if spec.shm.byte_size != expected:
-                raise _bad(
-                    f"unexpected total byte size {spec.shm.byte_size} for input '{spec.name}', expecting "
-                    f"{expected}"
-                )
-            data = alloc(spec.shape, dtype)
+            data = alloc(spec.shape, _sized(spec.name, spec.datatype, spec.shape, spec.shm.byte_size))
             read(spec.shm.region, spec.shm.offset, spec.shm.byte_size, data.reshape(-1).view(np.uint8))
             out.append(Tensor(spec.name, spec.datatype, spec.shape, data))
             continue

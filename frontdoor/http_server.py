@@ -259,8 +259,8 @@ class HttpFrontDoor:
             raise FrontDoorError("UNIMPLEMENTED", 501, text)
         header_length = parse_header_length(request.headers.get(HEADER_LENGTH), len(body))
         parsed = decode_infer_request(body, header_length, model, self.limits)
-        alloc = self.bridge.empty if self.bridge.uses_shm else None  # system shm straight into the arena
-        inputs = resolve_inputs(parsed, self.door.shm.read, self.limits, alloc)
+        # system shm straight into the bridge's arena (plain memory when the broker is not local)
+        inputs = resolve_inputs(parsed, self.door.shm.read, self.limits, self.bridge.empty)
         call = InferCall(
             model=model,
             inputs=inputs,

@@ -84,7 +84,7 @@ class WorkerArgs:
 
 
 class Worker:
-    def __init__(self, args: WorkerArgs) -> None:
+    def __init__(self, args: WorkerArgs, *, tune_gc: bool = False) -> None:
         self.args = args
         self.regions = RegionCache(owner=args.parent)
         self.device: Device = CPU
@@ -93,7 +93,7 @@ class Worker:
         self._pending: deque[Message] = deque()  # received, not yet handled, in order
         self._staged_batch: object = None  # the batch id last looked at for staging
         self._stop = False
-        self.tune_gc = False  # tune the collector once loaded (gc_tuning): set where this is the process
+        self.tune_gc = tune_gc  # tune the collector once loaded (gc_tuning): only where this is the process
         self._ctx = zmq.Context()
         self.sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, args.identity)
@@ -349,8 +349,7 @@ def _device_setup(device: Device) -> Callable[[], None] | None:
 
 
 def main_loop(args: WorkerArgs) -> int:
-    worker = Worker(args)
-    worker.tune_gc = True  # this process is the worker (not a test running one in its own process)
+    worker = Worker(args, tune_gc=True)  # this process is the worker (not a test running one in its own)
     model_loop.set_pump(worker._pump)
     cancel_flags.set_poll(worker._poll_cancels)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the broker stops us
