@@ -59,14 +59,17 @@ class Completion:
         by_seq = {p.seq: p for p in batch.requests}
         timing = result.timings
         stats, metrics, window = state.stats, state.metrics, state.window
-        stats.compute_input.add(timing[0])
-        stats.compute_infer.add(timing[1])
-        stats.compute_output.add(timing[2])
+        n = batch.executions  # a run: its requests' executions, timed together
+        stats.compute_input.add(timing[0], n)
+        stats.compute_infer.add(timing[1], n)
+        stats.compute_output.add(timing[2], n)
+        if state.runs:
+            state.cost.observe(timing[0] + timing[1] + timing[2], n)
         now_ns = time.monotonic_ns()
         rows = sum(p.batch_size for p in batch.requests)
         state.batcher.observe_execution(rows, (now_ns - batch.sent_ns) / 1e9, now_ns / 1e9)
         state.batcher.observe_latencies((now_ns / 1e9 - p.arrival for p in batch.requests), now_ns / 1e9)
-        t_in, t_inf, t_out = (x / 1000 for x in timing)
+        t_in, t_inf, t_out = (x / (1000 * n) for x in timing)
         sent_s = batch.sent_ns / 1e9
         out_frames: list[Frame]
         for res in result.results:

@@ -15,7 +15,8 @@ Every change to the broker's instance bookkeeping happens here, and nowhere else
   A CPU or GPU instance of a model that runs every request on its own (no ``dynamic_batching``, no
   sequences, no rate limiter, no execution limit, not decoupled) gets a second place too (``_pipelines``):
   its next request is sent while the current one runs and waits in the worker's socket, so the instance
-  never sits idle for a round trip through the broker; no batch is formed differently by it;
+  never sits idle for a round trip through the broker; no batch is formed differently by it; such a
+  model's backlog goes out in runs (``ModelState.runs``, ``batching.runs``);
 - **in-flight batches**: each batch sent, by batch id, until its result comes (``finish_batch``) or its
   worker dies (``take_batches``);
 - **liveness**: the last heartbeat of each worker; ``silent`` names those that stopped (each once).
@@ -117,6 +118,7 @@ class InstancePool:
         if _pipelines(state):  # its next request waits in the worker, not for this one's round trip
             state.idle.append(worker)
             state.prefetching = True
+            state.runs = True  # and a backlog goes out in runs (``batching.runs``)
         return state
 
     def second_place(self, worker: bytes) -> bool:
@@ -180,10 +182,11 @@ class InstancePool:
     # ------------------------------------------------------------------------------------ batches
 
     def start_batch(
-        self, state: ModelState, worker: bytes, requests: Iterable[Pending], now_ns: int
+        self, state: ModelState, worker: bytes, requests: Iterable[Pending], now_ns: int, executions: int = 1
     ) -> InFlight:
-        """A batch is sent to ``worker`` at ``now_ns`` (monotonic): in flight under a new batch id."""
-        batch = InFlight(next(self._batch_ids), worker, state, list(requests), now_ns)
+        """A batch (or a run of ``executions``) is sent to ``worker`` at ``now_ns`` (monotonic): in flight
+        under a new batch id."""
+        batch = InFlight(next(self._batch_ids), worker, state, list(requests), now_ns, executions)
         self._inflight[batch.batch_id] = batch
         return batch
 

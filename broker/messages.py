@@ -28,6 +28,7 @@ def execute_message(
     items: Sequence[Pending],
     controls: tuple[SequenceControl, ...] = (),
     region: Callable[[str], list[int] | None] | None = None,
+    serial: bool = False,
 ) -> tuple[Execute, list[Frame]]:
     """The EXECUTE for a batch, and its inline frames numbered across the whole batch.
 
@@ -36,6 +37,7 @@ def execute_message(
     model's control inputs (``controls``), which the worker adds to the batch. ``regions`` names, for each
     client region the batch touches, how the worker reaches and checks it (``region(name)``: ``[fd, dev,
     ino]`` of the broker's descriptor, see ``regions.Region.wire``); regions absent from it are the server's.
+    ``serial``: the items are a run, each executed alone (``batching.runs``).
     """
     requests: list[ExecuteRequest] = []
     frames: list[Frame] = []
@@ -71,7 +73,7 @@ def execute_message(
             if k not in RESERVED_PARAMETERS and isinstance(v, bool | int | float | str)
         }
         requests.append(ExecuteRequest(p.seq, inputs, outputs, p.request.caller_id, sequence, parameters))
-    return Execute(batch_id, tuple(requests), table), frames
+    return Execute(batch_id, tuple(requests), table, serial), frames
 
 
 def client_outputs(

@@ -19,6 +19,7 @@ from zinfer.modelconfig.signature import Signature
 
 from .batching.batcher import BatchPolicy, DynamicBatcher
 from .batching.ordering import ResponseOrder
+from .batching.runs import ExecutionCost
 from .batching.sequence_batcher import SequenceBatcher, SequencePolicy
 from .latency_window import LatencyWindow, log_bin
 from .metrics import ModelMetrics
@@ -139,6 +140,7 @@ class InFlight:
     model: ModelState
     requests: list[Pending]
     sent_ns: int
+    executions: int = 1  # a run (``batching.runs``): each request its own execution
 
 
 def instance_groups(config: ModelConfig, instances: int) -> list[InstanceGroup | None]:
@@ -198,6 +200,8 @@ class ModelState:
         self.rate_limited = any(g.rate_limiter is not None for g in config.instance_group)
         self._groups: list[InstanceGroup | None] | None = None
         self.prefetching = False  # an instance has a second place in ``idle`` (GPU look-ahead)
+        self.runs = False  # its instances take runs of requests, each executed alone (``batching.runs``)
+        self.cost = ExecutionCost()  # one execution's time on an instance, from the workers' timings
         self.ensemble: EnsemblePlan | None = None  # an ensemble: no instances, the broker runs its steps
         # the longest a batch may run on an instance (parameter execution_timeout_ms); None: no limit
         self.execution_limit_ns = execution_limit_ns(config)

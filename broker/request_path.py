@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 from zinfer.client.protocol import Command
 from zinfer.client.worker_protocol import execute_to_wire
 
 from .batching.batcher import Batch
 from .batching.rate_limiter import RateLimiter
+from .batching.runs import run_length, split_runs
 from .batching.sequence_batcher import SequenceBatch
 from .completion import Completion
 from .instance_pool import InstancePool
@@ -76,6 +78,8 @@ class RequestPath:
                     continue
                 if state.prefetching:
                     self.pool.idle_first(state)
+                if state.runs and self._dispatch_runs(state, now):
+                    continue
                 for batch in state.batcher.pop_ready(now, len(state.idle)):
                     self.execute(state, self.pool.take_next(state), batch, now)
         if limited:
@@ -87,23 +91,53 @@ class RequestPath:
             return bool(state.idle)
         return any(self.limiter.can_acquire(w) for w in state.idle)
 
+    def _dispatch_runs(self, state: ModelState, now: float) -> bool:
+        """A backlog of a model that executes each request alone: each instance with a free place takes a
+        run of it (``batching.runs``), one EXECUTE for several executions. False (nothing sent) when the
+        queue is no longer than those instances: each request then goes alone."""
+        instances = list(dict.fromkeys(state.idle))  # each with a free place, in line
+        if len(state.batcher) <= len(instances):
+            return False
+        length = run_length(len(state.batcher), len(instances), state.cost.ns)
+        runs = split_runs(state.batcher.pop_ready(now, length * len(instances)), length)
+        for worker, run in zip(instances, runs, strict=False):
+            self.pool.take(state, worker)
+            self._send(state, worker, run, now)
+        return True
+
     def execute(
         self, state: ModelState, worker: bytes, batch: Batch[Pending] | SequenceBatch[Pending], now: float
     ) -> None:
-        oldest = now
-        for p in batch.items:
-            state.stats.queue.add(int((now - p.arrival) * 1e9))
-            oldest = min(oldest, p.arrival)
-        state.stats.record_batch(batch.size, batch.reason.value)
-        state.metrics.batch(batch.size, batch.reason.value, (now - oldest) * 1e6)
-        state.window.batch(now, batch.size)
+        self._send(state, worker, [batch], now)
+
+    def _send(
+        self,
+        state: ModelState,
+        worker: bytes,
+        batches: Sequence[Batch[Pending] | SequenceBatch[Pending]],
+        now: float,
+    ) -> None:
+        """One EXECUTE to ``worker``: a batch, or a run of several (each its own execution)."""
+        for batch in batches:
+            oldest = now
+            for p in batch.items:
+                state.stats.queue.add(int((now - p.arrival) * 1e9))
+                oldest = min(oldest, p.arrival)
+            state.stats.record_batch(batch.size, batch.reason.value)
+            state.metrics.batch(batch.size, batch.reason.value, (now - oldest) * 1e6)
+            state.window.batch(now, batch.size)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("event=batch model=%s size=%d requests=%d reason=%s worker=%s", state.name,
+                          batch.size, len(batch.items), batch.reason.value, worker.decode())  # fmt: skip
+        if len(batches) > 1 and log.isEnabledFor(logging.DEBUG):
+            log.debug("event=run model=%s executions=%d worker=%s", state.name, len(batches), worker.decode())
         state.metrics.pending(state.queued)  # the batch left the queue
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("event=batch model=%s size=%d requests=%d reason=%s worker=%s", state.name, batch.size,
-                      len(batch.items), batch.reason.value, worker.decode())  # fmt: skip
         controls = sequence_controls(state.controls) if state.controls else ()
-        running = self.pool.start_batch(state, worker, batch.items, time.monotonic_ns())
-        message, frames = execute_message(running.batch_id, batch.items, controls, self._region_wire)
+        items = batches[0].items if len(batches) == 1 else [p for b in batches for p in b.items]
+        running = self.pool.start_batch(state, worker, items, time.monotonic_ns(), len(batches))
+        message, frames = execute_message(
+            running.batch_id, items, controls, self._region_wire, serial=len(batches) > 1
+        )
         if not self.outbox.send_worker(worker, Command.W_EXECUTE, execute_to_wire(message), frames):
             self.pool.drop_batch(running.batch_id)
             self.completion.fail_batch(running, "the instance could not be reached")

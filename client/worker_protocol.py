@@ -190,11 +190,14 @@ class ExecuteRequest(NamedTuple):
 class Execute:
     """W_EXECUTE: a batch. Inline input frames are numbered across the whole batch. ``regions`` names,
     for each client region the batch touches, how the worker reaches and checks it: ``(fd, dev, ino)``
-    of the broker's descriptor; regions absent from it are the server's own."""
+    of the broker's descriptor; regions absent from it are the server's own. ``serial``: a run, not a
+    batch: each request is its own execution, one after the other (a model without dynamic batching),
+    answered together in one RESULT."""
 
     batch: int
     requests: tuple[ExecuteRequest, ...]
     regions: Mapping[str, tuple[int, int, int]] = field(default_factory=lambda: NO_REGIONS)
+    serial: bool = False
 
 
 def control_to_wire(c: SequenceControl) -> dict[str, Any]:
@@ -310,6 +313,8 @@ def execute_to_wire(e: Execute) -> dict[str, Any]:
     d: dict[str, Any] = {"batch": e.batch, "requests": [execute_request_to_wire(r) for r in e.requests]}
     if e.regions:
         d["regions"] = {name: list(wire) for name, wire in e.regions.items()}
+    if e.serial:
+        d["serial"] = True
     return d
 
 
@@ -333,6 +338,7 @@ def execute_from_wire(h: Mapping[str, Any]) -> Execute:
         batch=_int(h, "batch"),
         requests=tuple(execute_request_from_wire(r) for r in _list(h, "requests", MAX_REQUESTS)),
         regions=_region_ids(h["regions"]) if "regions" in h else NO_REGIONS,
+        serial=_get(h, "serial", bool, False),
     )
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zinfer.client.errors import InternalError, ServerError, Status
+from zinfer.client.errors import Cancelled, InternalError, ServerError, Status
 from zinfer.client.protocol import Frame
 from zinfer.modelconfig.signature import Signature, TensorSpec
 
@@ -31,13 +31,14 @@ from .batch_io import (
     request_rows,
     slot_alloc,
 )
+from .cancel_flags import cancel_flag
 from .device import CPU, Device
 from .model import AnyModel, Array, RequestModel
 from .regions import RegionCache
 from .request_batch import run_requests
 from .sequence_state import ImplicitStates
 
-__all__ = ["BatchOutcome", "BatchRequest", "gather", "run_batch", "scatter"]
+__all__ = ["BatchOutcome", "BatchRequest", "gather", "run_batch", "run_serial", "scatter"]
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +176,28 @@ def run_batch(
     return out
 
 
+def run_serial(
+    model: AnyModel,
+    sig: Signature,
+    requests: Sequence[BatchRequest],
+    frames: Sequence[Frame],
+    regions: RegionCache,
+    device: Device = CPU,
+    states: ImplicitStates | None = None,
+) -> BatchOutcome:
+    """A run (``Execute.serial``): each request its own execution, in order, answered together. A request
+    cancelled before its turn is answered as cancelled without running."""
+    if isinstance(model, RequestModel):
+        return run_requests(model, sig, requests, frames, regions, device, states, serial=True)
+    out = BatchOutcome()
+    for req in requests:
+        if cancel_flag(req.id).is_set():
+            out.results.append(error_result(req.id, Cancelled("the request was cancelled")))
+            continue
+        _merge(out, run_batch(model, sig, [req], frames, regions, device, states))
+    return out
+
+
 def _run_singly(
     model: AnyModel,
     sig: Signature,
@@ -191,13 +214,18 @@ def _run_singly(
         except ServerError as exc:
             out.results.append(error_result(req.id, exc))
             continue
-        one = run_batch(model, sig, [req], frames, regions, device, states)
-        base = len(out.frames)
-        out.results.extend(
-            ok_result(r.id, r.outputs, base) if r.status == Status.OK else r for r in one.results
-        )
-        out.frames.extend(one.frames)
-        out.input_ns += one.input_ns
-        out.infer_ns += one.infer_ns
-        out.output_ns += one.output_ns
+        _merge(out, run_batch(model, sig, [req], frames, regions, device, states))
     return out
+
+
+def _merge(out: BatchOutcome, one: BatchOutcome) -> None:
+    """Add one execution's outcome to ``out``: its frames after those already there, renumbered."""
+    base = len(out.frames)
+    for r in one.results:
+        if r.status == Status.OK and base:
+            r = ok_result(r.id, r.outputs, base)._replace(parameters=r.parameters)
+        out.results.append(r)
+    out.frames.extend(one.frames)
+    out.input_ns += one.input_ns
+    out.infer_ns += one.infer_ns
+    out.output_ns += one.output_ns

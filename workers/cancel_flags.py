@@ -7,6 +7,10 @@ thread itself, ``is_cancelled()`` asks the worker to read what has arrived first
 :func:`set_poll`), so a cancel is seen as soon as the model looks, as in Triton, where the call asks the
 server. A flag is made only for a request that someone asks about or cancels: a batch of requests that
 nobody cancels costs a dict clear.
+
+A cancel may come for a batch that has not begun yet (the broker sent it on while another runs, and it
+waits in the socket): it is kept, a bounded number of them, and set when that batch begins, so a request
+cancelled while it waits is never run by a model that looks.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ _lock = threading.Lock()
 _flags: dict[int, CancelFlag] = {}
 _running: frozenset[int] = frozenset()
 _batch: int | None = None
+_early: set[tuple[int, int]] = set()  # (batch, request) cancelled before its batch began
+MAX_EARLY = 1024
 _poll: Callable[[], None] | None = None
 _main = threading.main_thread().ident
 
@@ -55,6 +61,12 @@ def begin_batch(batch: int, ids: Iterable[int]) -> None:
         _batch = batch
         _running = frozenset(ids)
         _flags.clear()
+        if _early:
+            for b, r in list(_early):
+                if b <= batch:  # batch ids only grow: an older batch never begins now
+                    _early.discard((b, r))
+                    if b == batch and r in _running:
+                        _flag(r).set()
 
 
 def _flag(request: int) -> CancelFlag:
@@ -71,8 +83,14 @@ def cancel_flag(request: int) -> CancelFlag:
 
 
 def cancel(batch: int, request: int) -> bool:
-    """Set the flag of ``request`` of ``batch`` if it runs; False when no running request is that one."""
+    """Set the flag of ``request`` of ``batch`` if it runs, or keep it for when ``batch`` begins if that
+    batch is still to come; False when neither (an older batch, or not one of this batch's requests)."""
     with _lock:
+        if _batch is not None and batch > _batch:
+            if len(_early) >= MAX_EARLY:
+                return False
+            _early.add((batch, request))
+            return True
         if batch != _batch or request not in _running:
             return False
         flag = _flag(request)

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
-from zinfer.client.errors import InternalError, ServerError, Status
+from zinfer.client.errors import Cancelled, InternalError, ServerError, Status
 from zinfer.client.protocol import Frame
 from zinfer.client.worker_protocol import RequestResult as ResultEntry
 from zinfer.modelconfig.signature import Signature
@@ -82,7 +82,9 @@ def run_requests(
     regions: RegionCache,
     device: Device = CPU,
     states: ImplicitStates | None = None,
+    serial: bool = False,
 ) -> BatchOutcome:
+    """``serial``: a run (``Execute.serial``), each request its own execution (``_one_by_one``)."""
     out = BatchOutcome()
     regions.begin_batch()
     t0 = time.perf_counter_ns()
@@ -104,16 +106,14 @@ def run_requests(
     t1 = time.perf_counter_ns()
     if not runnable:
         return out
-    try:
-        results = list(model.execute_requests(inputs))
-        if len(results) != len(runnable):
-            raise InternalError(f"model returned {len(results)} results for {len(runnable)} requests")
-    except Exception as exc:
-        if not isinstance(exc, ServerError):
-            log.warning("event=model_failed model=%s error=%r", sig.name, exc, exc_info=True)
-        failure = exc if isinstance(exc, ServerError) else model_failure(exc)
-        out.results.extend(error_result(req.id, failure) for req, _ in runnable)
-        return out
+    if serial:
+        results = _one_by_one(model, sig, inputs)
+    else:
+        try:
+            results = _execute(model, inputs, sig.name)
+        except ServerError as exc:
+            out.results.extend(error_result(req.id, exc) for req, _ in runnable)
+            return out
     t2 = time.perf_counter_ns()
     for (req, rows), result in zip(runnable, results, strict=True):
         if states is not None and isinstance(result, Mapping):
@@ -134,3 +134,33 @@ def run_requests(
     t3 = time.perf_counter_ns()
     out.input_ns, out.infer_ns, out.output_ns = t1 - t0, t2 - t1, t3 - t2
     return out
+
+
+def _execute(model: RequestModel, inputs: list[RequestInputs], name: str) -> list[RequestResult]:
+    """One execution of ``inputs``: a result each, or the ServerError that fails them all (a model's own
+    exception becomes one, logged)."""
+    try:
+        results = list(model.execute_requests(inputs))
+    except ServerError:
+        raise
+    except Exception as exc:
+        log.warning("event=model_failed model=%s error=%r", name, exc, exc_info=True)
+        raise model_failure(exc) from exc
+    if len(results) != len(inputs):
+        raise InternalError(f"model returned {len(results)} results for {len(inputs)} requests")
+    return results
+
+
+def _one_by_one(model: RequestModel, sig: Signature, inputs: list[RequestInputs]) -> list[RequestResult]:
+    """Each request its own execution, in order; a failure fails that request only, and a request
+    cancelled before its turn is answered as cancelled without running."""
+    results: list[RequestResult] = []
+    for one in inputs:
+        if one.cancelled is not None and one.cancelled.is_set():
+            results.append(Cancelled("the request was cancelled"))
+            continue
+        try:
+            results.extend(_execute(model, [one], sig.name))
+        except ServerError as exc:
+            results.append(exc)
+    return results

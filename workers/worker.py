@@ -49,7 +49,7 @@ from zinfer.modelconfig.repository import read_model_dir_config
 from zinfer.modelconfig.signature import Signature
 
 from . import bls, cancel_flags, model_loop
-from .batch import BatchRequest, run_batch
+from .batch import BatchRequest, run_batch, run_serial
 from .batch_io import error_result, request_arrays
 from .device import CPU, Device, DeviceWait, open_device, prefetch_wanted
 from .heartbeat import Heartbeat
@@ -236,7 +236,7 @@ class Worker:
         except ProtocolError:
             return  # running it reports the error
         batch_id = execute.batch
-        if batch_id == self._staged_batch:
+        if batch_id == self._staged_batch or execute.serial:  # a run's requests are not one batch
             return
         self._staged_batch = batch_id
         try:
@@ -268,6 +268,8 @@ class Worker:
                 outcome = run_triton_stream(model, sig, requests, frames, self.regions, partial)
             else:
                 outcome = run_stream(model, sig, requests, frames, self.regions, partial)
+        elif execute.serial:  # a run: each request executed alone, answered together
+            outcome = run_serial(model, sig, requests, frames, self.regions, self.device, self.states)
         else:
             outcome = run_batch(model, sig, requests, frames, self.regions, self.device, self.states)
         timings = (outcome.input_ns, outcome.infer_ns, outcome.output_ns)

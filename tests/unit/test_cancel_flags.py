@@ -61,3 +61,27 @@ def test_is_set_on_the_main_thread_reads_what_arrived_first() -> None:
     assert flag.is_set()
     assert calls == [threading.main_thread().name]
     assert flag.is_set() and len(calls) == 1  # once set, no more reads
+
+
+def test_a_cancel_for_a_batch_still_to_come_is_set_when_that_batch_begins() -> None:
+    cancel_flags.begin_batch(7, [1])
+    assert cancel_flags.cancel(9, 2)  # batch 9 waits in the worker's socket behind 7 (and 8)
+    assert not cancel_flags.cancel_flag(1).is_set()
+    cancel_flags.begin_batch(8, [2])  # another batch of the same request number: not the one cancelled
+    assert not cancel_flags.cancel_flag(2).is_set()
+    cancel_flags.begin_batch(9, [2, 3])
+    assert cancel_flags.cancel_flag(2).is_set()
+    assert not cancel_flags.cancel_flag(3).is_set()
+    cancel_flags.begin_batch(10, [2])  # used once
+    assert not cancel_flags.cancel_flag(2).is_set()
+
+
+def test_cancels_kept_for_later_batches_are_bounded_and_dropped_once_passed() -> None:
+    cancel_flags.begin_batch(0, [])
+    kept = [cancel_flags.cancel(1 + i % 5, i) for i in range(cancel_flags.MAX_EARLY + 10)]
+    assert kept.count(True) == cancel_flags.MAX_EARLY and not any(kept[cancel_flags.MAX_EARLY :])
+    cancel_flags.begin_batch(6, [0])  # every batch kept for has passed without beginning
+    assert not cancel_flags.cancel_flag(0).is_set()
+    assert cancel_flags.cancel(7, 0)  # room again
+    cancel_flags.begin_batch(7, [0])
+    assert cancel_flags.cancel_flag(0).is_set()
