@@ -72,6 +72,8 @@ class Admission:
         self.max_tensor_bytes = max_tensor_bytes
         self.max_batch_bytes = max_batch_bytes
         self.ensembles: EnsemblePath  # set by the server, which builds the ensembles' runner on admission
+        # called with a model whose queue just reached a preferred batch size (``RequestPath.dispatch_freed``)
+        self.on_batch_ready: Callable[[ModelState], None] | None = None
         self._seq = itertools.count(1)
         self._next_prune = 0.0
 
@@ -103,6 +105,12 @@ class Admission:
         )  # fmt: skip
         self.enqueue(state, p, checked.shape_key, now)
         state.metrics.bytes(checked.input_bytes, 0)
+        # a batch may go now, not after the rest of this turn's messages; a model that executes each
+        # request alone lets the turn's backlog gather instead, to go out in runs
+        ready = self.on_batch_ready
+        if ready is not None and state.idle and not state.runs:
+            if state.batcher.reached_preferred(p.batch_size):
+                ready(state)
 
     def enqueue(self, state: ModelState, p: Pending, shape_key: Hashable, now: float) -> None:
         """Queue a checked request: an ensemble's steps start, a sequence joins its instance's queue, a

@@ -44,6 +44,8 @@ class Completion:
         self.caching = caching
         self.limiter = limiter  # the instances' resources, given back when a batch ends
         self.states = states  # every model state that may still have work (``registry.states``)
+        # called with a model whose instance just became free (``RequestPath.dispatch_freed``)
+        self.on_free: Callable[[ModelState], None] | None = None
 
     def on_result(
         self, identity: bytes, state: ModelState, result: WorkerResult, frames: list[Frame]
@@ -56,6 +58,11 @@ class Completion:
             log.warning("event=stale_result worker=%s", identity)
             return
         self.limiter.release(identity)
+        on_free = self.on_free if state.sequencer is None else None  # a sequence's next waits for this
+        early = on_free is not None
+        if on_free is not None:  # the instance's next batch leaves before this one's replies are built
+            self.pool.give_back(state, identity)
+            on_free(state)
         by_seq = {p.seq: p for p in batch.requests}
         timing = result.timings
         stats, metrics, window = state.stats, state.metrics, state.window
@@ -107,7 +114,8 @@ class Completion:
             self.reply(state, p, Reply(p.request.request_id, error.status, error.wire_text()), [])
         stats.last_inference_ms = int(time.time() * 1000)
         self._sequences_done(state, batch.requests)
-        self.pool.give_back(state, identity)
+        if not early:
+            self.pool.give_back(state, identity)
 
     def _on_partial(
         self, identity: bytes, state: ModelState, result: WorkerResult, frames: list[Frame]

@@ -76,14 +76,25 @@ class RequestPath:
                 if state.rate_limited:
                     limited.append(state)
                     continue
-                if state.prefetching:
-                    self.pool.idle_first(state)
-                if state.runs and self._dispatch_runs(state, now):
-                    continue
-                for batch in state.batcher.pop_ready(now, len(state.idle)):
-                    self.execute(state, self.pool.take_next(state), batch, now)
+                self._dispatch_batches(state, now)
         if limited:
             self.limited.dispatch(limited, now, self.execute)
+
+    def dispatch_freed(self, state: ModelState) -> None:
+        """An instance of ``state`` just gave its place back: its next batch leaves now, before the replies
+        of the batch that ended are built, so the instance computes while the broker answers. Only where
+        that changes no batch rule: not for sequences (their next request waits for the last one's end) or
+        rate-limited models (which take turns at resources in ``dispatch``)."""
+        if state.sequencer is None and not state.rate_limited and state.idle and len(state.batcher):
+            self._dispatch_batches(state, time.monotonic())
+
+    def _dispatch_batches(self, state: ModelState, now: float) -> None:
+        if state.prefetching:
+            self.pool.idle_first(state)
+        if state.runs and self._dispatch_runs(state, now):
+            return
+        for batch in state.batcher.pop_ready(now, len(state.idle)):
+            self.execute(state, self.pool.take_next(state), batch, now)
 
     def runnable(self, state: ModelState) -> bool:
         """Whether an idle instance of ``state`` could take a batch now (its resources are free)."""

@@ -107,6 +107,8 @@ class Broker:
             self.registry, self.regions, self.pool, self.outbox, self.completion, self.limiter,
             LimitedDispatch(self.limiter, self.pool, self.supervisor, self.completion),
         )  # fmt: skip
+        self.completion.on_free = self.path.dispatch_freed  # a freed instance's next batch goes at once
+        self.admission.on_batch_ready = self.path.dispatch_freed  # so does a batch that filled mid-turn
         self.worker_inbox = WorkerInbox(self.pool, self.outbox, self.completion)
         self.restarts = RestartPolicy()
         self._ready_logged = False

@@ -105,6 +105,7 @@ class DynamicBatcher(Generic[T]):
                 policy.latency_target_us / _US_PER_S, self._max_preferred, policy.instances
             )
         self._scan: _Scan | None = None  # cache of _walk(); None = stale
+        self._trigger_sizes = tuple(sorted({*policy.preferred_batch_sizes, self._max} - {0}))
         self._flip: float | None = None  # the adaptive plan for the cached scan
         self._expired: list[T] = []  # REJECT timeouts found by pop_ready, returned by the next expire()
         self._expired_at: float | None = None
@@ -121,6 +122,13 @@ class DynamicBatcher(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._queue)
+
+    def reached_preferred(self, added_rows: int) -> bool:
+        """Whether the request of ``added_rows`` rows just added took the queued rows to or past a
+        preferred batch size (or the largest batch): a batch may be ready before the caller's turn ends.
+        A hint for when to ask :meth:`pop_ready`, which alone decides."""
+        rows = self._queue.rows
+        return any(rows - added_rows < size <= rows for size in self._trigger_sizes)
 
     @property
     def empty(self) -> bool:
