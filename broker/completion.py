@@ -93,6 +93,9 @@ class Completion:
                 stats.inference_count += p.batch_size
                 metrics.success(duration / 1000, (sent_s - p.arrival) * 1e6, p.batch_size, t_in, t_inf, t_out)
                 window.record(now_ns / 1e9, duration / 1e9)
+                if p.on_outputs is not None and state.order is None and p.cache_key is None:
+                    p.on_outputs(res, frames)  # an ensemble step: its outputs go on as the worker sent them
+                    continue
                 wire = [protocol.tensor_to_wire(t) for t in res.outputs]
                 if p.cache_key is not None and self.caching.cache is not None:
                     self.caching.store(state, p.cache_key, wire, frames)

@@ -40,6 +40,7 @@ from zinfer.client.errors import (
 )
 from zinfer.client.protocol import Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef
 from zinfer.client.shm import Segment, new_server_name
+from zinfer.client.worker_protocol import RequestResult
 
 from .ensemble_plan import EnsemblePlan, PlanStep
 from .messages import client_outputs
@@ -186,6 +187,7 @@ class EnsemblePath:
             sp = Pending(self.admission.new_seq(), p.client, req, frames, checked.outputs, checked.batch_size,
                          now, input_bytes=checked.input_bytes)  # fmt: skip
             sp.on_done = lambda reply, out_frames: self._step_done(run, i, reply, out_frames)
+            sp.on_outputs = lambda res, out_frames: self._step_outputs(run, i, res, out_frames)
             run.outstanding[i] = (target, sp)
             try:
                 self.admission.enqueue(target, sp, checked.shape_key, now)
@@ -276,13 +278,47 @@ class EnsemblePath:
         run.done.add(i)
         self._advance(run, time.monotonic())
 
+    def _step_outputs(self, run: Run, i: int, res: RequestResult, frames: list[Frame]) -> None:
+        """A step's success as its worker sent it (``Pending.on_outputs``): no client reply built and read
+        back, as ``_step_done`` does for the replies that need one (ordering, the cache, errors)."""
+        run.outstanding.pop(i, None)
+        step = run.plan.steps[i]
+        if run.finished:
+            self._release(run)
+            return
+        try:
+            produced = dict(step.outputs)
+            for t in res.outputs:
+                tensor = produced.get(t.name)
+                if tensor is None:
+                    continue
+                v = Value(t.datatype, list(t.shape))
+                if t.shm is not None:
+                    v.shm = [t.shm.region, t.shm.offset, t.shm.nbytes]
+                    run.tensors[tensor] = v
+                elif t.frame is not None and 0 <= t.frame < len(frames):
+                    run.tensors[tensor] = self._inline(run, tensor, v, frames[t.frame])
+                else:
+                    raise InternalError(f"the step's output {t.name!r} names no frame of its result")
+            missing = [t for _, t in step.outputs if t not in run.tensors]
+            if missing:
+                raise InternalError(f"the step returned no tensor {', '.join(map(repr, missing))}")
+        except ServerError as exc:
+            self._fail(run, step, exc.status, exc.wire_text())
+            return
+        run.done.add(i)
+        self._advance(run, time.monotonic())
+
     def _keep(self, run: Run, tensor: str, o: dict[str, Any], frames: list[Frame]) -> Value:
         """A step's output as a value of the run; an intermediate that came inline goes into a slot."""
         v = Value(str(o["datatype"]), [int(x) for x in o["shape"]])
         if "shm" in o:
             v.shm = list(o["shm"])
             return v
-        data = frames[int(o["frame"])]
+        return self._inline(run, tensor, v, frames[int(o["frame"])])
+
+    def _inline(self, run: Run, tensor: str, v: Value, data: Frame) -> Value:
+        """An output that came inline: kept as it is, or, for an intermediate, moved into a server slot."""
         if not run.plan.is_intermediate(tensor):
             v.data = data
             return v

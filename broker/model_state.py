@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zinfer.client.protocol import Frame, InferRequest, OutputRequest, Reply
-from zinfer.client.worker_protocol import SequenceFlags
+from zinfer.client.worker_protocol import RequestResult, SequenceFlags
 from zinfer.modelconfig.instances import InstanceGroup
 from zinfer.modelconfig.model_config import ModelConfig
 from zinfer.modelconfig.parameters import execution_limit_ns
@@ -46,6 +46,8 @@ class Pending:
     sequence: SequenceFlags | None = None
     # an ensemble step's request: its reply goes to this callback instead of to ``client``
     on_done: Callable[[Reply, list[Frame]], None] | None = None
+    # and its success as the worker sent it (no client reply built), where no ordering or cache needs one
+    on_outputs: Callable[[RequestResult, list[Frame]], None] | None = None
     input_bytes: int = 0  # counted against the server's max_batch_bytes
 
 
