@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from math import prod
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +41,8 @@ from zinfer.client.protocol import Frame, InferRequest, OutputRequest, Reply, Sh
 from zinfer.client.shm import Segment, new_server_name
 from zinfer.client.worker_protocol import RequestResult
 
-from .ensemble_plan import EnsemblePlan, PlanStep
+from .ensemble_plan import PlanStep
+from .ensemble_run import Run, ServerRegions, Value, server_segment
 from .messages import client_outputs
 from .model_state import ModelState, Pending
 from .regions import RegionTable
@@ -60,52 +60,6 @@ log = logging.getLogger(__name__)
 INITIAL_SHM_BYTES = 16 << 20  # the server's first segment for intermediates; it grows as needed
 MAX_SHM_BYTES = 4 << 30  # at most this much server shared memory for intermediates in all
 MIN_GUESS_BYTES = 64 << 10  # a slot for an output of unknown size: at least this, or 4x the step's inputs
-
-
-@dataclass
-class Value:
-    """One tensor of a run: in a region (``shm``) or as an inline frame (``data``)."""
-
-    datatype: str
-    shape: list[int]
-    shm: list[Any] | None = None  # [region, offset, nbytes]
-    data: Frame | None = None
-
-
-@dataclass
-class Run:
-    """One ensemble request in progress."""
-
-    state: ModelState
-    p: Pending
-    plan: EnsemblePlan
-    tensors: dict[str, Value] = field(default_factory=dict)
-    started: set[int] = field(default_factory=set)
-    done: set[int] = field(default_factory=set)
-    outstanding: dict[int, tuple[ModelState, Pending]] = field(default_factory=dict)
-    slots: list[Slot] = field(default_factory=list)
-    client_slots: dict[str, list[Any]] = field(default_factory=dict)  # ensemble output → client's slot
-    finished: bool = False
-
-
-def server_segment(arena: Arena, name: str) -> Segment | None:
-    """The server's own segment of that name, or None (a client's region)."""
-    return next((seg for seg in arena.segments if seg.name == name), None)
-
-
-class ServerRegions:
-    """The region check for a step's request: the client's own regions, and the server's slots."""
-
-    def __init__(self, clients: RegionTable, arena: Arena) -> None:
-        self.clients = clients
-        self.arena = arena
-
-    def check(self, client: bytes, ref: ShmRef) -> None:
-        seg = server_segment(self.arena, ref.region)
-        if seg is None:
-            self.clients.check(client, ref)
-        elif ref.offset < 0 or ref.nbytes < 0 or ref.offset + ref.nbytes > seg.size:
-            raise InternalError("an ensemble tensor lies outside the server's region")
 
 
 def _server_segment(size: int) -> Segment:
