@@ -22,7 +22,7 @@ from zinfer.client.worker_protocol import execute_to_wire
 
 from .batching.batcher import Batch
 from .batching.rate_limiter import RateLimiter
-from .batching.runs import run_length, split_runs
+from .batching.runs import run_length, run_targets, split_runs
 from .batching.sequence_batcher import SequenceBatch
 from .completion import Completion
 from .instance_pool import InstancePool
@@ -105,8 +105,10 @@ class RequestPath:
     def _dispatch_runs(self, state: ModelState, now: float) -> bool:
         """A backlog of a model that executes each request alone: each instance with a free place takes a
         run of it (``batching.runs``), one EXECUTE for several executions. False (nothing sent) when the
-        queue is no longer than those instances: each request then goes alone."""
-        instances = list(dict.fromkeys(state.idle))  # each with a free place, in line
+        queue is no longer than those instances: each request then goes alone. Instances running nothing
+        (both their places free) take the backlog first, as a batcher gives it to a free instance; a busy
+        one's second place takes a run only while no instance is free."""
+        instances = run_targets(state.idle)
         if len(state.batcher) <= len(instances):
             return False
         length = run_length(len(state.batcher), len(instances), state.cost.ns)

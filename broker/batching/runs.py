@@ -5,6 +5,7 @@ queue is longer than its free places, each place may take a *run*: up to :func:`
 requests in one EXECUTE, which the worker executes one after the other, each alone, and answers in one
 RESULT. Every request is still its own execution with its own statistics; what changes is the number of
 messages, one each way per run instead of per request, and that the answers of a run leave together.
+The runs go to the instances running nothing first (:func:`run_targets`).
 
 How long a run may be follows from what one execution costs on the instance (:class:`ExecutionCost`, from
 the worker's own timings): a run takes at most :data:`RUN_BUDGET_NS` of computing, so no answer is held
@@ -17,11 +18,13 @@ Pure: no clock, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 T = TypeVar("T")
+W = TypeVar("W", bound=Hashable)
 
 RUN_MAX = 16
 RUN_BUDGET_NS = 1_000_000  # the computing one run may hold its first answer back for
@@ -50,6 +53,14 @@ def run_length(queued: int, places: int, cost_ns: float) -> int:
     cap = max(1, min(RUN_MAX, int(RUN_BUDGET_NS // cost_ns)))
     share = -(-queued // places)
     return min(cap, share)
+
+
+def run_targets(places: Iterable[W]) -> list[W]:
+    """The instances a backlog's runs go to, in line, from the free places (an instance that runs nothing
+    has two, its own and the one its next request waits in): those running nothing, as a batcher gives a
+    batch to a free instance; only when none is, every instance with a free place."""
+    free = Counter(places)
+    return [w for w, n in free.items() if n > 1] or list(free)
 
 
 def split_runs(items: Sequence[T], length: int) -> list[list[T]]:

@@ -10,6 +10,7 @@ from zinfer.broker.batching.runs import (
     RUN_MAX,
     ExecutionCost,
     run_length,
+    run_targets,
     split_runs,
 )
 
@@ -58,3 +59,10 @@ def test_the_cost_starts_at_the_first_execution_and_follows_later_ones() -> None
     cost.observe(5, 0)  # nothing executed
     cost.observe(-1, 1)  # a clock that went back
     assert cost.ns == before
+
+
+def test_runs_go_to_instances_running_nothing_first() -> None:
+    assert run_targets([b"a", b"b", b"a", b"b"]) == [b"a", b"b"]  # both free: both take runs
+    assert run_targets([b"b", b"a", b"b"]) == [b"b"]  # a is busy: b, which runs nothing, takes the backlog
+    assert run_targets([b"a", b"b"]) == [b"a", b"b"]  # both busy: their second places, in line
+    assert run_targets([]) == []
