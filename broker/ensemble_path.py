@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from math import prod
 from typing import TYPE_CHECKING, Any
 
@@ -204,44 +205,23 @@ class EnsemblePath:
     # ------------------------------------------------------------------------------------ step replies
 
     def _step_done(self, run: Run, i: int, reply: Reply, frames: list[Frame]) -> None:
-        run.outstanding.pop(i, None)
-        step = run.plan.steps[i]
-        if run.finished:
-            self._release(run)
-            return
-        if reply.status != Status.OK:
-            self._fail(run, step, reply.status, reply.error)
-            return
-        try:
+        """A step's reply (``Pending.on_done``): an error, or outputs as a client would get them."""
+
+        def fill(produced: dict[str, str]) -> None:
             body = reply.body if isinstance(reply.body, dict) else {}
-            produced = dict(step.outputs)
             for o in body.get("outputs", []):
                 tensor = produced.get(str(o["name"]))
-                if tensor is None:
-                    continue
-                run.tensors[tensor] = self._keep(run, tensor, o, frames)
-            missing = [t for _, t in step.outputs if t not in run.tensors]
-            if missing:
-                raise InternalError(f"the step returned no tensor {', '.join(map(repr, missing))}")
-        except ServerError as exc:
-            self._fail(run, step, exc.status, exc.wire_text())
-            return
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            self._fail(run, step, Status.INTERNAL, f"InternalError: malformed step result ({exc})")
-            return
-        run.done.add(i)
-        self._advance(run, time.monotonic())
+                if tensor is not None:
+                    run.tensors[tensor] = self._keep(run, tensor, o, frames)
+
+        failed = None if reply.status == Status.OK else (reply.status, reply.error)
+        self._settle(run, i, fill, failed)
 
     def _step_outputs(self, run: Run, i: int, res: RequestResult, frames: list[Frame]) -> None:
         """A step's success as its worker sent it (``Pending.on_outputs``): no client reply built and read
         back, as ``_step_done`` does for the replies that need one (ordering, the cache, errors)."""
-        run.outstanding.pop(i, None)
-        step = run.plan.steps[i]
-        if run.finished:
-            self._release(run)
-            return
-        try:
-            produced = dict(step.outputs)
+
+        def fill(produced: dict[str, str]) -> None:
             for t in res.outputs:
                 tensor = produced.get(t.name)
                 if tensor is None:
@@ -254,11 +234,37 @@ class EnsemblePath:
                     run.tensors[tensor] = self._inline(run, tensor, v, frames[t.frame])
                 else:
                     raise InternalError(f"the step's output {t.name!r} names no frame of its result")
+
+        self._settle(run, i, fill)
+
+    def _settle(
+        self,
+        run: Run,
+        i: int,
+        fill: Callable[[dict[str, str]], None],
+        failed: tuple[Status, str] | None = None,
+    ) -> None:
+        """Step ``i`` of ``run`` ended: its outputs become the run's tensors (``fill``, given the step's
+        model output -> tensor map), or the run fails (``failed``, or what ``fill`` finds wrong); then the
+        steps they feed start."""
+        run.outstanding.pop(i, None)
+        step = run.plan.steps[i]
+        if run.finished:
+            self._release(run)
+            return
+        if failed is not None:
+            self._fail(run, step, *failed)
+            return
+        try:
+            fill(dict(step.outputs))
             missing = [t for _, t in step.outputs if t not in run.tensors]
             if missing:
                 raise InternalError(f"the step returned no tensor {', '.join(map(repr, missing))}")
         except ServerError as exc:
             self._fail(run, step, exc.status, exc.wire_text())
+            return
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            self._fail(run, step, Status.INTERNAL, f"InternalError: malformed step result ({exc})")
             return
         run.done.add(i)
         self._advance(run, time.monotonic())
