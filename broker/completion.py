@@ -59,7 +59,6 @@ class Completion:
             return
         self.limiter.release(identity)
         on_free = self.on_free if state.sequencer is None else None  # a sequence's next waits for this
-        early = on_free is not None
         if on_free is not None:  # the instance's next batch leaves before this one's replies are built
             self.pool.give_back(state, identity)
             on_free(state)
@@ -117,7 +116,7 @@ class Completion:
             self.reply(state, p, Reply(p.request.request_id, error.status, error.wire_text()), [])
         stats.last_inference_ms = int(time.time() * 1000)
         self._sequences_done(state, batch.requests)
-        if not early:
+        if on_free is None:
             self.pool.give_back(state, identity)
 
     def _on_partial(
