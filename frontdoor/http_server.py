@@ -1,4 +1,4 @@
-"""The KServe v2 HTTP/REST front door (Triton's HTTP API and extensions) on aiohttp's low-level server.
+"""The KServe v2 HTTP/REST front door (Triton's HTTP API and extensions) on ``http_wire``'s connections.
 
 ``serve_http(door, stop)`` listens on ``door.options.http`` (SO_REUSEPORT, so every front-door process
 shares the port; TLS when the options carry a certificate) until ``stop`` is set. Routes, as Triton's:
@@ -12,8 +12,8 @@ shares the port; TLS when the options carry a certificate) until ``stop`` is set
 
 CUDA shared memory, trace and log settings answer 501 (status and unregister of CUDA regions answer as a
 server with none). Errors are ``{"error": "..."}`` with Triton's HTTP status (400, 404, 503, 501, 500) and
-text. The request body is bounded (``Limits.max_body_bytes``) and read within ``BODY_TIMEOUT_S``; open
-connections are bounded by ``MAX_CONNECTIONS``.
+text. The request body is bounded (``Limits.max_body_bytes`` for an infer, ``CONTROL_BODY_BYTES`` else)
+and must arrive within ``http_wire.REQUEST_TIMEOUT_S``; open connections are bounded by ``MAX_CONNECTIONS``.
 """
 
 from __future__ import annotations
@@ -24,11 +24,8 @@ import logging
 import re
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
-
-from aiohttp import web
 
 from zinfer.client.errors import InvalidArgument
 
@@ -57,15 +54,17 @@ from .http_views import (
     shm_status,
     statistics,
 )
+from .http_wire import HttpRequest, HttpResponse, HttpWire
 
-__all__ = ["BODY_TIMEOUT_S", "MAX_CONNECTIONS", "HttpFrontDoor", "http_status", "serve_http"]
+__all__ = ["CONTROL_BODY_BYTES", "MAX_CONNECTIONS", "HttpFrontDoor", "http_status", "serve_http"]
 
 log = logging.getLogger(__name__)
 
-BODY_TIMEOUT_S = 60.0
+CONTROL_BODY_BYTES = 1 << 20  # the body of a request that is not an infer (JSON of a few fields)
 MAX_CONNECTIONS = 1024
 STOP_GRACE_S = 2.0
-_SMALL_BODY = 64 << 10  # responses up to this size are sent as one buffer
+_HEADER_LENGTH = HEADER_LENGTH.lower()
+_JSON = "application/json"
 
 _SERVER = re.compile(r"/v2(?:/health/(live|ready))?")
 _MODEL = re.compile(
@@ -82,23 +81,23 @@ _STATUS = {"INTERNAL": 500, "NOT_FOUND": 404, "UNAVAILABLE": 503, "RESOURCE_EXHA
            "DEADLINE_EXCEEDED": 503, "UNIMPLEMENTED": 501, "PERMISSION_DENIED": 403}  # fmt: skip
 
 
-class _BodyRefused(InvalidArgument):
-    """The body was refused unread: the connection is closed after the answer."""
-
-
 def http_status(grpc_code: str) -> int:
     return _STATUS.get(grpc_code, 400)
 
 
-def _json(value: Any, status: int = 200) -> web.Response:
-    return web.Response(body=dumps(value), status=status, content_type="application/json")
+def _json(value: Any, status: int = 200) -> HttpResponse:
+    return HttpResponse(status, (dumps(value),), _JSON)
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.Response(body=error_body(message), status=status, content_type="application/json")
+def _error(status: int, message: str) -> HttpResponse:
+    return HttpResponse(status, (error_body(message),), _JSON)
 
 
-def _not_allowed() -> web.Response:
+_OK = HttpResponse(200)
+_OK_JSON = HttpResponse(200, (), _JSON)
+
+
+def _not_allowed() -> HttpResponse:
     return _error(405, "Method Not Allowed")
 
 
@@ -119,46 +118,24 @@ class HttpFrontDoor:
         self.bridge = door.bridge
         self.limits = Limits(max_tensor_bytes=door.options.max_tensor_bytes)
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    def body_limit(self, method: str, target: str) -> int:
+        """The most body bytes a request to ``target`` may carry (checked before the body is read)."""
+        infer = target.split("?", 1)[0].endswith("/infer")
+        return self.limits.max_body_bytes if infer else CONTROL_BODY_BYTES
+
+    async def handle(self, request: HttpRequest) -> HttpResponse:
         try:
             response = await self._route(request)
         except Exception as exc:  # noqa: BLE001 - every failure becomes Triton's answer, never a 500 page
             answer = triton_error(exc)
             if answer.grpc_code == "INTERNAL" and not isinstance(exc, FrontDoorError):
-                log.exception("event=http_internal_error path=%r", request.raw_path[:200])
+                log.exception("event=http_internal_error path=%r", request.target[:200])
             response = _error(http_status(answer.grpc_code), answer.message)
-            if isinstance(exc, _BodyRefused):
-                response.force_close()
         self.door.counters.record("http", response.status < 400)
         return response
 
-    async def _body(self, request: web.BaseRequest, limit: int) -> bytes:
-        length = request.content_length
-        if length is not None and length > limit:
-            raise _BodyRefused(f"request body of {length} bytes is more than the limit of {limit}")
-        try:
-            if request.content.is_eof():  # the whole body is buffered already: nothing can keep us waiting
-                return await self._read(request, length, limit)
-            return await asyncio.wait_for(self._read(request, length, limit), BODY_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            raise _BodyRefused(f"the request body did not arrive within {BODY_TIMEOUT_S:g} s") from None
-        except asyncio.IncompleteReadError as exc:
-            raise _BodyRefused(f"the request body ended after {len(exc.partial)} of {length} bytes") from None
-
-    @staticmethod
-    async def _read(request: web.BaseRequest, length: int | None, limit: int) -> bytes:
-        if length is not None:
-            return await request.content.readexactly(length) if length else b""
-        chunks, total = [], 0
-        async for chunk in request.content.iter_any():  # chunked transfer encoding
-            total += len(chunk)
-            if total > limit:
-                raise _BodyRefused(f"request body is more than the limit of {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    async def _route(self, request: web.BaseRequest) -> web.StreamResponse:
-        path = request.raw_path.split("?", 1)[0]
+    async def _route(self, request: HttpRequest) -> HttpResponse:
+        path = request.path
         method = request.method
         if m := _SERVER.fullmatch(path):
             if method != "GET":
@@ -166,7 +143,7 @@ class HttpFrontDoor:
             if m.group(1) is None:
                 return _json(server_metadata(self.bridge.server_metadata()))
             ok = await (self.bridge.server_live() if m.group(1) == "live" else self.bridge.server_ready())
-            return web.Response(status=200 if ok else 400)
+            return _OK if ok else HttpResponse(400)
         if m := _MODEL.fullmatch(path):
             model, version, kind = unquote(m.group(1)), m.group(2) or "", m.group(3) or ""
             return await self._model(request, model, version, kind)
@@ -180,15 +157,15 @@ class HttpFrontDoor:
             if m.group(2) == "status" and method == "GET":
                 return _json([])  # zinfer holds no CUDA shared memory regions
             if m.group(2) == "unregister" and method == "POST":
-                return web.Response(status=200, content_type="application/json")
+                return _OK_JSON
             raise FrontDoorError("UNIMPLEMENTED", 501, "CUDA shared memory is not supported by zinfer")
         if _UNSUPPORTED.fullmatch(path):
             raise FrontDoorError("UNIMPLEMENTED", 501, "trace and log settings are not supported by zinfer")
         return _error(400, "Not Found")
 
     async def _model(
-        self, request: web.BaseRequest, model: str, version: str, kind: str
-    ) -> web.StreamResponse:
+        self, request: HttpRequest, model: str, version: str, kind: str
+    ) -> HttpResponse:
         method = request.method
         if kind == "infer":
             return await self._infer(request, model, version) if method == "POST" else _not_allowed()
@@ -200,7 +177,7 @@ class HttpFrontDoor:
             return _json(model_metadata(await self.bridge.model_metadata(model, version)))
         if kind == "ready":
             if await self.bridge.model_ready(model, version):
-                return web.Response(status=200)
+                return _OK
             return _error(400, "Model version not ready")
         if kind == "config":
             return _json(dict(await self.bridge.model_config(model, version)))
@@ -209,9 +186,9 @@ class HttpFrontDoor:
         raise FrontDoorError("UNIMPLEMENTED", 501, "trace settings are not supported by zinfer")
 
     async def _repository(
-        self, request: web.BaseRequest, repository: str | None, model: str, action: str
-    ) -> web.StreamResponse:
-        body = optional_json(await self._body(request, 1 << 20))
+        self, request: HttpRequest, repository: str | None, model: str, action: str
+    ) -> HttpResponse:
+        body = optional_json(request.body)
         if repository:
             raise FrontDoorError("UNIMPLEMENTED", 501, "'repository_name' specification is not supported")
         if not action:
@@ -233,31 +210,31 @@ class HttpFrontDoor:
             if type(params.get("unload_dependents", False)) is not bool:
                 raise InvalidArgument("Unable to parse 'unload_dependents'")
             await self.bridge.unload(model)
-        return web.Response(status=200, content_type="application/json")
+        return _OK_JSON
 
-    async def _system_shm(self, request: web.BaseRequest, region: str, action: str) -> web.StreamResponse:
+    async def _system_shm(self, request: HttpRequest, region: str, action: str) -> HttpResponse:
         if (action == "status") != (request.method == "GET") or request.method not in ("GET", "POST"):
             return _not_allowed()
         shm = self.door.shm
         if action == "status":
             return _json(shm_status(shm.status(region)))
-        body = await self._body(request, 1 << 20)
+        body = request.body
         if action == "register":
             if not region:
                 raise InvalidArgument("'region name' is necessary to register system shared memory region")
             key, offset, size = shm_register_body(body)
-            local = _is_local(request.transport.get_extra_info("peername") if request.transport else None)
+            local = _is_local(request.peer)
             shm.register(region, key, offset, size, local=local)
         else:
             shm.unregister(region)
-        return web.Response(status=200, content_type="application/json")
+        return _OK_JSON
 
-    async def _infer(self, request: web.BaseRequest, model: str, version: str) -> web.StreamResponse:
-        body = await self._body(request, self.limits.max_body_bytes)
+    async def _infer(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        body = request.body
         if await self.bridge.is_decoupled(model, version):
             text = "HTTP end point doesn't support models with decoupled transaction policy"
             raise FrontDoorError("UNIMPLEMENTED", 501, text)
-        header_length = parse_header_length(request.headers.get(HEADER_LENGTH), len(body))
+        header_length = parse_header_length(request.headers.get(_HEADER_LENGTH), len(body))
         parsed = decode_infer_request(body, header_length, model, self.limits)
         # system shm straight into the bridge's arena (plain memory when the broker is not local)
         inputs = resolve_inputs(parsed, self.door.shm.read, self.limits, self.bridge.empty)
@@ -282,19 +259,8 @@ class HttpFrontDoor:
         headers = {}
         if encoded.header_length is not None:
             headers[HEADER_LENGTH] = str(encoded.header_length)
-        content_type = "application/octet-stream" if encoded.binary else "application/json"
-        if encoded.content_length <= _SMALL_BODY:
-            body_out = encoded.json + b"".join(encoded.binary) if encoded.binary else encoded.json
-            return web.Response(body=body_out, headers=headers, content_type=content_type)
-        response = web.StreamResponse(headers=headers)
-        response.content_type = content_type
-        response.content_length = encoded.content_length
-        await response.prepare(request)
-        await response.write(encoded.json)
-        for part in encoded.binary:
-            await response.write(part)
-        await response.write_eof()
-        return response
+        content_type = "application/octet-stream" if encoded.binary else _JSON
+        return HttpResponse(200, (encoded.json, *encoded.binary), content_type, headers)
 
     def _write_shm_outputs(self, parsed: HttpInferRequest, outputs: tuple[Tensor, ...]) -> frozenset[str]:
         refs: dict[str, ShmRef] = {o.name: o.shm for o in parsed.outputs if o.shm is not None}
@@ -355,34 +321,34 @@ class _Refuse(asyncio.Protocol):
         transport.close()
 
 
-def _bounded(server: web.Server, limit: int) -> Callable[[], asyncio.Protocol]:
-    """A protocol factory that refuses connections past ``limit`` open ones."""
-
-    def make() -> asyncio.Protocol:
-        if len(server.connections) >= limit:
-            log.warning("event=http_connection_refused open=%d", len(server.connections))
-            return _Refuse()
-        return server()
-
-    return make
-
-
 async def serve_http(door: FrontDoor, stop: asyncio.Event) -> None:
     """Serve HTTP on ``door.options.http`` until ``stop`` is set."""
     address = door.options.http
     if not address:
         raise FrontDoorError("INVALID_ARGUMENT", 400, "no HTTP address")
     handler = HttpFrontDoor(door)
-    handle: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]] = handler.handle
-    lowlevel = web.Server(handle, access_log=None, max_field_size=16384, keepalive_timeout=75)
+    connections: set[HttpWire] = set()
+
+    def connect() -> asyncio.Protocol:
+        if len(connections) >= MAX_CONNECTIONS:
+            log.warning("event=http_connection_refused open=%d", len(connections))
+            return _Refuse()
+        wire = HttpWire(handler.handle, handler.body_limit, connections.discard)
+        connections.add(wire)
+        return wire
+
     sock = listen_socket(address)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(_bounded(lowlevel, MAX_CONNECTIONS), sock=sock, ssl=tls_context(door))
+    server = await loop.create_server(connect, sock=sock, ssl=tls_context(door))
     log.info("event=http_frontdoor_listening address=%s tls=%s", address, door.options.tls)
     try:
         await stop.wait()
     finally:
         server.close()
-        await lowlevel.shutdown(STOP_GRACE_S)
+        for wire in list(connections):
+            wire.close()  # idle ones now; one answering once its answer is written
+        deadline = loop.time() + STOP_GRACE_S
+        while connections and loop.time() < deadline:
+            await asyncio.sleep(0.02)
         await server.wait_closed()
         log.info("event=http_frontdoor_stopped address=%s", address)

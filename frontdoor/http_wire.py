@@ -1,0 +1,316 @@
+"""HTTP/1.1 connections for the front door: an asyncio protocol around the httptools parser.
+
+``HttpWire`` is one connection. It parses requests as bytes arrive (httptools, the llhttp parser), hands
+each whole request (``HttpRequest``: method, target, lower-cased headers, body) to an async handler and
+writes the handler's ``HttpResponse``, one request at a time and in order (pipelined requests wait in a
+short queue; reading pauses while it is full). What a hostile peer can send is bounded:
+
+- the request line and headers: ``MAX_HEAD_BYTES`` in all; more is answered 431 and the connection closed;
+- the body: ``body_limit(method, target)`` bytes, checked against Content-Length before any of the body is
+  read (so a huge declared body is refused at once) and against what chunked bodies add up to;
+- time: a request must arrive in full within ``REQUEST_TIMEOUT_S`` of its first byte (a stalled or trickled
+  request is answered 408 and closed); an idle keep-alive connection is closed after ``KEEPALIVE_S``;
+- malformed requests are answered 400 and the connection closed; an unexpected error in the handler is
+  a 500 answer, never a dead connection or a crashed process.
+
+``Expect: 100-continue`` is answered before the body is read, HTTP/1.0 and ``Connection: close`` close
+after the answer, and a peer that half-closes still gets the answers to what it sent. Why not a
+framework: measured with perf_analyzer doing nothing but answering (bench/bench_frontdoor_ceiling.py),
+aiohttp's low-level server managed 0.55x Triton's whole C++ front door, and this protocol 1.45x.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+import httptools
+
+__all__ = [
+    "KEEPALIVE_S",
+    "MAX_HEAD_BYTES",
+    "REQUEST_TIMEOUT_S",
+    "HttpRequest",
+    "HttpResponse",
+    "HttpWire",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_HEAD_BYTES = 64 << 10
+REQUEST_TIMEOUT_S = 60.0
+KEEPALIVE_S = 75.0
+MAX_PIPELINED = 16  # whole requests waiting behind the one being answered before reading pauses
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    method: str
+    target: str  # the raw request target: path and query, still percent-encoded
+    headers: Mapping[str, str]  # names lower-cased; a repeated header keeps its last value
+    body: bytes
+    peer: Any  # the transport's peername: (host, port, ...) or a Unix socket path
+
+    @property
+    def path(self) -> str:
+        return self.target.split("?", 1)[0]
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    status: int
+    body: Sequence[bytes | memoryview] = ()
+    content_type: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    close: bool = False  # close the connection after this answer
+
+    def head(self, keep_alive: bool) -> bytes:
+        length = sum(len(part) for part in self.body)
+        lines = [f"HTTP/1.1 {self.status} {_reason(self.status)}\r\n"]
+        if self.content_type is not None:
+            lines.append(f"Content-Type: {self.content_type}\r\n")
+        lines.extend(f"{k}: {v}\r\n" for k, v in self.headers.items())
+        lines.append(f"Content-Length: {length}\r\n")
+        if not keep_alive:
+            lines.append("Connection: close\r\n")
+        lines.append("\r\n")
+        return "".join(lines).encode("latin-1")
+
+
+Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+BodyLimit = Callable[[str, str], int]  # (method, target) -> the most body bytes accepted
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
+def plain(status: int, message: str) -> HttpResponse:
+    """An answer the connection itself gives (not the handler): a JSON error in Triton's shape."""
+    body = ('{"error":"' + message.replace("\\", "\\\\").replace('"', '\\"') + '"}').encode()
+    return HttpResponse(status, (body,), "application/json", close=True)
+
+
+class _Refused(Exception):
+    def __init__(self, answer: HttpResponse) -> None:
+        super().__init__(answer.status)
+        self.answer = answer
+
+
+class HttpWire(asyncio.Protocol):
+    """One HTTP/1.1 connection (see the module's docstring)."""
+
+    def __init__(self, handler: Handler, body_limit: BodyLimit, on_close: Callable[[HttpWire], None]) -> None:
+        self._handler = handler
+        self._body_limit = body_limit
+        self._on_close = on_close
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._peer: Any = None
+        self._loop = asyncio.get_running_loop()
+        # the request being parsed
+        self._target: list[bytes] = []
+        self._headers: dict[str, str] = {}
+        self._head_bytes = 0
+        self._chunks: list[bytes] = []
+        self._body_bytes = 0
+        self._limit = 0
+        self._partial = False  # between a request's first byte and its end
+        # requests parsed in full, waiting to be answered in order
+        self._ready: collections.deque[tuple[HttpRequest, bool]] = collections.deque()
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._closing = False  # no more requests are read: answer what is queued, then close
+        self._eof = False
+        self._paused = False
+        self._writable: asyncio.Future[None] | None = None
+
+    # ---------------------------------------------------------------------------- connection events
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._peer = transport.get_extra_info("peername")
+        self._arm(KEEPALIVE_S)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self._disarm()
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        self._on_close(self)
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._closing = True
+        if self._task is None and not self._ready:
+            return False  # nothing to answer: asyncio closes the transport
+        return True  # answer what was sent, then close (a half-closed peer still reads)
+
+    def pause_writing(self) -> None:
+        self._writable = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        self._writable = None
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:  # one of ours refused (httptools wraps it)
+            refused = exc.__context__
+            if not isinstance(refused, _Refused):
+                raise
+            self._refuse(refused.answer)
+        except httptools.HttpParserUpgrade:
+            pass  # an upgrade (h2c, websocket) is not taken: the request was answered as plain HTTP/1.1
+        except httptools.HttpParserError as exc:
+            self._refuse(plain(400, f"malformed HTTP request: {_short(exc)}"))
+
+    # ------------------------------------------------------------------------------ parser callbacks
+
+    def on_message_begin(self) -> None:
+        self._target, self._headers, self._chunks = [], {}, []
+        self._head_bytes = self._body_bytes = 0
+        self._partial = True
+        self._arm(REQUEST_TIMEOUT_S)
+
+    def on_url(self, url: bytes) -> None:
+        self._grow_head(len(url))
+        self._target.append(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._grow_head(len(name) + len(value) + 4)
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        method = self._parser.get_method().decode("ascii", "replace")
+        target = b"".join(self._target).decode("latin-1")
+        self._limit = self._body_limit(method, target)
+        declared = self._headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._limit:
+            raise _Refused(
+                plain(400, f"request body of {declared} bytes is more than the limit of {self._limit}")
+            )
+        if self._headers.get("expect", "").lower() == "100-continue" and self._transport is not None:
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._body_bytes > self._limit:
+            raise _Refused(plain(400, f"request body is more than the limit of {self._limit} bytes"))
+        self._chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        request = HttpRequest(
+            method=self._parser.get_method().decode("ascii", "replace"),
+            target=b"".join(self._target).decode("latin-1"),
+            headers=self._headers,
+            body=b"".join(self._chunks),
+            peer=self._peer,
+        )
+        self._chunks, self._partial = [], False
+        self._ready.append((request, bool(self._parser.should_keep_alive())))
+        self._disarm()
+        if len(self._ready) >= MAX_PIPELINED and self._transport is not None and not self._paused:
+            self._paused = True
+            self._transport.pause_reading()
+        if self._task is None:
+            self._task = self._loop.create_task(self._answer_all())
+
+    # -------------------------------------------------------------------------------------- answers
+
+    async def _answer_all(self) -> None:
+        try:
+            while self._ready and self._transport is not None and not self._transport.is_closing():
+                request, keep_alive = self._ready.popleft()
+                if self._paused and len(self._ready) < MAX_PIPELINED // 2:
+                    self._paused = False
+                    self._transport.resume_reading()
+                try:
+                    answer = await self._handler(request)
+                except Exception:  # noqa: BLE001 - the handler answers its own errors; this is a bug there
+                    log.exception("event=http_handler_failed path=%r", request.path[:200])
+                    answer = plain(500, "internal error")
+                keep_alive = keep_alive and not answer.close and not (self._closing and not self._ready)
+                self._write(answer, keep_alive)
+                if self._writable is not None:
+                    await self._writable
+                if not keep_alive:
+                    self._close()
+                    return
+        finally:
+            self._task = None
+        if self._eof:
+            self._close()
+        elif self._transport is not None and not self._transport.is_closing() and not self._ready:
+            self._arm(KEEPALIVE_S)
+
+    def _write(self, answer: HttpResponse, keep_alive: bool) -> None:
+        if self._transport is None or self._transport.is_closing():
+            return
+        head = answer.head(keep_alive)
+        if len(answer.body) == 1 and len(answer.body[0]) <= 16384:
+            self._transport.write(head + bytes(answer.body[0]))
+        else:
+            self._transport.writelines([head, *answer.body])
+
+    def _refuse(self, answer: HttpResponse) -> None:
+        """Answer at once and close: what comes after cannot be parsed, or must not be read."""
+        self._closing = True
+        self._ready.clear()
+        self._write(answer, keep_alive=False)
+        self._close()
+
+    def _close(self) -> None:
+        self._closing = True
+        self._disarm()
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+
+    def close(self) -> None:
+        """Stop reading; close once the request being answered (if any) has its answer."""
+        self._closing = True
+        if self._task is None:
+            self._close()
+
+    # ---------------------------------------------------------------------------------------- timers
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._timer = self._loop.call_later(seconds, self._expired)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expired(self) -> None:
+        self._timer = None
+        if self._task is not None:  # answering: the handler bounds its own time; look again later
+            self._arm(REQUEST_TIMEOUT_S)
+            return
+        if self._partial:
+            self._refuse(plain(408, f"the request did not arrive within {REQUEST_TIMEOUT_S:g} s"))
+        else:
+            self._close()  # idle keep-alive
+
+    def _grow_head(self, n: int) -> None:
+        self._head_bytes += n
+        if self._head_bytes > MAX_HEAD_BYTES:
+            raise _Refused(plain(431, f"request line and headers are more than {MAX_HEAD_BYTES} bytes"))
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc)[:120].replace('"', "'")
