@@ -1,16 +1,10 @@
-"""The response cache and the rate limiter on a real broker.
-
-The broker runs in a thread of the test process (``Broker(ServerOptions(...))``: the options these
-features need have no command-line flags yet); its workers are real processes and the client is the real
-``Client`` over the ipc socket.
+"""The response cache and the rate limiter on a real server: ``zinfer serve`` with ``--cache-bytes`` and
+``--rate-limit-resource``, its workers real processes, the client the real ``Client`` over the ipc socket.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import textwrap
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,10 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import ServerProcess, start_server, stop_all
 from zinfer.broker.response_cache import ENTRY_OVERHEAD, TENSOR_OVERHEAD
-from zinfer.broker.server import Broker
-from zinfer.broker.server_options import ServerOptions
 from zinfer.client import Client
 from zinfer.client.errors import ServerError, Unavailable
 
@@ -88,59 +80,22 @@ def _recorder_config(log: Path, limiter: str, count: int = 2) -> str:
     )
 
 
-class RunningBroker:
-    """A broker serving in a background thread; ``stop`` drains it and joins the thread."""
-
-    def __init__(self, repo: Path, **options: Any) -> None:
-        self.runtime = Path(tempfile.mkdtemp(prefix="zi-"))
-        self.options = ServerOptions(repo, self.runtime / "rt", metrics=None, **options)
-        self.broker = Broker(self.options)
-        self._stop = 0
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._main, name="broker", daemon=True)
-        self.thread.start()
-        wait_for(lambda: self.broker.startup_done or not self.thread.is_alive(), 60, "the broker to be ready")
-        if self.error is not None:
-            raise self.error
-
-    @property
-    def url(self) -> str:
-        return f"ipc://{self.runtime / 'rt' / 'zinfer.sock'}"
-
-    def _main(self) -> None:
-        try:
-            self.broker.start()
-            self.broker.run(lambda: self._stop)
-        except BaseException as exc:  # surfaced to the test
-            self.error = exc
-        finally:
-            self.broker.close()
-
-    def stop(self) -> None:
-        self._stop = 1  # drain: what runs finishes
-        self.thread.join(30)
-        assert not self.thread.is_alive(), "the broker did not stop"
-        shutil.rmtree(self.runtime, ignore_errors=True)
-        if self.error is not None:
-            raise self.error
-
-
 # ------------------------------------------------------------------------------------------ cache
 
 
 @pytest.fixture(scope="module")
-def cached(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBroker]:
+def cached(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("repo")
     _model(repo, "small", _doubler_config(4, cache=True), DOUBLER)
     _model(repo, "big", _doubler_config(BIG, cache=True), DOUBLER)
     _model(repo, "uncached", _doubler_config(4, cache=False), DOUBLER)
-    running = RunningBroker(repo, cache_bytes=CACHE_BYTES)
-    yield running
-    running.stop()
+    server = start_server(repo, "--cache-bytes", str(CACHE_BYTES))
+    yield server
+    stop_all([server])
 
 
 @pytest.fixture(scope="module")
-def client(cached: RunningBroker) -> Iterator[Client]:
+def client(cached: ServerProcess) -> Iterator[Client]:
     with Client(cached.url, timeout=30) as c:
         yield c
 
@@ -249,7 +204,7 @@ def test_concurrent_identical_requests_all_get_the_right_answer(client: Client) 
 
 
 @pytest.fixture(scope="module")
-def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningBroker, Path]]:
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
     repo = tmp_path_factory.mktemp("repo")
     log = repo / "executions.log"
     shared = "rate_limiter { resources [ { name: 'ONE' global: true count: 1 } ] }"
@@ -257,9 +212,9 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningB
     _model(repo, "second", _recorder_config(log, shared + " ", count=2), RECORDER)
     greedy = "rate_limiter { resources [ { name: 'ONE' global: true count: 2 } ] }"
     _model(repo, "greedy", _recorder_config(log, greedy, count=1), RECORDER)
-    running = RunningBroker(repo, rate_limit_resources=(("ONE", 1, None),))
-    yield running, log
-    running.stop()
+    server = start_server(repo, "--rate-limit-resource", "ONE:1")
+    yield server, log
+    stop_all([server])
 
 
 def _executions(log: Path) -> list[tuple[str, int, float, float]]:
@@ -270,7 +225,7 @@ def _executions(log: Path) -> list[tuple[str, int, float, float]]:
     return sorted(rows, key=lambda r: r[2])
 
 
-def test_a_resource_of_one_is_never_held_twice(limited: tuple[RunningBroker, Path]) -> None:
+def test_a_resource_of_one_is_never_held_twice(limited: tuple[ServerProcess, Path]) -> None:
     running, log = limited
     log.unlink(missing_ok=True)
 
@@ -292,11 +247,21 @@ def test_a_resource_of_one_is_never_held_twice(limited: tuple[RunningBroker, Pat
     # the models took turns: neither ran everything first
     switches = sum(1 for x, y in zip(runs, runs[1:], strict=False) if x[0] != y[0])
     assert switches >= len(runs) // 4, [r[0] for r in runs]
-    assert not running.broker.path.limiter.pools()[("ONE", None)][0]  # all given back
+    # all given back: each model alone, then both at once, still runs at once (a leaked unit would hold
+    # every later request until its client's timeout)
+    with Client(running.url, timeout=5) as c, ThreadPoolExecutor(2) as pool:
+        for model in ("first", "second"):
+            assert c.infer(model, {"X": np.ones((1, 1), np.float32)}).as_numpy("Y")[0, 0] == 2
+
+        def once(model: str) -> float:
+            with Client(running.url, timeout=5) as own:
+                return float(own.infer(model, {"X": np.zeros((1, 1), np.float32)}).as_numpy("Y")[0, 0])
+
+        assert list(pool.map(once, ["first", "second"])) == [1.0, 1.0]
 
 
 def test_an_instance_needing_more_than_the_server_has_fails_its_model(
-    limited: tuple[RunningBroker, Path],
+    limited: tuple[ServerProcess, Path],
 ) -> None:
     running, _ = limited
     with Client(running.url, timeout=30) as c:
