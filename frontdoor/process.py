@@ -88,8 +88,9 @@ async def serve(options: FrontDoorOptions, parent: int | None = None) -> None:
         if options.http:
             try:
                 http: Any = importlib.import_module("zinfer.frontdoor.http_server")
-            except ImportError:
-                log.error("event=frontdoor_http_unavailable reason='zinfer.frontdoor.http_server is missing'")
+            except ImportError as exc:  # httptools missing: zinfer installed without its frontdoor extra
+                hint = f"{exc}: pip install 'zinfer[frontdoor]'"
+                log.error("event=frontdoor_http_unavailable reason=%r", hint)
             else:
                 tasks.append(asyncio.create_task(http.serve_http(door, stop)))
         tune_for_serving()  # set up and listening: freeze the heap, collect less often (gc_tuning)
