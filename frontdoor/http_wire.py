@@ -31,6 +31,8 @@ from typing import Any
 
 import httptools
 
+from .http_views import error_body
+
 __all__ = [
     "KEEPALIVE_S",
     "MAX_HEAD_BYTES",
@@ -95,8 +97,7 @@ def _reason(status: int) -> str:
 
 def plain(status: int, message: str) -> HttpResponse:
     """An answer the connection itself gives (not the handler): a JSON error in Triton's shape."""
-    body = ('{"error":"' + message.replace("\\", "\\\\").replace('"', '\\"') + '"}').encode()
-    return HttpResponse(status, (body,), "application/json", close=True)
+    return HttpResponse(status, (error_body(message),), "application/json", close=True)
 
 
 class _Refused(Exception):
@@ -118,6 +119,7 @@ class HttpWire(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         # the request being parsed
         self._target: list[bytes] = []
+        self._method = self._url = ""  # set once its head is complete
         self._headers: dict[str, str] = {}
         self._head_bytes = 0
         self._chunks: list[bytes] = []
@@ -130,7 +132,6 @@ class HttpWire(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._closing = False  # no more requests are read: answer what is queued, then close
         self._eof = False
-        self._paused = False
         self._writable: asyncio.Future[None] | None = None
 
     # ---------------------------------------------------------------------------- connection events
@@ -195,9 +196,9 @@ class HttpWire(asyncio.Protocol):
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        method = self._parser.get_method().decode("ascii", "replace")
-        target = b"".join(self._target).decode("latin-1")
-        self._limit = self._body_limit(method, target)
+        self._method = self._parser.get_method().decode("ascii", "replace")
+        self._url = b"".join(self._target).decode("latin-1")
+        self._limit = self._body_limit(self._method, self._url)
         declared = self._headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self._limit:
             raise _Refused(
@@ -214,8 +215,8 @@ class HttpWire(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         request = HttpRequest(
-            method=self._parser.get_method().decode("ascii", "replace"),
-            target=b"".join(self._target).decode("latin-1"),
+            method=self._method,
+            target=self._url,
             headers=self._headers,
             body=b"".join(self._chunks),
             peer=self._peer,
@@ -223,8 +224,7 @@ class HttpWire(asyncio.Protocol):
         self._chunks, self._partial = [], False
         self._ready.append((request, bool(self._parser.should_keep_alive())))
         self._disarm()
-        if len(self._ready) >= MAX_PIPELINED and self._transport is not None and not self._paused:
-            self._paused = True
+        if len(self._ready) >= MAX_PIPELINED and self._transport is not None and self._transport.is_reading():
             self._transport.pause_reading()
         if self._task is None:
             self._task = self._loop.create_task(self._answer_all())
@@ -235,8 +235,7 @@ class HttpWire(asyncio.Protocol):
         try:
             while self._ready and self._transport is not None and not self._transport.is_closing():
                 request, keep_alive = self._ready.popleft()
-                if self._paused and len(self._ready) < MAX_PIPELINED // 2:
-                    self._paused = False
+                if len(self._ready) < MAX_PIPELINED // 2 and not self._transport.is_reading():
                     self._transport.resume_reading()
                 try:
                     answer = await self._handler(request)
@@ -313,4 +312,4 @@ class HttpWire(asyncio.Protocol):
 
 
 def _short(exc: BaseException) -> str:
-    return str(exc)[:120].replace('"', "'")
+    return str(exc)[:120]
