@@ -15,7 +15,7 @@ Load shapes, each bounded in time and count:
   DEALER → ROUTER → DEALER round trip of ``baseline.py`` (p50, one in flight; rate, 64 in flight), same run.
 CPU per request of every zinfer process (broker, workers, this client) is counted for each step.
 
-Usage: ``.venv/bin/python bench/bench_vs_triton.py --triton-venv DIR [--label before|after] [--quick]``.
+Usage: ``.venv/bin/python bench/bench_vs_triton.py --triton-venv DIR [--label L] [--quick] [--compiled]``.
 Without a Triton install (no ``--triton-venv``, or no Triton in it) it runs zinfer's half and says so.
 Results: bench/results/bench_vs_triton.json, one entry per label (a new run replaces its label's entry).
 """
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +39,10 @@ import vs_triton_repo  # noqa: E402
 import zinfer_side as z  # noqa: E402
 from bench_serving import ROOT, bare_frames, machine, pct  # noqa: E402
 
+from zinfer.client.compiled import COMPILED, compiled_here  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "bench_vs_triton.json"
+COMPILED_ENV = "ZINFER_BENCH_COMPILED"  # set in the child of --compiled, whose zinfer is the compiled build
 FULL = {"seconds": 3.0, "cap": 100_000, "pa_interval_ms": 3000, "bare_n": 3000, "bare_rate_n": 30_000}
 QUICK = {"seconds": 1.0, "cap": 20_000, "pa_interval_ms": 1000, "bare_n": 500, "bare_rate_n": 5_000}
 MODELS = ("add", "big", "tokenizer", "lm", "detokenizer", "text_ensemble")
@@ -171,6 +176,20 @@ def report(tr: dict[str, Any] | None, zr: dict[str, Any], r: dict[str, Any]) -> 
         print(f"  {k:<44} {v!s:>8}  {GOALS.get(k, '')}")
 
 
+def _rerun_compiled() -> int:
+    """This script again, in a child whose zinfer (client, broker, workers) is compiled from this checkout."""
+    import shutil
+
+    from bench_compiled import build_compiled
+
+    work = Path(tempfile.mkdtemp(prefix="zvt-build-"))
+    try:
+        env = {**os.environ, "PYTHONPATH": str(build_compiled(work)), COMPILED_ENV: "1"}
+        return subprocess.call([sys.executable, __file__, *sys.argv[1:]], env=env, cwd="/")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument(
@@ -179,7 +198,12 @@ def main() -> int:
     ap.add_argument("--label", default="latest", help="the results entry to write (e.g. before, after)")
     ap.add_argument("--quick", action="store_true", help="1 s steps")
     ap.add_argument("--zinfer-only", action="store_true", help="skip Triton even when it is given")
+    ap.add_argument(
+        "--compiled", action="store_true", help="zinfer's half (server and client) on a mypyc-compiled build"
+    )
     args = ap.parse_args()
+    if args.compiled and COMPILED_ENV not in os.environ:
+        return _rerun_compiled()
     p = QUICK if args.quick else FULL
     install = None if args.zinfer_only else triton_side.find(args.triton_venv)
     t0 = time.monotonic()
@@ -196,6 +220,7 @@ def main() -> int:
         "mode": "quick" if args.quick else "full",
         "params": p,
         "machine": machine(),
+        "zinfer_compiled_modules": f"{len(compiled_here())}/{len(COMPILED)}",
         "triton": tr if tr is not None else "not run (no Triton install given or found)",
         "zinfer": zr,
         "ratios": r,

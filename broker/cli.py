@@ -16,6 +16,7 @@ from typing import Any
 
 import zmq
 
+from zinfer.client.compiled import COMPILED, compiled_here
 from zinfer.client.errors import ConfigError, ZinferError
 from zinfer.client.gc_tuning import tune_for_serving
 from zinfer.client.paths import client_endpoint, default_runtime_dir
@@ -262,7 +263,8 @@ def serve(args: argparse.Namespace) -> int:
         broker.close()
         notifier.close()
         return EXIT_CONFIG if config else 1
-    log.info("event=starting repository=%s runtime_dir=%s", repo, options.runtime_dir)
+    log.info("event=starting repository=%s runtime_dir=%s compiled=%d/%d", repo, options.runtime_dir,
+             len(compiled_here()), len(COMPILED))  # fmt: skip
     try:
         if doors.config.enabled:
             doors.start()

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from mypy_extensions import mypyc_attr
 
 from . import dtypes, protocol
 from .arena import Arena, Slot
@@ -81,6 +82,7 @@ def _byte_view(arr: npt.NDArray[Any]) -> memoryview:
     return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # AsyncClient is not compiled (setup.py)
 class _ClientBase:
     """State and request building shared by ``Client`` and ``AsyncClient``; subclasses add the I/O."""
 

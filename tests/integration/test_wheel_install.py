@@ -1,8 +1,11 @@
 """A packaged install serves every bundled model: build the wheel, install it in a fresh virtual
 environment (not editable, nothing from the checkout on the path), serve its bundled repository.
 
-The wheel is built with pip the way ``pip install .`` builds it (build isolation, setuptools from the
-package index); pip's cache makes the dependencies of the fresh environment a copy, not a download.
+The wheel is built with pip the way ``pip install .`` builds it (build isolation, setuptools and mypy from
+the package index); pip's cache makes the dependencies of the fresh environment a copy, not a download. Where
+a C compiler and the Python headers are present (as on CI), its hot modules are compiled with mypyc
+(setup.py): the installed server and client then run them compiled, and a build whose compiler fails still
+gives a working pure-Python wheel.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,26 +25,35 @@ import pytest
 
 from tests.conftest import MODELS, ROOT, wait_for
 from zinfer.client import Client
+from zinfer.client.compiled import COMPILED
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]  # compiling takes minutes on 2 cores
+BUILD_TIMEOUT_S = 900
 
 # pip output that means the build could not get its tools (no index reachable), not that the project is broken
 _NO_INDEX = ("No matching distribution found for setuptools", "Could not find a version that satisfies")
 
 
+def _can_compile() -> bool:
+    """A C compiler and the Python headers, which mypyc's extension modules need."""
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    return shutil.which(cc) is not None and (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file()
+
+
 def _env() -> dict[str, str]:
     """The environment without anything that would put the checkout on a child's path."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "ZINFER_COMPILE")
+    }
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     return env
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A fresh venv with zinfer installed from the wheel just built; yields its ``bin`` folder."""
-    work = tmp_path_factory.mktemp("wheel")
+def _build_wheel(work: Path, extra_env: dict[str, str]) -> Path:
+    """``pip wheel`` of a copy of the checkout without what git ignores (.venv, build outputs, caches)."""
     src = work / "src"
-    # build from a copy of the checkout without what git ignores (.venv, build outputs, caches)
     listing = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
     files = subprocess.run(listing, cwd=ROOT, capture_output=True, check=True).stdout
     for name in filter(None, files.decode().split("\0")):
@@ -48,13 +62,21 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             shutil.copy2(ROOT / name, src / name)
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(work / "dist"), str(src)],
-        capture_output=True, text=True, env=_env(), timeout=180,
+        capture_output=True, text=True, env={**_env(), **extra_env}, timeout=BUILD_TIMEOUT_S,
     )  # fmt: skip
     if built.returncode != 0:
         if any(s in built.stdout + built.stderr for s in _NO_INDEX):
             pytest.skip(f"cannot build the wheel here: no package index for its build tools\n{built.stderr}")
         raise AssertionError(f"pip wheel failed:\n{built.stdout}\n{built.stderr}")
     (wheel,) = (work / "dist").glob("zinfer-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh venv with zinfer installed from the wheel just built; yields its ``bin`` folder."""
+    work = tmp_path_factory.mktemp("wheel")
+    wheel = _build_wheel(work, {})
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=_env())
     done = subprocess.run(
@@ -80,6 +102,24 @@ def test_the_wheel_holds_every_bundled_model_folder(installed: Path) -> None:
     assert shipped <= packaged, f"missing from the wheel: {sorted(map(str, shipped - packaged))}"
 
 
+def _run(python: Path, code: str) -> str:
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=python.parent,
+                          env=_env(), timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_the_wheel_runs_its_hot_modules_compiled(installed: Path) -> None:
+    """With a compiler here, every module of zinfer.client.compiled.COMPILED imports from an extension module
+    in the fresh venv (not from a .py, not from the checkout); the .py files are shipped beside them."""
+    code = "from zinfer.client import compiled as c; print(len(c.compiled_here()), len(c.COMPILED))"
+    assert _run(installed / "python", code) == (
+        f"{len(COMPILED)} {len(COMPILED)}" if _can_compile() else f"0 {len(COMPILED)}"
+    )
+    where = _run(installed / "python", "import zinfer.client.protocol as p; print(p.__file__)")
+    assert where.startswith(str(installed.parent)), where
+
+
 def test_a_packaged_install_serves_every_bundled_model(installed: Path, tmp_path: Path) -> None:
     runtime = tmp_path / "rt"
     log_path = tmp_path / "serve.log"
@@ -102,6 +142,29 @@ def test_a_packaged_install_serves_every_bundled_model(installed: Path, tmp_path
             a = np.array([[1.0], [2.0]], np.float32)
             out = client.infer("add", {"INPUT_A": a, "INPUT_B": a}).as_numpy("OUTPUT_SUM")
             assert out.tolist() == [[2.0], [4.0]]
+        # the installed (compiled) client too, sync and asyncio, inline and shared-memory tensors
+        code = (
+            "import asyncio, numpy as np\n"
+            "from zinfer.client import AsyncClient, Client\n"
+            f"url = 'ipc://{runtime / 'zinfer.sock'}'\n"
+            "with Client(url, timeout=30) as c:\n"
+            "    a = np.array([[1.0], [2.0]], np.float32)\n"
+            "    print(c.infer('add', {'INPUT_A': a, 'INPUT_B': a}).as_numpy('OUTPUT_SUM').tolist())\n"
+            "    x = c.empty((1, 1 << 16), np.float32); x[:] = 1.0\n"
+            "    print(float(c.infer('identity', {'INPUT0': x}).as_numpy('OUTPUT0').sum()))\n"
+            "async def go():\n"
+            "    async with AsyncClient(url, timeout=30) as c:\n"
+            "        a = np.ones((1, 1), np.float32)\n"
+            "        calls = (c.infer('add', {'INPUT_A': a, 'INPUT_B': a * i}) for i in range(8))\n"
+            "        rs = await asyncio.gather(*calls)\n"
+            "        print([float(r.as_numpy('OUTPUT_SUM')[0, 0]) for r in rs])\n"
+            "asyncio.run(go())\n"
+        )
+        assert _run(installed / "python", code).splitlines() == [
+            "[[2.0], [4.0]]",
+            "65536.0",
+            str([1.0 + i for i in range(8)]),
+        ]
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -111,4 +174,17 @@ def test_a_packaged_install_serves_every_bundled_model(installed: Path, tmp_path
             proc.kill()
             code = proc.wait(5)
     assert code == 0, log_path.read_text()
-    assert "event=model_load_failed" not in log_path.read_text()
+    log = log_path.read_text()
+    assert "event=model_load_failed" not in log
+    n = len(COMPILED) if _can_compile() else 0
+    assert f"compiled={n}/{len(COMPILED)}" in log, log
+
+
+def test_a_wheel_whose_compiler_fails_is_pure_python_and_whole(tmp_path: Path) -> None:
+    """A compiler that fails every call (CC=false) leaves a wheel with no extension module and every .py."""
+    wheel = _build_wheel(tmp_path, {"CC": "false", "LDSHARED": "false"})
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.endswith(".so")], names
+    for module in COMPILED:
+        assert module.replace(".", "/") + ".py" in names, module
+    assert "-py3-none-any.whl" in wheel.name or "-cp3" in wheel.name, wheel.name

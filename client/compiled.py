@@ -1,0 +1,48 @@
+"""Which modules a wheel compiles with mypyc, and which of them run compiled in this process.
+
+``setup.py`` reads ``COMPILED`` (this file imports nothing of zinfer, so the build can run it alone); the
+broker logs ``compiled_here()`` when it starts, and the benchmarks record it beside their figures.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+
+__all__ = ["COMPILED", "compiled_here"]
+
+# On the path of every request in the client, the broker or both. Not here: modules with async generators
+# (async_client, async_connection: mypyc has none), the batchers (generic frozen dataclasses with slots,
+# which mypyc refuses), and the worker's model-facing modules (classes that models subclass).
+COMPILED = (
+    "zinfer.client.protocol",
+    "zinfer.client.framing",
+    "zinfer.client.transport",
+    "zinfer.client.base",
+    "zinfer.client.connection",
+    "zinfer.client.client",
+    "zinfer.client.result",
+    "zinfer.broker.server",
+    "zinfer.broker.request_path",
+    "zinfer.broker.validation",
+    "zinfer.broker.outbox",
+    "zinfer.broker.worker_inbox",
+    "zinfer.broker.completion",
+    "zinfer.broker.messages",
+    "zinfer.broker.admission",
+    "zinfer.broker.instance_pool",
+    "zinfer.broker.model_metrics",
+    "zinfer.broker.model_state",
+    "zinfer.broker.batching.runs",
+)
+
+
+def compiled_here() -> list[str]:
+    """The modules of ``COMPILED`` that import from an extension module (a ``.so``) here, not a ``.py``."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    out = []
+    for name in COMPILED:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin is not None and spec.origin.endswith(suffixes):
+            out.append(name)
+    return out
