@@ -8,6 +8,7 @@ process, pure Python and compiled in turn, for ``--rounds`` rounds, on bench_vs_
   DEALER -> ROUTER -> DEALER round trip of ``baseline.py``;
 * ``add0`` with 128 in flight (one ``AsyncClient``): the rate against the bare pipelined rate;
 * ``add`` (the Triton-style model, preferred 16/32/64, delay 500 us), 32 in flight (one ``AsyncClient``);
+* the three-step ``text_ensemble``, 32 in flight (one ``AsyncClient``);
 * CPU per request of the broker, the workers and the client (their user + system time).
 
 The figures printed are the medians over the rounds. Writes ``bench/results/bench_compiled.json``.
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import baseline  # noqa: E402
 from bench_serving import ROOT, bare_frames, machine, pct  # noqa: E402
 
-LOADS = (("add0", 1), ("add0", 128), ("add", 32))
+LOADS = (("add0", 1), ("add0", 128), ("add", 32), ("text_ensemble", 32))
 PACKAGES = ("client", "modelconfig", "broker", "workers", "tools", "frontdoor", "configs")
 BUILD_TIMEOUT_S = 900
 STEP_TIMEOUT_S = 300
@@ -153,13 +154,13 @@ def main() -> int:
         f"\nbare DEALER->ROUTER->DEALER: p50 {bare['p50_us']:.0f} us, {bare['rate_64_in_flight_s']:.0f} msg/s"
     )
     print(
-        f"{'load':12s} {'build':9s} {'req/s':>8s} {'p50 us':>8s}  CPU us/request: broker workers client total"
+        f"{'load':18s} {'build':9s} {'req/s':>8s} {'p50 us':>8s}  CPU us/request: broker workers client total"
     )
     for load, by in runs.items():
         out[load] = {b: _summary(v) for b, v in by.items()}
         for b, s in out[load].items():
             c = s["cpu_per_request"]
-            print(f"{load:12s} {b:9s} {s['throughput_s']:8.0f} {s['p50_us']:8.0f}  {c['broker_us']:14.0f} "
+            print(f"{load:18s} {b:9s} {s['throughput_s']:8.0f} {s['p50_us']:8.0f}  {c['broker_us']:14.0f} "
                   f"{c['workers_us']:7.0f} {c['client_us']:6.0f} {c['total_us']:5.0f}")  # fmt: skip
     ratios: dict[str, float] = {}
     for load in runs:

@@ -34,6 +34,11 @@ COMPILED = (
     "zinfer.broker.model_metrics",
     "zinfer.broker.model_state",
     "zinfer.broker.batching.runs",
+    "zinfer.broker.ensemble_path",
+    "zinfer.broker.ensemble_plan",
+    "zinfer.broker.ensemble_run",
+    "zinfer.broker.registry",
+    "zinfer.broker.latency_window",
 )
 
 

@@ -323,9 +323,14 @@ def _int(h: Mapping[str, Any], key: str, default: Any = ..., lo: int = 0, hi: in
 
 def _list(h: Mapping[str, Any], key: str, limit: int, default: Any = ...) -> list[Any]:
     value: list[Any] = _get(h, key, list, default)
-    if value is not None and len(value) > limit:
+    if len(value) > limit:
         raise ProtocolError(f"field '{key}' has more than {limit} entries")
     return value
+
+
+def _optional_list(h: Mapping[str, Any], key: str, limit: int) -> list[Any] | None:
+    """``_list``, where an absent field is None (the annotation is checked at run time where compiled)."""
+    return _list(h, key, limit) if key in h else None
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -545,7 +550,7 @@ def infer_from_wire(d: Mapping[str, Any]) -> InferRequest:
 
 
 def _infer_checked(d: Mapping[str, Any]) -> InferRequest:
-    outputs = _list(d, "outputs", MAX_TENSORS, None)
+    outputs = _optional_list(d, "outputs", MAX_TENSORS)
     params = _get(d, "parameters", dict, {})
     return InferRequest(
         request_id=_get(d, "id", str),

@@ -180,6 +180,36 @@ def test_a_packaged_install_serves_every_bundled_model(installed: Path, tmp_path
     assert f"compiled={n}/{len(COMPILED)}" in log, log
 
 
+# the tests that hand the protocol and the server hostile input: on a compiled build a wrong annotation is a
+# TypeError at run time (an INTERNAL reply) where pure Python went on to the check that names the field
+HOSTILE_INPUT_TESTS = (
+    "tests/unit/test_wire_fast_paths.py",
+    "tests/unit/test_protocol.py",
+    "tests/unit/test_bundle_wire.py",
+    "tests/unit/test_wire_records.py",
+    "tests/integration/test_bad_input.py",
+)
+
+
+def test_the_hostile_input_tests_pass_on_the_installed_build(installed: Path) -> None:
+    """The protocol's and the server's bad-input tests, run by the fresh venv's python (its zinfer is the
+    wheel's, compiled where a compiler is here) from the copy the wheel was built from."""
+    tools = ["pytest>=7.4", "pytest-timeout>=2.2", "hypothesis>=6.0"]
+    done = subprocess.run([str(installed / "python"), "-m", "pip", "install", "-q", *tools],
+                          capture_output=True, text=True, env=_env(), timeout=300)  # fmt: skip
+    if done.returncode != 0 and any(s in done.stdout + done.stderr for s in _NO_INDEX):
+        pytest.skip(f"cannot install pytest into the fresh venv: no package index\n{done.stderr}")
+    assert done.returncode == 0, done.stderr
+    src = installed.parent.parent / "src"
+    code = "import zinfer.client.protocol as p; print(p.__file__)"
+    assert _run(installed / "python", code).startswith(str(installed.parent))
+    ran = subprocess.run(
+        [str(installed / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", *HOSTILE_INPUT_TESTS],
+        capture_output=True, text=True, cwd=src, env=_env(), timeout=600,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-2000:]
+
+
 def test_a_wheel_whose_compiler_fails_is_pure_python_and_whole(tmp_path: Path) -> None:
     """A compiler that fails every call (CC=false) leaves a wheel with no extension module and every .py."""
     wheel = _build_wheel(tmp_path, {"CC": "false", "LDSHARED": "false"})
