@@ -22,6 +22,7 @@ COMPILED = (
     "zinfer.client.connection",
     "zinfer.client.client",
     "zinfer.client.result",
+    "zinfer.client.worker_protocol",
     "zinfer.broker.server",
     "zinfer.broker.request_path",
     "zinfer.broker.validation",
