@@ -2,8 +2,9 @@
 
 mypyc (part of mypy) turns type-annotated Python into C extension modules with the same names, so
 ``zinfer.client.protocol`` imports the compiled module where one was built and the ``.py`` file elsewhere.
-On these 2 cores it cut the broker's CPU per request by about a quarter (bench/bench_compiled.py measures it;
-docs/deployment.md has the figures). The package is ``mypy --strict`` clean, which is what mypyc needs.
+On these 2 cores it cut the broker's CPU per request by about a quarter (bench/bench_compiled.py measures it,
+bench/results/bench_compiled.json has the figures). The package is ``mypy --strict`` clean, which is what
+mypyc needs.
 
 When: a wheel (what ``pip install .`` and ``pip wheel .`` build) is compiled unless ``ZINFER_COMPILE=0``;
 an editable install (``pip install -e .``) stays pure Python unless ``ZINFER_COMPILE=1``, so an edited

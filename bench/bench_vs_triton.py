@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -178,8 +179,6 @@ def report(tr: dict[str, Any] | None, zr: dict[str, Any], r: dict[str, Any]) -> 
 
 def _rerun_compiled() -> int:
     """This script again, in a child whose zinfer (client, broker, workers) is compiled from this checkout."""
-    import shutil
-
     from bench_compiled import build_compiled
 
     work = Path(tempfile.mkdtemp(prefix="zvt-build-"))

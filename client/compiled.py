@@ -13,7 +13,8 @@ __all__ = ["COMPILED", "compiled_here"]
 
 # On the path of every request in the client, the broker or both. Not here: modules with async generators
 # (async_client, async_connection: mypyc has none), the batchers (generic frozen dataclasses with slots,
-# which mypyc refuses), and the worker's model-facing modules (classes that models subclass).
+# which mypyc refuses), the worker's model-facing modules (classes that models subclass), and the worker's
+# internals (their tests replace methods on instances, which compiled classes refuse).
 COMPILED = (
     "zinfer.client.protocol",
     "zinfer.client.framing",

@@ -88,25 +88,22 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.rmtree(work, ignore_errors=True)
 
 
-def test_the_wheel_holds_every_bundled_model_folder(installed: Path) -> None:
-    """Every version folder of configs/models is in the install, the ones holding only .gitkeep too."""
-    code = "import zinfer.configs, os; print(os.path.dirname(zinfer.configs.__file__))"
-    where = subprocess.run(
-        [str(installed / "python"), "-c", code],
-        capture_output=True, text=True, check=True, cwd=installed, env=_env(), timeout=60,
-    ).stdout.strip()  # fmt: skip
-    assert where.startswith(str(installed.parent)), f"zinfer imported from {where}, not from the fresh venv"
-    packaged_models = Path(where) / "models"
-    shipped = {p.relative_to(MODELS) for p in MODELS.glob("*/*") if p.is_dir()}
-    packaged = {p.relative_to(packaged_models) for p in packaged_models.glob("*/*") if p.is_dir()}
-    assert shipped <= packaged, f"missing from the wheel: {sorted(map(str, shipped - packaged))}"
-
-
 def _run(python: Path, code: str) -> str:
     done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=python.parent,
                           env=_env(), timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
+
+
+def test_the_wheel_holds_every_bundled_model_folder(installed: Path) -> None:
+    """Every version folder of configs/models is in the install, the ones holding only .gitkeep too."""
+    code = "import zinfer.configs, os; print(os.path.dirname(zinfer.configs.__file__))"
+    where = _run(installed / "python", code)
+    assert where.startswith(str(installed.parent)), f"zinfer imported from {where}, not from the fresh venv"
+    packaged_models = Path(where) / "models"
+    shipped = {p.relative_to(MODELS) for p in MODELS.glob("*/*") if p.is_dir()}
+    packaged = {p.relative_to(packaged_models) for p in packaged_models.glob("*/*") if p.is_dir()}
+    assert shipped <= packaged, f"missing from the wheel: {sorted(map(str, shipped - packaged))}"
 
 
 def test_the_wheel_runs_its_hot_modules_compiled(installed: Path) -> None:
