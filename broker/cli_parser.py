@@ -235,3 +235,27 @@ def _frontdoor_flags(s: argparse.ArgumentParser) -> None:
         help="allow a non-loopback --grpc/--http address without TLS (anyone who reaches it may "
         "run and load models)",
     )
+    g.add_argument(
+        "--allow-unknown-shm-callers",
+        action="store_true",
+        default=False,
+        help="let front-door clients whose user the server cannot establish (not on this host's loopback "
+        "or a Unix socket) register system shared memory, limited to segments of the server's own user "
+        "(off: only clients whose uid the kernel names, each for segments it owns; root for any)",
+    )
+    g.add_argument(
+        "--http-header-timeout",
+        type=_number(float, 0.001),
+        default=None,
+        metavar="SECONDS",
+        help="an HTTP request's line and headers must arrive within this of the connection (or of the "
+        "request's first byte), else 408 and closed (default 10)",
+    )
+    g.add_argument(
+        "--http-peer-connections",
+        type=_number(int, 1),
+        default=None,
+        metavar="N",
+        help="open HTTP connections per peer: per uid for clients on this host, per address otherwise; "
+        "more are closed at once (default 256; 1024 in all)",
+    )

@@ -70,7 +70,9 @@ class FrontDoorConfig:
     max_tensor_bytes: int = 1 << 32
     log_level: str = "INFO"
     model_repository: Path | None = None  # the front door reads classification's label files there
-
+    allow_unknown_shm_callers: bool = False
+    http_header_timeout_s: float | None = None  # None: the front door's default
+    http_peer_connections: int | None = None
     @property
     def enabled(self) -> bool:
         return self.workers > 0 and (self.grpc is not None or self.http is not None)
@@ -98,6 +100,12 @@ class FrontDoorConfig:
                 cmd += [flag, str(value)]
         if self.insecure_remote:
             cmd.append("--insecure-remote")
+        if self.allow_unknown_shm_callers:
+            cmd.append("--allow-unknown-shm-callers")
+        if self.http_header_timeout_s is not None:
+            cmd += ["--http-header-timeout", repr(self.http_header_timeout_s)]
+        if self.http_peer_connections is not None:
+            cmd += ["--http-peer-connections", str(self.http_peer_connections)]
         return cmd
 
 

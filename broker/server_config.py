@@ -269,6 +269,9 @@ KEYS: dict[str, Key] = {
     "tls_key": Key(_path, "--tls-key", "tls_key"),
     "tls_client_ca": Key(_path, "--tls-client-ca", "tls_client_ca"),
     "insecure_remote": Key(_flag, "--insecure-remote", "insecure_remote"),
+    "allow_unknown_shm_callers": Key(_flag, "--allow-unknown-shm-callers", "allow_unknown_shm_callers"),
+    "http_header_timeout_s": Key(_seconds(True), "--http-header-timeout", "http_header_timeout"),
+    "http_peer_connections": Key(_integer(1), "--http-peer-connections", "http_peer_connections"),
 }  # fmt: skip
 """Every key the file may hold."""
 

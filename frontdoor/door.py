@@ -11,12 +11,26 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from .bridge import Bridge
 from .classification import LabelFiles
+from .peer_uid import peer_uid
 from .sysshm import SystemShm
 
-__all__ = ["Counters", "FrontDoor", "FrontDoorOptions", "is_loopback", "is_local_peer", "listen_problem"]
+__all__ = [
+    "HEADER_TIMEOUT_S",
+    "PEER_CONNECTIONS",
+    "Counters",
+    "FrontDoor",
+    "FrontDoorOptions",
+    "grpc_peer_uid",
+    "is_loopback",
+    "listen_problem",
+]
+
+HEADER_TIMEOUT_S = 10.0  # an HTTP request's line and headers must arrive within this of its first byte
+PEER_CONNECTIONS = 256  # open HTTP connections per peer (per uid on this host, per address otherwise)
 
 
 @dataclass(frozen=True)
@@ -33,6 +47,9 @@ class FrontDoorOptions:
     status_file: Path | None = None  # where the process writes its pid and request counts
     index: int = 0
     model_repository: Path | None = None  # where classification's label files are read (None: no labels)
+    allow_unknown_shm_callers: bool = False  # system shm for callers whose uid cannot be established
+    http_header_timeout_s: float = HEADER_TIMEOUT_S
+    http_peer_connections: int = PEER_CONNECTIONS
 
     @property
     def tls(self) -> bool:
@@ -65,19 +82,24 @@ def listen_problem(address: str, tls: bool, insecure_remote: bool) -> str | None
     )
 
 
-def is_local_peer(peer: str) -> bool:
-    """Whether a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, ``unix:...``) is on this
-    host."""
-    kind, _, rest = peer.partition(":")
-    if kind == "unix":
-        return True
-    if kind in ("ipv4", "ipv6"):
-        host = rest.rpartition(":")[0].strip("[]")
-        try:
-            return ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            return False
-    return False
+def grpc_peer_uid(peer: str, listening: str | None) -> int | None:
+    """The uid of a gRPC peer (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``) on this host's loopback, from
+    the kernel (``peer_uid``); ``listening`` is the door's own HOST:PORT. None when unknown: a remote peer,
+    a Unix-socket peer (grpc.aio does not give its descriptor), or no live socket matches."""
+    kind, _, rest = unquote(peer).partition(":")
+    if kind not in ("ipv4", "ipv6") or not listening:
+        return None
+    host, _, port = rest.rpartition(":")
+    our_host, _, our_port = listening.rpartition(":")
+    if not (port.isdigit() and our_port.isdigit()):
+        return None
+    host, our_host = host.strip("[]"), our_host.strip("[]")
+    try:
+        wildcard = ipaddress.ip_address(our_host).is_unspecified
+    except ValueError:
+        wildcard = True  # a name ("localhost"): any loopback address it may resolve to
+    candidates = [host, "127.0.0.1", "::1"] if wildcard else [our_host]
+    return peer_uid((host, int(port)), [(c, int(our_port)) for c in dict.fromkeys(candidates)])
 
 
 @dataclass

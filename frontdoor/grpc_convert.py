@@ -21,7 +21,7 @@ from zinfer.client.errors import InvalidArgument
 
 from .bridge_records import InferCall, InferReply, ModelMetadata, ModelStatistics, RepositoryModel, Tensor
 from .classification import parse_class_count
-from .sysshm import SystemShm
+from .sysshm import CallerShm
 
 __all__ = [
     "config_message",
@@ -146,7 +146,7 @@ def _from_contents(name: str, datatype: str, shape: tuple[int, ...], contents: A
 
 
 def infer_call(
-    request: service_pb2.ModelInferRequest, shm: SystemShm | None, alloc: Alloc | None = None
+    request: service_pb2.ModelInferRequest, shm: CallerShm | None, alloc: Alloc | None = None
 ) -> InferCall:
     """The bridge's call for a ``ModelInferRequest``; inputs in shared memory are read from their region
     (into ``alloc``'s arrays when given)."""
@@ -239,7 +239,7 @@ def _set(entry: service_pb2.InferParameter, value: int | str) -> None:
 def infer_response(
     reply: InferReply,
     regions: Mapping[str, tuple[str, int, int]] | None = None,
-    shm: SystemShm | None = None,
+    shm: CallerShm | None = None,
 ) -> service_pb2.ModelInferResponse:
     """The response for ``reply``; outputs named in ``regions`` go into shared memory instead."""
     response = service_pb2.ModelInferResponse(

@@ -21,8 +21,9 @@ from zinfer.client.errors import InvalidArgument
 from . import grpc_convert as convert
 from .bridge_records import InferCall
 from .classification import classify_reply
-from .door import FrontDoor, is_local_peer
+from .door import FrontDoor, grpc_peer_uid
 from .errors import FrontDoorError, triton_error
+from .sysshm import CallerShm
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     def __init__(self, door: FrontDoor) -> None:
         self.door = door
         self.bridge = door.bridge
+
+    def _shm(self, context: Any) -> CallerShm:
+        """The system shared memory registry as this call's peer sees it (its uid looked up when first
+        needed: a call that names no region never looks)."""
+        peer = str(context.peer())
+        return self.door.shm.caller(uid_of=lambda: grpc_peer_uid(peer, self.door.options.grpc))
 
     async def _answer(
         self, context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[T]]
@@ -139,7 +146,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
     async def ModelInfer(self, request: Any, context: Any) -> service_pb2.ModelInferResponse:
         async def run() -> service_pb2.ModelInferResponse:
-            call, regions = self._call(request)
+            shm = self._shm(context)
+            call, regions = self._call(request, shm)
             if await self.bridge.is_decoupled(call.model, call.version):
                 raise FrontDoorError(
                     "UNIMPLEMENTED",
@@ -148,13 +156,13 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                 )
             reply = await self.bridge.infer(call)
             reply = await classify_reply(self.bridge, self.door.labels, reply, call.class_counts)
-            return convert.infer_response(reply, regions, self.door.shm)
+            return convert.infer_response(reply, regions, shm)
 
         return await self._answer(context, run)
 
-    def _call(self, request: Any) -> tuple[InferCall, dict[str, tuple[str, int, int]]]:
+    def _call(self, request: Any, shm: CallerShm) -> tuple[InferCall, dict[str, tuple[str, int, int]]]:
         alloc = self.bridge.empty if self.bridge.uses_shm else None
-        return convert.infer_call(request, self.door.shm, alloc), convert.output_regions(request)
+        return convert.infer_call(request, shm, alloc), convert.output_regions(request)
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[Any], context: Any
@@ -164,18 +172,19 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         queue: asyncio.Queue[service_pb2.ModelStreamInferResponse | None] = asyncio.Queue(_STREAM_QUEUE)
         tasks: set[asyncio.Task[None]] = set()
         last_of_sequence: dict[int | str, asyncio.Task[None]] = {}
+        shm = self._shm(context)
 
         async def one(request: Any, before: asyncio.Task[None] | None) -> None:
             if before is not None:
                 await asyncio.wait([before])
             try:
-                call, regions = self._call(request)
+                call, regions = self._call(request, shm)
                 empty_final = call.parameters.get("triton_enable_empty_final_response") is True
                 async for reply in self.bridge.stream(call):
                     if reply.final and not reply.outputs and not empty_final:
                         continue
                     reply = await classify_reply(self.bridge, self.door.labels, reply, call.class_counts)
-                    response = convert.infer_response(reply, regions, self.door.shm)
+                    response = convert.infer_response(reply, regions, shm)
                     if empty_final:
                         response.parameters["triton_final_response"].bool_param = reply.final
                     await queue.put(service_pb2.ModelStreamInferResponse(infer_response=response))
@@ -227,7 +236,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     ) -> service_pb2.SystemSharedMemoryStatusResponse:
         async def run() -> service_pb2.SystemSharedMemoryStatusResponse:
             response = service_pb2.SystemSharedMemoryStatusResponse()
-            for r in self.door.shm.status(request.name):
+            for r in self._shm(context).status(request.name):
                 response.regions[r.name].CopyFrom(
                     service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(
                         name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
@@ -241,8 +250,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         self, request: Any, context: Any
     ) -> service_pb2.SystemSharedMemoryRegisterResponse:
         async def run() -> service_pb2.SystemSharedMemoryRegisterResponse:
-            local = is_local_peer(context.peer())
-            self.door.shm.register(request.name, request.key, request.offset, request.byte_size, local=local)
+            self._shm(context).register(request.name, request.key, request.offset, request.byte_size)
             return service_pb2.SystemSharedMemoryRegisterResponse()
 
         return await self._answer(context, run)
@@ -251,7 +259,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         self, request: Any, context: Any
     ) -> service_pb2.SystemSharedMemoryUnregisterResponse:
         async def run() -> service_pb2.SystemSharedMemoryUnregisterResponse:
-            self.door.shm.unregister(request.name)
+            self._shm(context).unregister(request.name)
             return service_pb2.SystemSharedMemoryUnregisterResponse()
 
         return await self._answer(context, run)

@@ -13,12 +13,16 @@ shares the port; TLS when the options carry a certificate) until ``stop`` is set
 CUDA shared memory, trace and log settings answer 501 (status and unregister of CUDA regions answer as a
 server with none). Errors are ``{"error": "..."}`` with Triton's HTTP status (400, 404, 503, 501, 500) and
 text. The request body is bounded (``Limits.max_body_bytes`` for an infer, ``CONTROL_BODY_BYTES`` else)
-and must arrive within ``http_wire.REQUEST_TIMEOUT_S``; open connections are bounded by ``MAX_CONNECTIONS``.
+and must arrive within ``http_wire.REQUEST_TIMEOUT_S``, its line and headers within
+``--http-header-timeout``; open connections are bounded by ``MAX_CONNECTIONS`` in all and by
+``--http-peer-connections`` per peer (per uid for a peer on this host, which the kernel names; per address
+otherwise), so one peer trickling bytes into many connections cannot hold the door (slowloris).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import ipaddress
 import logging
 import re
@@ -55,6 +59,7 @@ from .http_views import (
     statistics,
 )
 from .http_wire import HttpRequest, HttpResponse, HttpWire
+from .sysshm import CallerShm
 
 __all__ = ["CONTROL_BODY_BYTES", "MAX_CONNECTIONS", "HttpFrontDoor", "http_status", "serve_http"]
 
@@ -101,13 +106,21 @@ def _not_allowed() -> HttpResponse:
     return _error(405, "Method Not Allowed")
 
 
-def _is_local(peer: Any) -> bool:
-    if isinstance(peer, tuple) and peer:
-        try:
-            return ipaddress.ip_address(str(peer[0]).split("%", 1)[0]).is_loopback
-        except ValueError:
-            return False
-    return isinstance(peer, str)  # a Unix socket
+def peer_key(wire: HttpWire) -> str:
+    """Whose share of the connections ``wire`` counts against: its uid when the kernel says it (a peer on
+    this host), else its address."""
+    if wire.peer_uid is not None:
+        return f"uid:{wire.peer_uid}"
+    peer = wire.peer
+    host = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        host = str(ip)
+    except ValueError:
+        pass
+    return f"address:{host}"
 
 
 class HttpFrontDoor:
@@ -215,7 +228,7 @@ class HttpFrontDoor:
     async def _system_shm(self, request: HttpRequest, region: str, action: str) -> HttpResponse:
         if (action == "status") != (request.method == "GET") or request.method not in ("GET", "POST"):
             return _not_allowed()
-        shm = self.door.shm
+        shm = self.door.shm.caller(request.peer_uid)
         if action == "status":
             return _json(shm_status(shm.status(region)))
         body = request.body
@@ -223,8 +236,7 @@ class HttpFrontDoor:
             if not region:
                 raise InvalidArgument("'region name' is necessary to register system shared memory region")
             key, offset, size = shm_register_body(body)
-            local = _is_local(request.peer)
-            shm.register(region, key, offset, size, local=local)
+            shm.register(region, key, offset, size)
         else:
             shm.unregister(region)
         return _OK_JSON
@@ -237,7 +249,8 @@ class HttpFrontDoor:
         header_length = parse_header_length(request.headers.get(_HEADER_LENGTH), len(body))
         parsed = decode_infer_request(body, header_length, model, self.limits)
         # system shm straight into the bridge's arena (plain memory when the broker is not local)
-        inputs = resolve_inputs(parsed, self.door.shm.read, self.limits, self.bridge.empty)
+        shm = self.door.shm.caller(request.peer_uid)
+        inputs = resolve_inputs(parsed, shm.read, self.limits, self.bridge.empty)
         call = InferCall(
             model=model,
             inputs=inputs,
@@ -254,7 +267,7 @@ class HttpFrontDoor:
         reply = await self.bridge.infer(call)
         counts = {o.name: o.class_count for o in parsed.outputs if o.class_count}
         reply = await classify_reply(self.bridge, self.door.labels, reply, counts)
-        in_shm = self._write_shm_outputs(parsed, reply.outputs)
+        in_shm = self._write_shm_outputs(shm, parsed, reply.outputs)
         encoded = encode_infer_reply(reply, parsed, in_shm)
         headers = {}
         if encoded.header_length is not None:
@@ -262,7 +275,9 @@ class HttpFrontDoor:
         content_type = "application/octet-stream" if encoded.binary else _JSON
         return HttpResponse(200, (encoded.json, *encoded.binary), content_type, headers)
 
-    def _write_shm_outputs(self, parsed: HttpInferRequest, outputs: tuple[Tensor, ...]) -> frozenset[str]:
+    def _write_shm_outputs(
+        self, shm: CallerShm, parsed: HttpInferRequest, outputs: tuple[Tensor, ...]
+    ) -> frozenset[str]:
         refs: dict[str, ShmRef] = {o.name: o.shm for o in parsed.outputs if o.shm is not None}
         for tensor in outputs:
             ref = refs.get(tensor.name)
@@ -275,7 +290,7 @@ class HttpFrontDoor:
                     f"'{tensor.name}' ({ref.byte_size} bytes) should be at least {raw.nbytes} bytes to hold "
                     "the results",
                 )  # fmt: skip
-            self.door.shm.write(ref.region, ref.offset, ref.byte_size, raw)
+            shm.write(ref.region, ref.offset, ref.byte_size, raw)
         return frozenset(refs)
 
 
@@ -328,12 +343,35 @@ async def serve_http(door: FrontDoor, stop: asyncio.Event) -> None:
         raise FrontDoorError("INVALID_ARGUMENT", 400, "no HTTP address")
     handler = HttpFrontDoor(door)
     connections: set[HttpWire] = set()
+    per_peer: collections.Counter[str] = collections.Counter()
+    share = door.options.http_peer_connections
+
+    def admit(wire: HttpWire) -> bool:
+        key = peer_key(wire)
+        if per_peer[key] >= share:
+            log.warning("event=http_connection_refused reason=peer_share peer=%s open=%d", key, per_peer[key])
+            return False
+        per_peer[key] += 1
+        wire.admitted = True
+        return True
+
+    def closed(wire: HttpWire) -> None:
+        connections.discard(wire)
+        if wire.admitted:
+            wire.admitted = False
+            key = peer_key(wire)
+            per_peer[key] -= 1
+            if per_peer[key] <= 0:
+                del per_peer[key]
 
     def connect() -> asyncio.Protocol:
         if len(connections) >= MAX_CONNECTIONS:
             log.warning("event=http_connection_refused open=%d", len(connections))
             return _Refuse()
-        wire = HttpWire(handler.handle, handler.body_limit, connections.discard)
+        wire = HttpWire(
+            handler.handle, handler.body_limit, closed,
+            header_timeout=door.options.http_header_timeout_s, admit=admit,
+        )  # fmt: skip
         connections.add(wire)
         return wire
 

@@ -8,8 +8,13 @@ short queue; reading pauses while it is full). What a hostile peer can send is b
 - the request line and headers: ``MAX_HEAD_BYTES`` in all; more is answered 431 and the connection closed;
 - the body: ``body_limit(method, target)`` bytes, checked against Content-Length before any of the body is
   read (so a huge declared body is refused at once) and against what chunked bodies add up to;
-- time: a request must arrive in full within ``REQUEST_TIMEOUT_S`` of its first byte (a stalled or trickled
-  request is answered 408 and closed); an idle keep-alive connection is closed after ``KEEPALIVE_S``;
+- time: a connection's first request line and headers must arrive within ``header_timeout`` of the
+  connection (each later one within ``header_timeout`` of its first byte), and its body within
+  ``REQUEST_TIMEOUT_S`` of the headers (a stalled or trickled request is answered 408 and closed), so a
+  peer trickling bytes holds a connection for seconds, not minutes; an idle keep-alive connection is
+  closed after ``KEEPALIVE_S``;
+- connections: ``admit`` (the server's per-peer count) may refuse a connection as it is made; the peer's
+  uid, from the kernel (``peer_uid``), is known from then on (``HttpRequest.peer_uid``);
 - malformed requests are answered 400 and the connection closed; an unexpected error in the handler is
   a 500 answer, never a dead connection or a crashed process.
 
@@ -31,9 +36,12 @@ from typing import Any
 
 import httptools
 
+from .door import HEADER_TIMEOUT_S
 from .http_views import error_body
+from .peer_uid import socket_peer_uid
 
 __all__ = [
+    "HEADER_TIMEOUT_S",
     "KEEPALIVE_S",
     "MAX_HEAD_BYTES",
     "REQUEST_TIMEOUT_S",
@@ -57,6 +65,7 @@ class HttpRequest:
     headers: Mapping[str, str]  # names lower-cased; a repeated header keeps its last value
     body: bytes
     peer: Any  # the transport's peername: (host, port, ...) or a Unix socket path
+    peer_uid: int | None = None  # the peer's uid when the kernel says it (this host), else None
 
     @property
     def path(self) -> str:
@@ -86,6 +95,7 @@ class HttpResponse:
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 BodyLimit = Callable[[str, str], int]  # (method, target) -> the most body bytes accepted
+Admit = Callable[["HttpWire"], bool]  # whether a connection just made may stay (its peer is known)
 
 
 def _reason(status: int) -> str:
@@ -109,13 +119,26 @@ class _Refused(Exception):
 class HttpWire(asyncio.Protocol):
     """One HTTP/1.1 connection (see the module's docstring)."""
 
-    def __init__(self, handler: Handler, body_limit: BodyLimit, on_close: Callable[[HttpWire], None]) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        body_limit: BodyLimit,
+        on_close: Callable[[HttpWire], None],
+        *,
+        header_timeout: float = HEADER_TIMEOUT_S,
+        admit: Admit | None = None,
+    ) -> None:
         self._handler = handler
         self._body_limit = body_limit
         self._on_close = on_close
+        self._header_timeout = header_timeout
+        self._admit = admit
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._peer: Any = None
+        self.peer: Any = None  # the transport's peername
+        self.peer_uid: int | None = None
+        self.admitted = False  # counted by ``admit``: the server uncounts it when it closes
         self._loop = asyncio.get_running_loop()
         # the request being parsed
         self._target: list[bytes] = []
@@ -126,6 +149,7 @@ class HttpWire(asyncio.Protocol):
         self._body_bytes = 0
         self._limit = 0
         self._partial = False  # between a request's first byte and its end
+        self._in_head = False  # between a request's first byte and the end of its headers
         # requests parsed in full, waiting to be answered in order
         self._ready: collections.deque[tuple[HttpRequest, bool]] = collections.deque()
         self._task: asyncio.Task[None] | None = None
@@ -139,8 +163,14 @@ class HttpWire(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
-        self._peer = transport.get_extra_info("peername")
-        self._arm(KEEPALIVE_S)
+        self._peer = self.peer = transport.get_extra_info("peername")
+        sock = transport.get_extra_info("socket")
+        self.peer_uid = socket_peer_uid(sock) if sock is not None else None
+        if self._admit is not None and not self._admit(self):
+            self._closing = True
+            transport.abort()  # over the peer's share: refused at once, nothing read
+            return
+        self._arm(self._header_timeout)  # the first request's head is due as soon as a client connects
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
@@ -184,8 +214,8 @@ class HttpWire(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._target, self._headers, self._chunks = [], {}, []
         self._head_bytes = self._body_bytes = 0
-        self._partial = True
-        self._arm(REQUEST_TIMEOUT_S)
+        self._partial = self._in_head = True
+        self._arm(self._header_timeout)
 
     def on_url(self, url: bytes) -> None:
         self._grow_head(len(url))
@@ -196,6 +226,8 @@ class HttpWire(asyncio.Protocol):
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._arm(REQUEST_TIMEOUT_S)
         self._method = self._parser.get_method().decode("ascii", "replace")
         self._url = b"".join(self._target).decode("latin-1")
         self._limit = self._body_limit(self._method, self._url)
@@ -220,6 +252,7 @@ class HttpWire(asyncio.Protocol):
             headers=self._headers,
             body=b"".join(self._chunks),
             peer=self._peer,
+            peer_uid=self.peer_uid,
         )
         self._chunks, self._partial = [], False
         self._ready.append((request, bool(self._parser.should_keep_alive())))
@@ -300,10 +333,14 @@ class HttpWire(asyncio.Protocol):
         if self._task is not None:  # answering: the handler bounds its own time; look again later
             self._arm(REQUEST_TIMEOUT_S)
             return
-        if self._partial:
+        if self._in_head:
+            self._refuse(
+                plain(408, f"the request line and headers did not arrive within {self._header_timeout:g} s")
+            )
+        elif self._partial:
             self._refuse(plain(408, f"the request did not arrive within {REQUEST_TIMEOUT_S:g} s"))
         else:
-            self._close()  # idle keep-alive
+            self._close()  # idle keep-alive, or a connection that never sent a request
 
     def _grow_head(self, n: int) -> None:
         self._head_bytes += n

@@ -24,7 +24,7 @@ from zinfer.client.gc_tuning import tune_for_serving
 
 from .bridge import Bridge
 from .classification import LabelFiles
-from .door import FrontDoor, FrontDoorOptions
+from .door import HEADER_TIMEOUT_S, PEER_CONNECTIONS, FrontDoor, FrontDoorOptions
 from .sysshm import SystemShm
 
 log = logging.getLogger("zinfer.frontdoor")
@@ -46,6 +46,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[FrontDoorOptions, int
     p.add_argument("--status-file", type=Path)
     p.add_argument("--index", type=int, default=0)
     p.add_argument("--model-repository", type=Path)
+    p.add_argument("--allow-unknown-shm-callers", action="store_true")
+    p.add_argument("--http-header-timeout", type=float, default=HEADER_TIMEOUT_S)
+    p.add_argument("--http-peer-connections", type=int, default=PEER_CONNECTIONS)
     p.add_argument("--parent", type=int)
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
@@ -62,6 +65,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[FrontDoorOptions, int
         status_file=a.status_file,
         index=a.index,
         model_repository=a.model_repository,
+        allow_unknown_shm_callers=a.allow_unknown_shm_callers,
+        http_header_timeout_s=a.http_header_timeout,
+        http_peer_connections=a.http_peer_connections,
     )
     return options, a.parent, a.log_level
 
@@ -75,7 +81,7 @@ async def serve(options: FrontDoorOptions, parent: int | None = None) -> None:
     door = FrontDoor(
         options,
         Bridge(options.broker_url),
-        SystemShm(options.shm_folder),
+        SystemShm(options.shm_folder, allow_unknown=options.allow_unknown_shm_callers),
         labels=LabelFiles(options.model_repository),
     )
     servers: list[Any] = []

@@ -2,12 +2,16 @@
 
 A registered key is hostile until checked, every time:
 
-- only callers on this host may register (the gRPC/HTTP layer passes ``local``): a remote caller cannot
-  have created a segment here, and must not be able to name one of ours;
+- the caller's uid is established by the kernel, never taken from the caller (``peer_uid``: SO_PEERCRED
+  for a Unix socket, the peer socket's uid for loopback TCP); a caller whose uid cannot be established (a
+  peer on another host, a gRPC Unix socket) may register only when the operator allowed it
+  (``--allow-unknown-shm-callers``), and then only segments the front door's own user owns;
 - the key is a plain ``/dev/shm`` name (``/name``, no other ``/``, no ``..``) and never one of zinfer's own
   (the reserved ``zinfer`` prefix: arenas, ensemble intermediates);
-- it is opened with ``O_NOFOLLOW`` and must be a regular file owned by the front door's own uid, so a
-  caller cannot reach another user's memory through the front door;
+- it is opened with ``O_NOFOLLOW`` and must be a regular file owned by the caller (any owner for a root
+  caller), so nobody reaches another user's memory through the front door;
+- a region belongs to the uid that registered it: other callers can neither read nor write it in an
+  inference, nor see it in a status, nor unregister it (root callers can); to them it does not exist;
 - ``offset + byte_size`` must lie within the file at registration, and the file's identity (device, inode)
   and size are checked again at every use: tensors are read with ``pread`` and written with ``pwrite`` on
   the descriptor, never through a mapping, so a segment shrunk behind our back is an error, not a SIGBUS.
@@ -28,6 +32,7 @@ import os
 import re
 import stat
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +46,7 @@ from .errors import FrontDoorError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_REGIONS", "RegionStatus", "SystemShm"]
+__all__ = ["MAX_REGIONS", "CallerShm", "RegionStatus", "SystemShm"]
 
 MAX_REGIONS = 1024
 _KEY = re.compile(r"^/?[A-Za-z0-9_.\-]{1,200}$")
@@ -49,6 +54,7 @@ _RESERVED_PREFIX = "zinfer"
 _SHM_DIR = Path("/dev/shm")
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
 _MAX_CACHED_FDS = 256
+_UNKNOWN_UID = -1  # the owner recorded for a region a caller of unknown uid registered
 
 
 @dataclass(frozen=True)
@@ -67,30 +73,51 @@ class _Record:
     byte_size: int
     dev: int
     ino: int
+    uid: int = _UNKNOWN_UID  # the caller that registered it
 
 
 def _not_found(name: str) -> NotFound:
     return NotFound(f"Unable to find system shared memory region: '{name}'")
 
 
-class SystemShm:
-    """The registry, shared by the front-door processes through ``folder`` (created 0700 if missing)."""
+def _owner(uid: int | None) -> int:
+    return _UNKNOWN_UID if uid is None else uid
 
-    def __init__(self, folder: Path, shm_dir: Path = _SHM_DIR) -> None:
+
+def _visible(record: _Record, uid: int | None) -> bool:
+    """Whether the caller ``uid`` may use, see or unregister ``record``: its registrant, or root."""
+    return uid == 0 or record.uid == _owner(uid)
+
+
+class SystemShm:
+    """The registry, shared by the front-door processes through ``folder`` (created 0700 if missing).
+
+    Every operation names its caller's uid (None: unknown); ``allow_unknown`` lets callers of unknown uid
+    register segments of the front door's own user (``--allow-unknown-shm-callers``)."""
+
+    def __init__(self, folder: Path, shm_dir: Path = _SHM_DIR, *, allow_unknown: bool = False) -> None:
         self.folder = folder
         self.shm_dir = shm_dir
+        self.allow_unknown = allow_unknown
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._fds: dict[tuple[int, int], int] = {}  # (dev, ino) -> an open descriptor of that segment
         self._lock = threading.Lock()
 
+    def caller(self, uid: int | None = None, uid_of: Callable[[], int | None] | None = None) -> CallerShm:
+        """The registry as one caller sees it (what the protocol layers pass around): its uid, or
+        ``uid_of`` to ask for it when first needed."""
+        return CallerShm(self, uid, uid_of)
+
     # ------------------------------------------------------------------------------------ registry
 
-    def register(self, name: str, key: str, offset: int, byte_size: int, *, local: bool) -> None:
-        if not local:
+    def register(self, name: str, key: str, offset: int, byte_size: int, *, uid: int | None) -> None:
+        if uid is None and not self.allow_unknown:
             raise FrontDoorError(
                 "PERMISSION_DENIED",
                 403,
-                "system shared memory can be registered only by clients on this host",
+                "system shared memory can be registered only by clients on this host whose user the server "
+                "can establish (loopback TCP or a Unix socket); the server's --allow-unknown-shm-callers "
+                "lets other clients register segments of the server's own user",
             )
         if not name or len(name) > 256:
             raise InvalidArgument("a shared memory region needs a name of 1 to 256 characters")
@@ -102,10 +129,22 @@ class SystemShm:
             raise FrontDoorError("RESOURCE_EXHAUSTED", 429, f"at most {MAX_REGIONS} shared memory regions")
         fd = self._open(name, key)
         st = os.fstat(fd)
+        allowed = os.getuid() if uid is None else uid
+        if uid != 0 and st.st_uid != allowed:
+            os.close(fd)
+            log.warning(
+                "event=system_shm_refused name=%r caller_uid=%s owner_uid=%d", name, uid, st.st_uid
+            )
+            raise FrontDoorError(
+                "PERMISSION_DENIED",
+                403,
+                f"Unable to open shared memory region: '{key}': it belongs to another user (a client may "
+                "register only segments its own user owns)",
+            )
         if offset + byte_size > st.st_size:
             os.close(fd)
             raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
-        record = _Record(name, key, offset, byte_size, st.st_dev, st.st_ino)
+        record = _Record(name, key, offset, byte_size, st.st_dev, st.st_ino, _owner(uid))
         self._keep(record, fd)  # held open while registered: the inode cannot be freed and reused
         if any(r.key == key for r in self._records()):
             self._close_unused()
@@ -122,34 +161,46 @@ class SystemShm:
             raise AlreadyExists(f"shared memory region '{name}' already in manager") from None
         finally:
             tmp.unlink(missing_ok=True)
-        log.info("event=system_shm_registered name=%r byte_size=%d", name, byte_size)
+        log.info("event=system_shm_registered name=%r byte_size=%d uid=%s", name, byte_size, uid)
 
-    def unregister(self, name: str = "") -> None:
-        """Forget ``name`` (every region when empty); unknown names are not an error (as in Triton)."""
-        paths = (
-            [self._path(name)] if name else [p for p in self.folder.iterdir() if not p.name.startswith(".")]
-        )
-        for path in paths:
-            path.unlink(missing_ok=True)
+    def unregister(self, name: str = "", *, uid: int | None) -> None:
+        """Forget ``name`` (every region of the caller's when empty); unknown names, and other users'
+        regions, are not an error (as in Triton)."""
+        if name:
+            try:
+                records = [self._record(name, uid)]
+            except NotFound:
+                records = []
+        else:
+            records = [r for r in self._records() if _visible(r, uid)]
+        for record in records:
+            self._path(record.name).unlink(missing_ok=True)
         self._close_unused()
 
-    def status(self, name: str = "") -> tuple[RegionStatus, ...]:
+    def status(self, name: str = "", *, uid: int | None) -> tuple[RegionStatus, ...]:
         if name:
-            r = self._record(name)
+            r = self._record(name, uid)
             return (RegionStatus(r.name, r.key, r.offset, r.byte_size),)
         return tuple(
             RegionStatus(r.name, r.key, r.offset, r.byte_size)
             for r in sorted(self._records(), key=lambda r: r.name)
+            if _visible(r, uid)
         )
 
     # ------------------------------------------------------------------------------------ tensors
 
     def read(
-        self, name: str, offset: int, byte_size: int, out: npt.NDArray[Any] | None = None
+        self,
+        name: str,
+        offset: int,
+        byte_size: int,
+        out: npt.NDArray[Any] | None = None,
+        *,
+        uid: int | None,
     ) -> npt.NDArray[Any]:
         """``byte_size`` bytes at ``offset`` within the region, as uint8 (into ``out`` when given: a uint8
         array of that size, e.g. an arena slot)."""
-        record = self._record(name)
+        record = self._record(name, uid)
         fd, start = self._checked(record, offset, byte_size)
         buf = np.empty(byte_size, np.uint8) if out is None else out
         done = os.preadv(fd, [memoryview(buf)], start) if byte_size else 0  # type: ignore[arg-type]
@@ -157,9 +208,11 @@ class SystemShm:
             raise InvalidArgument(f"shared memory region '{name}' is smaller than registered")
         return buf
 
-    def write(self, name: str, offset: int, byte_size: int, data: bytes | memoryview) -> None:
+    def write(
+        self, name: str, offset: int, byte_size: int, data: bytes | memoryview, *, uid: int | None
+    ) -> None:
         """Write ``data`` at ``offset`` within the region; it must fit in ``byte_size``."""
-        record = self._record(name)
+        record = self._record(name, uid)
         if len(data) > byte_size:
             raise InvalidArgument(
                 f"shared memory size specified with the request for output is {byte_size} bytes, "
@@ -185,16 +238,18 @@ class SystemShm:
                 continue  # unregistered meanwhile
         return found
 
-    def _record(self, name: str) -> _Record:
+    def _record(self, name: str, uid: int | None) -> _Record:
+        """The region ``name`` as the caller ``uid`` sees it: another user's region is not found."""
         if not name or len(name) > 256:
             raise _not_found(name[:256])
         try:
             data: dict[str, Any] = json.loads(self._path(name).read_text(encoding="utf-8"))
-            return _Record(**data)
-        except FileNotFoundError:
-            raise _not_found(name) from None
+            record = _Record(**data)
         except (OSError, ValueError, TypeError):
             raise _not_found(name) from None
+        if not _visible(record, uid):
+            raise _not_found(name)
+        return record
 
     def _open(self, name: str, key: str) -> int:
         bare = key[1:] if key.startswith("/") else key
@@ -205,7 +260,7 @@ class SystemShm:
         except OSError:
             raise InvalidArgument(f"Unable to open shared memory region: '{key}'") from None
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             raise InvalidArgument(f"Unable to open shared memory region: '{key}'")
         return fd
@@ -255,3 +310,41 @@ class SystemShm:
     def close(self) -> None:
         with self._lock:
             self._close_unused_locked(set())
+
+
+class CallerShm:
+    """``SystemShm`` as one caller sees it: the same operations with the caller's uid filled in. The uid
+    is asked of ``uid_of`` once, when an operation first needs it (a gRPC call that names no region never
+    looks its peer up)."""
+
+    __slots__ = ("_shm", "_uid", "_uid_of")
+
+    def __init__(
+        self, shm: SystemShm, uid: int | None = None, uid_of: Callable[[], int | None] | None = None
+    ) -> None:
+        self._shm = shm
+        self._uid = uid
+        self._uid_of = uid_of
+
+    @property
+    def uid(self) -> int | None:
+        if self._uid_of is not None:
+            self._uid, self._uid_of = self._uid_of(), None
+        return self._uid
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._shm.register(name, key, offset, byte_size, uid=self.uid)
+
+    def unregister(self, name: str = "") -> None:
+        self._shm.unregister(name, uid=self.uid)
+
+    def status(self, name: str = "") -> tuple[RegionStatus, ...]:
+        return self._shm.status(name, uid=self.uid)
+
+    def read(
+        self, name: str, offset: int, byte_size: int, out: npt.NDArray[Any] | None = None
+    ) -> npt.NDArray[Any]:
+        return self._shm.read(name, offset, byte_size, out, uid=self.uid)
+
+    def write(self, name: str, offset: int, byte_size: int, data: bytes | memoryview) -> None:
+        self._shm.write(name, offset, byte_size, data, uid=self.uid)

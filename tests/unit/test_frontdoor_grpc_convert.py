@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import ml_dtypes
@@ -139,7 +140,7 @@ def test_shared_memory_inputs_and_outputs(tmp_path: Path) -> None:
     seg.write_bytes(a.tobytes() + bytes(16))
     registry = SystemShm(tmp_path / "reg", seg.parent)
     try:
-        registry.register("R", "/seg", 0, 32, local=True)
+        registry.register("R", "/seg", 0, 32, uid=os.getuid())
         r = _request()
         t = r.inputs.add(name="X", datatype="FP32", shape=[4])
         t.parameters["shared_memory_region"].string_param = "R"
@@ -154,23 +155,23 @@ def test_shared_memory_inputs_and_outputs(tmp_path: Path) -> None:
             arena.append(np.zeros(shape, dtype))
             return arena[-1]
 
-        call = convert.infer_call(r, registry, alloc)
+        call = convert.infer_call(r, registry.caller(os.getuid()), alloc)
         assert call.inputs[0].data is arena[0]  # read straight into the bridge's array
         np.testing.assert_array_equal(call.inputs[0].data, a)
         regions = convert.output_regions(r)
         assert regions == {"Y": ("R", 16, 16)}
         reply = InferReply("m", "1", "rid", (Tensor("Y", "FP32", (4,), a * 2),))
-        response = convert.infer_response(reply, regions, registry)
+        response = convert.infer_response(reply, regions, registry.caller(os.getuid()))
         assert list(response.raw_output_contents) == [b""]  # one entry per output, as Triton's
         assert response.outputs[0].parameters["shared_memory_byte_size"].int64_param == 16
         assert np.frombuffer(seg.read_bytes()[16:], np.float32).tolist() == [0.0, 2.0, 4.0, 6.0]
         t.parameters["shared_memory_region"].string_param = "missing"
         with pytest.raises(NotFound, match="Unable to find system shared memory region: 'missing'"):
-            convert.infer_call(r, registry, alloc)
+            convert.infer_call(r, registry.caller(os.getuid()), alloc)
         t.parameters["shared_memory_region"].string_param = "R"
         t.parameters["shared_memory_byte_size"].int64_param = 12
         with pytest.raises(InvalidArgument, match="Expected 16, got 12"):
-            convert.infer_call(r, registry, alloc)
+            convert.infer_call(r, registry.caller(os.getuid()), alloc)
     finally:
         registry.close()
 
@@ -186,12 +187,12 @@ def test_a_shared_memory_output_keeps_the_raw_contents_aligned_with_the_outputs(
     seg.write_bytes(bytes(32))
     registry = SystemShm(tmp_path / "reg", seg.parent)
     try:
-        registry.register("R", "/seg", 0, 32, local=True)
+        registry.register("R", "/seg", 0, 32, uid=os.getuid())
         first, second = np.arange(4, dtype=np.float32), np.array([7, 8, 9], np.int32)
         reply = InferReply(
             "m", "1", "rid", (Tensor("A", "FP32", (4,), first), Tensor("B", "INT32", (3,), second))
         )
-        response = convert.infer_response(reply, {"A": ("R", 0, 16)}, registry)
+        response = convert.infer_response(reply, {"A": ("R", 0, 16)}, registry.caller(os.getuid()))
         assert list(response.raw_output_contents) == [b"", second.tobytes()]
         result = grpcclient.InferResult(response)
         np.testing.assert_array_equal(result.as_numpy("B"), second)

@@ -30,11 +30,18 @@ async def _echo(request: HttpRequest) -> HttpResponse:
 
 
 @asynccontextmanager
-async def _server(handler: Callable[[HttpRequest], Awaitable[HttpResponse]] = _echo) -> AsyncIterator[int]:
+async def _server(
+    handler: Callable[[HttpRequest], Awaitable[HttpResponse]] = _echo,
+    header_timeout: float = 10.0,
+    admit: Callable[[HttpWire], bool] | None = None,
+) -> AsyncIterator[int]:
     open_wires: set[HttpWire] = set()
 
     def connect() -> HttpWire:
-        wire = HttpWire(handler, lambda method, target: LIMIT, open_wires.discard)
+        wire = HttpWire(
+            handler, lambda method, target: LIMIT, open_wires.discard,
+            header_timeout=header_timeout, admit=admit,
+        )  # fmt: skip
         open_wires.add(wire)
         return wire
 
@@ -201,13 +208,13 @@ def test_a_stalled_request_is_answered_408_and_an_idle_connection_closed(
     monkeypatch.setattr(http_wire, "KEEPALIVE_S", 0.3)
 
     async def go() -> None:
-        async with _server() as port:
+        async with _server(header_timeout=0.25) as port:
             loop = asyncio.get_running_loop()
             start = loop.time()
             out = await _talk(port, b"POST /s HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhalf")
-            assert out.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.2 s" in out
+            assert out.startswith(b"HTTP/1.1 408") and b"request did not arrive within 0.2 s" in out
             out = await _talk(port, b"GET /trickle HTTP/1.1\r\nHo")  # the head never ends
-            assert out.startswith(b"HTTP/1.1 408")
+            assert out.startswith(b"HTTP/1.1 408") and b"headers did not arrive within 0.25 s" in out
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             try:  # says nothing at all: closed once idle, with no answer
                 assert await asyncio.wait_for(reader.read(-1), DEADLINE_S) == b""
@@ -221,6 +228,49 @@ def test_a_stalled_request_is_answered_408_and_an_idle_connection_closed(
             finally:
                 writer.close()
             assert loop.time() - start < 5.0
+
+    _run(go())
+
+
+def test_a_trickled_head_is_cut_at_the_header_deadline_however_steady_the_trickle() -> None:
+    """Slowloris: a byte every 50 ms keeps no connection alive past the head deadline (0.3 s here)."""
+
+    async def go() -> None:
+        async with _server(header_timeout=0.3) as port:
+            loop = asyncio.get_running_loop()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            start = loop.time()
+            try:
+                writer.write(b"GET / HTTP/1.1\r\n")
+                while not reader.at_eof() and loop.time() - start < DEADLINE_S:
+                    writer.write(b"X")
+                    await asyncio.sleep(0.05)
+                    if reader._buffer:  # type: ignore[attr-defined]  # the answer came
+                        break
+                out = await asyncio.wait_for(reader.read(-1), DEADLINE_S)
+            finally:
+                writer.close()
+            assert out.startswith(b"HTTP/1.1 408") and b"headers did not arrive within 0.3 s" in out
+            assert loop.time() - start < 3.0
+
+    _run(go())
+
+
+def test_admit_may_refuse_a_connection_and_requests_carry_the_peers_uid() -> None:
+    import os
+
+    seen: list[HttpWire] = []
+
+    def admit(wire: HttpWire) -> bool:
+        seen.append(wire)
+        return len(seen) == 1
+
+    async def go() -> None:
+        async with _server(admit=admit) as port:
+            out = await _talk(port, _get("/who", "Connection: close\r\n"))
+            assert out.startswith(b"HTTP/1.1 200")
+            assert seen[0].peer_uid == os.getuid()  # loopback: the kernel names the peer's user
+            assert await _talk(port, _get("/refused")) == b""  # refused: closed, nothing read or said
 
     _run(go())
 

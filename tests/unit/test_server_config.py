@@ -49,6 +49,9 @@ tls_cert = "tls/server.crt"
 tls_key = "/etc/zinfer/tls/server.key"
 tls_client_ca = "/etc/zinfer/tls/ca.crt"
 insecure_remote = true
+allow_unknown_shm_callers = true
+http_header_timeout_s = 2.5
+http_peer_connections = 32
 
 [rate_limit_resources]
 R1 = 4
@@ -88,6 +91,9 @@ EXPECTED: dict[str, Any] = {
     "tls_key": Path("/etc/zinfer/tls/server.key"),
     "tls_client_ca": Path("/etc/zinfer/tls/ca.crt"),
     "insecure_remote": True,
+    "allow_unknown_shm_callers": True,
+    "http_header_timeout_s": 2.5,
+    "http_peer_connections": 32,
 }
 
 
@@ -172,8 +178,13 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         "--tls-key", "/t/c.key",
         "--tls-client-ca", "/t/ca.crt",
         "--insecure-remote",
+        "--allow-unknown-shm-callers",
+        "--http-header-timeout", "4",
+        "--http-peer-connections", "7",
     )  # fmt: skip
     assert (args.grpc, args.http, args.frontdoor_workers) == ("127.0.0.1:7003", "127.0.0.1:7004", 2)
+    assert args.allow_unknown_shm_callers is True
+    assert (args.http_header_timeout, args.http_peer_connections) == (4.0, 7)
     assert (args.tls_cert, args.tls_key, args.tls_client_ca) == (Path("/t/c.crt"), Path("/t/c.key"),
                                                                  Path("/t/ca.crt"))  # fmt: skip
     assert args.insecure_remote is True
@@ -197,6 +208,7 @@ def test_every_flag_key_is_overridden_by_its_flag(capsys: pytest.CaptureFixture[
         "log_level",
         "model_control_mode", "load_models",
         "grpc", "http", "frontdoor_workers", "tls_cert", "tls_key", "tls_client_ca", "insecure_remote",
+        "allow_unknown_shm_callers", "http_header_timeout_s", "http_peer_connections",
     }  # fmt: skip
     with pytest.raises(SystemExit):
         cli.parse_args(["serve", "--help"])
