@@ -53,6 +53,8 @@ _U64 = (1 << 64) - 1
 _I64 = (1 << 63) - 1
 NO_JSON = frozenset({"FP16", "BF16"})  # Triton takes and gives these only as binary data
 _RESERVED_PREFIX = "triton_"
+_SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
+_TOO_BIG = "failed to parse the request JSON buffer: Number too big to be stored in double."
 _KNOWN_PARAMETERS = frozenset(
     {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
 )
@@ -207,18 +209,25 @@ def _sized(name: str, datatype: str, shape: tuple[int, ...], nbytes: int) -> np.
 
 
 def _flatten(data: list[Any], name: str) -> list[Any]:
-    """The leaves of nested JSON arrays, row-major, without recursion."""
-    out: list[Any] = []
-    stack: list[Any] = [iter(data)]
-    while stack:
-        for item in stack[-1]:
-            if type(item) is list:
-                stack.append(iter(item))
-                break
-            out.append(item)
-        else:
-            stack.pop()
-    return out
+    """The leaves of nested JSON arrays, row-major, without recursion; the nesting must be rectangular
+    (every array at one depth of one length, every leaf at the same depth): ragged data is refused, as a
+    shape it cannot have (Triton flattens it whatever it is, so ``[[1],[[2]]]`` passed for ``[2, 1]``)."""
+    level: list[Any] = data
+    while level and type(level[0]) is list:
+        width = len(level[0])
+        if any(type(item) is not list or len(item) != width for item in level):
+            raise _bad(_SHAPE_MISMATCH)
+        level = [leaf for item in level for leaf in item]
+    if any(type(item) is list for item in level):
+        raise _bad(_SHAPE_MISMATCH)
+    return level
+
+
+def _refuse_non_finite(name: str) -> None:
+    """``parse_constant`` of the request's JSON: ``NaN``, ``Infinity`` and ``-Infinity`` are not JSON
+    (RFC 8259); rapidjson's text for them in a strict parse. (Triton parses with kParseNanAndInfFlag and
+    takes them; zinfer does not, so no tensor or parameter can hold what a JSON reply cannot say.)"""
+    raise ValueError("Invalid value.")
 
 
 def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> npt.NDArray[Any]:
@@ -229,7 +238,7 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
         )
     items = _flatten(_array(data, "data"), name)
     if len(items) != math.prod(shape):
-        raise _bad("Unable to parse 'data': Shape does not match true shape of 'data' field")
+        raise _bad(_SHAPE_MISMATCH)
     if datatype == BYTES:
         if any(type(v) is not str for v in items):
             raise _bad("Unable to parse 'data'")
@@ -246,7 +255,16 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
     if not ok:
         raise _bad("Unable to parse 'data'")
     try:
-        return np.array(items, dtype=dtype).reshape(shape)
+        if dtype.kind != "f":
+            return np.array(items, dtype=dtype).reshape(shape)
+        wide = np.array(items, dtype=np.float64)  # what the JSON said (1e999 parses as an infinity)
+        if not np.isfinite(wide).all():
+            raise _bad(_TOO_BIG)
+        with np.errstate(over="ignore"):
+            narrow = wide.astype(dtype)
+        if not np.isfinite(narrow).all():
+            raise ValueError(datatype)
+        return narrow.reshape(shape)
     except (OverflowError, ValueError):
         raise _bad(f"Unable to parse 'data': a value does not fit {datatype} for input '{name}'") from None
 
@@ -337,6 +355,8 @@ def _request_parameters(params: Mapping[str, Any]) -> dict[str, Any]:
             )
         elif type(value) not in (str, int, bool, float):
             raise _bad(f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
+        elif type(value) is float and not math.isfinite(value):
+            raise _bad(_TOO_BIG)
         else:
             out[key] = value
     return out
@@ -356,7 +376,7 @@ def decode_infer_request(
     if end > limits.max_json_bytes:
         raise _bad(f"the request's JSON is {end} bytes, more than the limit of {limits.max_json_bytes}")
     try:
-        doc = json.loads(bytes(view[:end]))
+        doc = json.loads(bytes(view[:end]), parse_constant=_refuse_non_finite)
     except (ValueError, RecursionError) as exc:
         raise _bad(f"failed to parse the request JSON buffer: {str(exc)[:200]}") from None
     request = _object(doc, "request")

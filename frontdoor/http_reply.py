@@ -1,6 +1,11 @@
 """The body of a KServe v2 HTTP inference response, as a pure function of the reply and the request: the
 JSON header, then (Triton's binary-data extension) each binary output's raw bytes in output order, with
-``Inference-Header-Content-Length`` naming the JSON's size."""
+``Inference-Header-Content-Length`` naming the JSON's size.
+
+The reply is always JSON (RFC 8259): a floating-point output's NaN or infinity is ``null`` in JSON data
+(as JavaScript's JSON.stringify writes it; tritonclient reads it back as NaN). Triton writes a bare
+``NaN``/``Infinity`` there (rapidjson's kWriteNanAndInfFlag), which strict parsers reject with the whole
+reply. A client that needs the exact value asks for the output as binary data."""
 
 from __future__ import annotations
 
@@ -55,6 +60,13 @@ def _json_data(tensor: Tensor) -> list[Any]:
         return [
             (v if isinstance(v, bytes) else str(v).encode()).decode("utf-8", "replace") for v in flat.tolist()
         ]
+    if flat.dtype.kind == "f":
+        finite = np.isfinite(flat)
+        if not finite.all():  # JSON has no NaN or Infinity: null, as JSON.stringify writes them
+            boxed = flat.astype(object)
+            boxed[~finite] = None
+            nulls: list[Any] = boxed.tolist()
+            return nulls
     values: list[Any] = flat.tolist()
     return values
 
@@ -89,4 +101,4 @@ def encode_infer_reply(
     head["model_name"] = reply.model
     head["model_version"] = reply.version
     head["outputs"] = outputs
-    return EncodedReply(json.dumps(head, separators=(",", ":")).encode(), tuple(parts))
+    return EncodedReply(json.dumps(head, separators=(",", ":"), allow_nan=False).encode(), tuple(parts))

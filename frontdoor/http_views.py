@@ -29,7 +29,7 @@ _U64 = (1 << 64) - 1
 
 
 def dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
 
 
 def error_body(message: str) -> bytes:

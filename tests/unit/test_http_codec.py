@@ -221,6 +221,48 @@ def test_reply_json_binary_and_shared_memory_outputs() -> None:
         encode_infer_reply(reply, _decode({"inputs": []}))
 
 
+def test_non_finite_outputs_are_null_in_json_data_and_exact_in_binary() -> None:
+    """A JSON reply never holds a bare NaN or Infinity (not JSON); binary data keeps the exact values."""
+    values = np.array([np.nan, np.inf, -np.inf, 1.5], np.float32)
+    for datatype, data in (("FP32", values), ("FP64", values.astype(np.float64))):
+        reply = InferReply("m", "1", "", (Tensor("F", datatype, (4,), data),))
+
+        def refuse(name: str) -> None:
+            raise AssertionError(f"not JSON: {name}")
+
+        as_json = json.loads(encode_infer_reply(reply, _decode({"inputs": []})).json, parse_constant=refuse)
+        assert as_json["outputs"][0]["data"] == [None, None, None, 1.5]
+        as_binary = _decode({"inputs": [], "parameters": {"binary_data_output": True}})
+        binary = encode_infer_reply(reply, as_binary)
+        assert b"".join(binary.binary) == data.tobytes()
+
+
+@pytest.mark.parametrize(
+    "data", [[[1.0], [[2.0]]], [[[1.0]], [2.0]], [[1.0, 2.0], []], [1.0, [2.0]], [[1.0], 2.0]]
+)
+def test_ragged_json_data_is_refused(data: list[Any]) -> None:
+    with pytest.raises(InvalidArgument, match="Shape does not match true shape of 'data' field"):
+        _decode(_one("FP32", [2, 1], data=data))
+
+
+def test_rectangular_json_data_nested_or_flat_is_taken() -> None:
+    for data in ([[1.0], [2.0]], [1.0, 2.0]):
+        (spec,) = _decode(_one("FP32", [2, 1], data=data)).inputs
+        assert spec.data is not None and spec.data.tolist() == [[1.0], [2.0]]
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [("1e999", "Number too big to be stored in double."), ("NaN", "Invalid value."),
+     ("-Infinity", "Invalid value."), ("1e39", "does not fit FP32")],
+)  # fmt: skip
+def test_non_finite_json_input_is_refused(text: str, error: str) -> None:
+    head = '{"inputs": [{"name": "A", "datatype": "FP32", "shape": [1], "data": [TEXT]}]}'
+    body = head.replace("TEXT", text).encode()
+    with pytest.raises(InvalidArgument, match=error.replace(".", r"\.")):
+        decode_infer_request(body, None, "m", LIMITS)
+
+
 # ------------------------------------------------------------------------------------------ fuzz
 
 _JSON = st.recursive(
