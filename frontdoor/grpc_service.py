@@ -1,8 +1,8 @@
 """``inference.GRPCInferenceService`` on grpc.aio: Triton's gRPC API answered through the bridge.
 
 Every method answers any failure with Triton's status code and text (``errors.triton_error``) and never
-lets an exception leave the process's loop. CUDA shared memory, trace and log settings answer
-UNIMPLEMENTED with what zinfer offers instead.
+lets an exception leave the process's loop. CUDA shared memory answers as a Triton built without GPUs
+(``cudashm``); trace and log settings answer UNIMPLEMENTED with what zinfer offers instead.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from zinfer.client.errors import InvalidArgument
 
+from . import cudashm
 from . import grpc_convert as convert
 from .bridge_records import InferCall
 from .classification import classify_reply
@@ -29,7 +30,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _STREAM_QUEUE = 64  # responses waiting for a slow stream reader before its requests wait too
-_UNIMPLEMENTED_SHM = "CUDA shared memory is not supported by zinfer: use system shared memory"
 
 
 def _forget(last: dict[int | str, asyncio.Task[None]], sequence: int | str, task: asyncio.Task[None]) -> None:
@@ -264,14 +264,32 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
         return await self._answer(context, run)
 
-    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, _UNIMPLEMENTED_SHM)
+    async def CudaSharedMemoryStatus(
+        self, request: Any, context: Any
+    ) -> service_pb2.CudaSharedMemoryStatusResponse:
+        async def run() -> service_pb2.CudaSharedMemoryStatusResponse:
+            cudashm.status(request.name)  # no region: a named one is not found
+            return service_pb2.CudaSharedMemoryStatusResponse()
 
-    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, _UNIMPLEMENTED_SHM)
+        return await self._answer(context, run)
 
-    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, _UNIMPLEMENTED_SHM)
+    async def CudaSharedMemoryRegister(
+        self, request: Any, context: Any
+    ) -> service_pb2.CudaSharedMemoryRegisterResponse:
+        async def run() -> service_pb2.CudaSharedMemoryRegisterResponse:
+            cudashm.register(request.name)
+            return service_pb2.CudaSharedMemoryRegisterResponse()
+
+        return await self._answer(context, run)
+
+    async def CudaSharedMemoryUnregister(
+        self, request: Any, context: Any
+    ) -> service_pb2.CudaSharedMemoryUnregisterResponse:
+        async def run() -> service_pb2.CudaSharedMemoryUnregisterResponse:
+            cudashm.unregister(request.name)
+            return service_pb2.CudaSharedMemoryUnregisterResponse()
+
+        return await self._answer(context, run)
 
     async def TraceSetting(self, request: Any, context: Any) -> Any:
         await context.abort(

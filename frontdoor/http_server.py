@@ -10,13 +10,13 @@ shares the port; TLS when the options carry a certificate) until ``stop`` is set
 - ``POST /v2/repository/index``, ``/v2/repository/models/{m}/load|unload``: the model repository extension
 - ``GET|POST /v2/systemsharedmemory[/region/{r}]/status|register|unregister``: system shared memory
 
-CUDA shared memory, trace and log settings answer 501 (status and unregister of CUDA regions answer as a
-server with none). Errors are ``{"error": "..."}`` with Triton's HTTP status (400, 404, 503, 501, 500) and
-text. The request body is bounded (``Limits.max_body_bytes`` for an infer, ``CONTROL_BODY_BYTES`` else)
-and must arrive within ``http_wire.REQUEST_TIMEOUT_S``, its line and headers within
-``--http-header-timeout``; open connections are bounded by ``MAX_CONNECTIONS`` in all and by
-``--http-peer-connections`` per peer (per uid for a peer on this host, which the kernel names; per address
-otherwise), so one peer trickling bytes into many connections cannot hold the door (slowloris).
+CUDA shared memory answers as a Triton built without GPUs (``cudashm``: no regions, register refused
+with the reason); trace and log settings answer 501. Errors are ``{"error": "..."}`` with Triton's HTTP
+status (400, 404, 503, 501, 500) and text. The request body is bounded (``Limits.max_body_bytes`` for an
+infer, ``CONTROL_BODY_BYTES`` else) and must arrive within ``http_wire.REQUEST_TIMEOUT_S``, its line and
+headers within ``--http-header-timeout``; open connections are bounded by ``MAX_CONNECTIONS`` in all and
+by ``--http-peer-connections`` per peer (per uid for a peer on this host, which the kernel names; per
+address otherwise), so one peer trickling bytes into many connections cannot hold the door (slowloris).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from urllib.parse import unquote
 
 from zinfer.client.errors import InvalidArgument
 
+from . import cudashm
 from .bridge_records import InferCall, Tensor
 from .classification import classify_reply
 from .door import FrontDoor
@@ -167,11 +168,15 @@ class HttpFrontDoor:
         if m := _SYSSHM.fullmatch(path):
             return await self._system_shm(request, unquote(m.group(1) or ""), m.group(2))
         if m := _CUDASHM.fullmatch(path):
-            if m.group(2) == "status" and method == "GET":
-                return _json([])  # zinfer holds no CUDA shared memory regions
-            if m.group(2) == "unregister" and method == "POST":
-                return _OK_JSON
-            raise FrontDoorError("UNIMPLEMENTED", 501, "CUDA shared memory is not supported by zinfer")
+            region, action = unquote(m.group(1) or ""), m.group(2)
+            if (action == "status") != (method == "GET") or method not in ("GET", "POST"):
+                return _not_allowed()
+            if action == "status":
+                return _json(list(cudashm.status(region)))
+            if action == "register":
+                cudashm.register(region)
+            cudashm.unregister(region)
+            return _OK_JSON
         if _UNSUPPORTED.fullmatch(path):
             raise FrontDoorError("UNIMPLEMENTED", 501, "trace and log settings are not supported by zinfer")
         return _error(400, "Not Found")

@@ -257,9 +257,9 @@ def test_errors_have_tritons_codes_and_texts(client: grpcclient.InferenceServerC
         client.infer("token_stream", [_input("TEXT", text, "BYTES")])
     assert err.value.status() == "StatusCode.UNIMPLEMENTED"
     assert err.value.message() == "ModelInfer RPC doesn't support models with decoupled transaction policy"
-    with pytest.raises(InferenceServerException) as err:
-        client.get_cuda_shared_memory_status()
-    assert err.value.status() == "StatusCode.UNIMPLEMENTED"
+    with pytest.raises(InferenceServerException) as err:  # as Triton without GPUs (test_cuda_shm_api.py)
+        client.register_cuda_shared_memory("c", b"\0" * 64, 0, 8)
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert client.is_server_live()  # none of it hurt the front door
 
 
