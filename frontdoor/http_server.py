@@ -382,7 +382,12 @@ async def serve_http(door: FrontDoor, stop: asyncio.Event) -> None:
 
     sock = listen_socket(address)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(connect, sock=sock, ssl=tls_context(door))
+    tls = tls_context(door)
+    server = await loop.create_server(
+        connect, sock=sock, ssl=tls,
+        # a TLS handshake comes before the head (and before the peer's share is counted): the same deadline
+        ssl_handshake_timeout=door.options.http_header_timeout_s if tls is not None else None,
+    )  # fmt: skip
     log.info("event=http_frontdoor_listening address=%s tls=%s", address, door.options.tls)
     try:
         await stop.wait()
