@@ -256,6 +256,6 @@ def _frontdoor_flags(s: argparse.ArgumentParser) -> None:
         type=_number(int, 1),
         default=None,
         metavar="N",
-        help="open HTTP connections per peer: per uid for clients on this host, per address otherwise; "
-        "more are closed at once (default 256; 1024 in all)",
+        help="open HTTP connections per peer and front-door process: per uid for clients on this host, per "
+        "address otherwise; more are closed at once (default 256; 1024 in all)",
     )
