@@ -170,6 +170,7 @@ def test_start_up_says_what_loads_then_one_ready_line_with_each_failure_once(tmp
         log = server.log()
         assert server.proc.poll() is None, log
         lines = log.splitlines()
+        assert "event=starting " in lines[0] and "compiled=" in lines[0], lines[0]  # deployment.md's words
         (ready,) = [line for line in lines if "event=ready " in line]
         assert "event=loading " in log and "waiting=slow" in log, log  # progress while slow loads
         assert lines.index(next(x for x in lines if "event=loading " in x)) < lines.index(ready)

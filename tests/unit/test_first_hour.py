@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,41 @@ def test_status_into_a_closed_pipe_ends_quietly() -> None:
     code = status_main(["--watch", "1"], connect=lambda url, timeout: _Source(), out=_ClosedPipe(),
                        sleep=lambda s: None)  # fmt: skip
     assert code == 0
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _first_screen() -> str:
+    return (ROOT / "README.md").read_text().split("\n## ", 1)[0]
+
+
+def test_readme_first_screen_says_which_build_runs_and_keeps_two_commands() -> None:
+    top = _first_screen()
+    assert top.count("```bash") == 2  # one installs and serves, one installs and tests (see test_docs)
+    assert "pure-Python build" in top and "editable" in top
+    assert "compiled" in top and "pip install ." in top and "build=compiled" in top
+    assert "docs/from-triton.md" in top and "[frontdoor]" in top
+
+
+def test_readme_does_not_call_working_features_unsupported() -> None:
+    from zinfer.modelconfig.features import SUPPORTED_FEATURES
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    (missing,) = re.findall(r"does not have yet \(([^)]*)\)", text)
+    assert {"model_warmup", "input.optional"} <= SUPPORTED_FEATURES
+    assert "warmup" not in missing and "optional" not in missing, missing
+
+
+def test_the_docs_point_at_what_exists() -> None:
+    """systemd/README's install pointer names a file and a section that exist; deployment.md's "first log
+    line" is the ``event=starting`` line (tests/integration/test_first_hour.py checks it is the first)."""
+    systemd = (ROOT / "systemd" / "README.md").read_text()
+    for target in re.findall(r"\]\(([^)#]+)\)", systemd):
+        assert (ROOT / "systemd" / target).resolve().is_file(), target
+    (section,) = re.findall(r'its\s+section "([^"]+)"', systemd)
+    assert f"## {section}" in (ROOT / "docs" / "deployment.md").read_text()
+    assert "README's install section" not in systemd
+    deployment = " ".join((ROOT / "docs" / "deployment.md").read_text().split())
+    assert "first log line says what runs compiled (`event=starting" in deployment
+    assert (ROOT / "docs" / "from-triton.md").is_file()
