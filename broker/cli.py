@@ -256,7 +256,7 @@ def serve(args: argparse.Namespace) -> int:
     log.info("event=starting repository=%s runtime_dir=%s compiled=%d/%d", repo, options.runtime_dir,
              len(compiled_here()), len(COMPILED))  # fmt: skip
     broker = Broker(options)
-    broker.ready_fields = {"grpc": doors.config.grpc or "off", "http": doors.config.http or "off"}
+    broker.startup.where.update(grpc=doors.config.grpc or "off", http=doors.config.http or "off")
     try:
         broker.start()
     except (ZinferError, OSError, zmq.ZMQError) as exc:

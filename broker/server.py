@@ -16,9 +16,7 @@ from collections.abc import Callable
 import zmq
 
 from zinfer.client import protocol
-from zinfer.client.compiled import COMPILED, compiled_here
 from zinfer.client.errors import (
-    ConfigError,
     ProtocolError,
     ServerError,
     Status,
@@ -55,6 +53,7 @@ from .request_path import RequestPath
 from .runtime_dir import RuntimeDir
 from .server_config import cpus_for
 from .server_options import ServerOptions
+from .startup_log import StartupLog
 from .supervisor import RestartPolicy, Supervisor, WorkerSpec
 from .tcp_access import TcpFrontend
 from .worker_inbox import WorkerInbox
@@ -65,7 +64,6 @@ log = logging.getLogger(__name__)
 MAX_POLL_MS = 100
 REAP_INTERVAL_S = 0.05
 REGION_REAP_INTERVAL_S = 2.0
-LOAD_PROGRESS_S = 5.0  # while models load at start, a progress line this often
 
 
 def _raise_fd_limit() -> None:
@@ -115,10 +113,8 @@ class Broker:
         self.worker_inbox = WorkerInbox(self.pool, self.outbox, self.completion)
         self.restarts = RestartPolicy()
         self._ready_logged = False
-        self._started_at = time.monotonic()
-        self._next_progress = self._started_at + LOAD_PROGRESS_S
-        # more key=value fields for the ready line: the front doors (set by ``zinfer serve``)
-        self.ready_fields: dict[str, str] = {}
+        # the start's progress lines and ready line; ``zinfer serve`` adds the front doors to ``where``
+        self.startup = StartupLog(time.monotonic())
         self._next_reap = 0.0
         self.draining_since: float | None = None
         self.watch = WorkerWatch(self.pool, self.supervisor, self.restarts, self.completion, self.spawn)
@@ -165,24 +161,15 @@ class Broker:
             self.runtime.share_with_group(self.options.socket_group)
         self.intake = RegionIntake(rt / HANDOFF_SOCKET_NAME, self.options.max_region_bytes)
         self.intake.like(rt / SOCKET_NAME)
-        if self.options.metrics:
-            self._start_metrics(self.options.metrics)
+        if self.options.metrics:  # before any model loads: a taken port fails the start at once
+            self.observer.start_http(self.options.metrics)
         log.info("event=listening endpoint=%s tcp=%s", client_endpoint(rt), self.options.tcp or "off")
-        self._started_at = time.monotonic()
-        self._next_progress = self._started_at + LOAD_PROGRESS_S
+        http = self.observer.http
+        metrics = f"http://{http.host}:{http.port}/metrics" if http is not None else "off"
+        self.startup.where = {"socket": client_endpoint(rt), "tcp": self.options.tcp or "off",
+                              **self.startup.where, "metrics": metrics}  # fmt: skip
+        self.startup.restart(time.monotonic())
         self._load_repository()
-
-    def _start_metrics(self, address: str) -> None:
-        """Bind the metrics and health endpoints (before any model loads: a taken port fails the start at
-        once); a ``ConfigError`` naming the address and the flags that change it when it cannot be bound."""
-        try:
-            self.observer.start_http(address)
-        except OSError as exc:
-            raise ConfigError(
-                f"the metrics endpoint cannot listen on {address}: {exc.strerror or exc}; give another "
-                "address with --metrics HOST:PORT (port 0: any free port), or --no-metrics to serve no "
-                "metrics or health endpoints (key 'metrics' in a --config file)"
-            ) from None
 
     def _router(self, endpoint: str) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self._ctx.socket(zmq.ROUTER)
@@ -325,39 +312,13 @@ class Broker:
         if self._ready_logged:
             return
         if self.control.pending:
-            self._log_progress()
+            pending = [s for p in self.control.pending for s in p.states]
+            self.startup.progress(time.monotonic(), pending, len(self.registry.models))
             return
         self._ready_logged = True
         states = list(self.registry.states())
-        ready = sorted(f"{s.name}:{s.version}" for s in states if s.ready)
-        failed = sorted({s.name for s in states if s.error} | set(self.registry.load_errors))
-        http = self.observer.http
-        fields = {
-            "socket": client_endpoint(self.options.runtime_dir),
-            "tcp": self.options.tcp or "off",
-            **self.ready_fields,
-            "metrics": f"http://{http.host}:{http.port}/metrics" if http is not None else "off",
-            "build": _build(),
-            "startup_s": f"{time.monotonic() - self._started_at:.1f}",
-        }
-        log.info("event=ready models=%s failed=%s %s", ",".join(ready) or "-", ",".join(failed) or "-",
-                 " ".join(f"{k}={v}" for k, v in fields.items()))  # fmt: skip
-
-    def _log_progress(self) -> None:
-        """While the models of the start load: every ``LOAD_PROGRESS_S``, what is ready and what is not."""
-        now = time.monotonic()
-        if now < self._next_progress:
-            return
-        self._next_progress = now + LOAD_PROGRESS_S
-        loading = sorted({p.name for p in self.control.pending})
-        states = [s for p in self.control.pending for s in p.states]
-        up = sum(min(len(s.instances), s.expected_instances) for s in states)
-        waiting = ",".join(loading[:8]) + (",..." if len(loading) > 8 else "")
-        log.info(
-            "event=loading elapsed_s=%.0f models_ready=%d models_loading=%d instances_up=%d/%d waiting=%s",
-            now - self._started_at, len(self.registry.models), len(loading), up,
-            sum(s.expected_instances for s in states), waiting,
-        )  # fmt: skip
+        failed = [s.name for s in states if s.error] + list(self.registry.load_errors)
+        self.startup.ready(time.monotonic(), [f"{s.name}:{s.version}" for s in states if s.ready], failed)
 
     @property
     def startup_done(self) -> bool:
@@ -435,8 +396,3 @@ class Broker:
             )
         self.regions.release(region)
 
-
-def _build() -> str:
-    """Which build runs: ``compiled`` (every module of ``COMPILED``), ``pure``, or ``partly-compiled:n/m``."""
-    done, total = len(compiled_here()), len(COMPILED)
-    return "compiled" if done == total else "pure" if done == 0 else f"partly-compiled:{done}/{total}"

@@ -214,3 +214,28 @@ def test_the_docs_point_at_what_exists() -> None:
     deployment = " ".join((ROOT / "docs" / "deployment.md").read_text().split())
     assert "first log line says what runs compiled (`event=starting" in deployment
     assert (ROOT / "docs" / "from-triton.md").is_file()
+
+
+def test_the_startup_log_reports_progress_on_time_and_each_failure_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from zinfer.broker.startup_log import PROGRESS_S, StartupLog, build_name
+
+    class _State:  # what ``progress`` reads of a loading model state
+        def __init__(self, name: str, up: int, expected: int) -> None:
+            self.name, self.instances, self.expected_instances = name, set(range(up)), expected
+
+    startup = StartupLog(100.0)
+    startup.where = {"socket": "ipc:///r/zinfer.sock", "tcp": "off", "grpc": "off", "metrics": "off"}
+    loading = [_State("slow", 1, 2), _State("slow", 0, 2), _State("big", 0, 4)]
+    with caplog.at_level("INFO", logger="zinfer.broker.server"):
+        startup.progress(100.0 + PROGRESS_S - 0.1, loading, 3)  # type: ignore[arg-type]
+        assert not caplog.records  # not yet
+        startup.progress(100.0 + PROGRESS_S, loading, 3)  # type: ignore[arg-type]
+        startup.progress(100.0 + PROGRESS_S + 1, loading, 3)  # type: ignore[arg-type]
+        startup.ready(107.0, ["add:1", "slow:1"], ["bad", "trt", "bad"])
+    progress, ready = (r.getMessage() for r in caplog.records)
+    assert progress == ("event=loading elapsed_s=5 models_ready=3 models_loading=2 instances_up=1/8 "
+                        "waiting=big,slow")  # fmt: skip
+    assert ready == ("event=ready models=add:1,slow:1 failed=bad,trt socket=ipc:///r/zinfer.sock tcp=off "
+                     f"grpc=off metrics=off build={build_name()} startup_s=7.0")  # fmt: skip
