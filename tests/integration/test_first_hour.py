@@ -61,6 +61,19 @@ BAD = (
             return []
     """,
 )
+CRASH = (
+    BAD[0].replace('"bad"', '"crash"').replace("count: 2", "count: 1"),
+    """
+    import os
+
+    class Model:
+        def initialize(self, config):
+            os._exit(3)  # dies without reporting a load failure
+
+        def execute(self, inputs):
+            return inputs
+    """,
+)
 TRT = (
     'name: "trt"\nplatform: "tensorrt_plan"\nmax_batch_size: 8\n'
     'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
@@ -155,7 +168,7 @@ def test_start_up_says_what_loads_then_one_ready_line_with_each_failure_once(tmp
     a TensorRT plan on KIND_GPU. The log: a progress line while ``slow`` loads; each failure once; the trt
     model's reason is its platform (no word of GPUs); one ready line naming the socket, the door, metrics,
     the build and each failed model once. The HTTP door's health says why the server is not ready."""
-    repo = _repo(tmp_path, slow=SLOW, bad=BAD, trt=TRT)
+    repo = _repo(tmp_path, slow=SLOW, bad=BAD, crash=CRASH, trt=TRT)
     http = f"127.0.0.1:{free_port()}"
     server = start_server(repo, "--http", http, wait_ready=False)
     try:
@@ -174,7 +187,7 @@ def test_start_up_says_what_loads_then_one_ready_line_with_each_failure_once(tmp
         (ready,) = [line for line in lines if "event=ready " in line]
         assert "event=loading " in log and "waiting=slow" in log, log  # progress while slow loads
         assert lines.index(next(x for x in lines if "event=loading " in x)) < lines.index(ready)
-        assert re.search(r"event=ready models=add:1,slow:1 failed=bad,trt ", ready), ready
+        assert re.search(r"event=ready models=add:1,slow:1 failed=bad,crash,trt ", ready), ready
         assert f"socket=ipc://{server.runtime_dir}/zinfer.sock" in ready and f"http={http}" in ready
         assert "grpc=off" in ready and re.search(r"metrics=http://127\.0\.0\.1:\d+/metrics", ready)
         assert re.search(r" build=(pure|compiled|partly-compiled:\d+/\d+)", ready), ready
@@ -186,7 +199,11 @@ def test_start_up_says_what_loads_then_one_ready_line_with_each_failure_once(tmp
         assert "GPU" not in trt and "CuPy" not in trt
         assert "InstanceKind." not in log
         wait_for(lambda: server.log().count("event=worker_exited model=bad") == 2, 30, "bad's workers")
-        assert "level=WARNING logger=zinfer.broker.worker_watch" not in server.log()  # expected exits
+        exits = [x for x in server.log().splitlines() if "event=worker_exited" in x]
+        # bad's workers reported their failure: their exits are expected; crash's worker died unreported
+        assert all("level=INFO" in x for x in exits if "model=bad" in x), exits
+        assert [x for x in exits if "level=WARNING" in x] == [x for x in exits if "model=crash" in x], exits
+        assert log.count("event=model_load_failed model=crash ") == 1, log
         # the door logs as the server does
         door_lines = [x for x in server.log().splitlines() if "logger=zinfer.frontdoor" in x]
         assert door_lines and all(re.search(r" level=\w+ logger=zinfer\.frontdoor\S* frontdoor=0 event=", x)
