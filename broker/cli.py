@@ -24,7 +24,7 @@ from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
 
 from .batching.rate_limiter import normalize_resources
 from .cli_parser import parser as _parser
-from .frontdoor_procs import FrontDoorConfig, FrontDoorProcs, listen_problem
+from .frontdoor_procs import FrontDoorConfig, FrontDoorProcs, listen_problem, missing_extra
 from .sd_notify import Notifier
 from .server import Broker
 from .server_config import FILE_ONLY_KEYS, KEYS, ConfigFileError, flag_defaults, load_config
@@ -164,6 +164,9 @@ def frontdoor_config(args: argparse.Namespace, options: ServerOptions) -> FrontD
                                                               config.insecure_remote)  # fmt: skip
         if problem is not None:
             raise ConfigError(f"{flag} {problem}")
+    missing = missing_extra(config) if config.enabled else None
+    if missing is not None:
+        raise ConfigError(missing)
     return config
 
 
@@ -253,7 +256,10 @@ def serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    log.info("event=starting repository=%s runtime_dir=%s compiled=%d/%d", repo, options.runtime_dir,
+             len(compiled_here()), len(COMPILED))  # fmt: skip
     broker = Broker(options)
+    broker.startup.where.update(grpc=doors.config.grpc or "off", http=doors.config.http or "off")
     try:
         broker.start()
     except (ZinferError, OSError, zmq.ZMQError) as exc:
@@ -266,8 +272,6 @@ def serve(args: argparse.Namespace) -> int:
         broker.close()
         notifier.close()
         return EXIT_CONFIG if config else 1
-    log.info("event=starting repository=%s runtime_dir=%s compiled=%d/%d", repo, options.runtime_dir,
-             len(compiled_here()), len(COMPILED))  # fmt: skip
     try:
         if doors.config.enabled:
             doors.start()

@@ -38,11 +38,24 @@ def _number(kind: Callable[[str], float], minimum: float, strict: bool = False) 
     return convert
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: an argument it does not know is its usage error (``zinfer serve: error:
+    unrecognized arguments: --metric``, with serve's usage), not the top-level parser's."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extra = super().parse_known_args(args, namespace)
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed, extra
+
+
 def parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
     """The ``zinfer`` command line; ``serve_defaults`` (from a configuration file) replace the built-in
     defaults of ``zinfer serve``, so that flags given on the command line override the file."""
     p = argparse.ArgumentParser(prog="zinfer", description="zinfer: an intra-host inference server.")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
     s = sub.add_parser("serve", help="serve a model repository")
     s.add_argument(
         "--config",
@@ -76,7 +89,8 @@ def parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentPar
         type=_metrics_address,
         default="127.0.0.1:8002",
         metavar="HOST:PORT",
-        help="serve /metrics and the /v2/health endpoints here (port 0: any free port; 'off': none)",
+        help="serve /metrics and the /v2/health endpoints here (default: %(default)s, Triton's metrics port; "
+        "port 0: any free port; 'off': none)",
     )
     s.add_argument(
         "--no-metrics",

@@ -109,6 +109,47 @@ class FrontDoorConfig:
         return cmd
 
 
+# what each door imports beyond zinfer's own dependencies: the ``frontdoor`` extra
+_DOOR_MODULES = {
+    "--grpc": ("grpc", "google.protobuf", "tritonclient.grpc.service_pb2_grpc"),
+    "--http": ("httptools",),
+}
+EXTRA_HINT = "pip install 'zinfer[frontdoor]'"
+PROBE_TIMEOUT_S = 60.0
+
+
+def missing_extra(config: FrontDoorConfig) -> str | None:
+    """Why the doors ``config`` asks for cannot start, or None: a module of the ``frontdoor`` extra that
+    does not import. Checked in a child process with this interpreter (the broker itself imports none of
+    them), before the server starts anything, so that ``zinfer serve --grpc`` without the extra fails at
+    once (exit 2) instead of serving with a door that crashes."""
+    wanted = {flag: mods for flag, mods in _DOOR_MODULES.items()
+              if (config.grpc if flag == "--grpc" else config.http) is not None}  # fmt: skip
+    probe = (
+        "import importlib, sys\n"
+        "for flag, name in (a.split('=', 1) for a in sys.argv[1:]):\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ImportError as exc:\n"
+        "        print(flag, exc)\n"
+        "        break\n"
+    )
+    args = [f"{flag}={name}" for flag, names in wanted.items() for name in names]
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+            stdin=subprocess.DEVNULL, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("event=frontdoor_probe_failed error=%r", str(exc))
+        return None  # the door's own start says what is wrong
+    found = out.stdout.strip().splitlines()
+    if not found:
+        return None
+    flag, _, error = found[0].partition(" ")
+    return f"{flag} needs the front door's extra, which is not installed ({error}): {EXTRA_HINT}"
+
+
 @dataclass
 class _Slot:
     index: int

@@ -15,6 +15,8 @@ from typing import Any
 
 import psutil
 
+from zinfer.client.errors import ConfigError
+
 from .cache_path import CachePath
 from .http_endpoints import HealthSnapshot, HttpEndpoints
 from .instance_pool import InstancePool
@@ -57,9 +59,18 @@ class Observer:
         self.frontdoors: Callable[[], list[dict[str, Any]]] | None = None
 
     def start_http(self, address: str) -> None:
+        """Serve the metrics and health endpoints on ``address``; a ``ConfigError`` naming the address and
+        the flags that change it when it cannot be bound."""
         host, _, port = address.rpartition(":")
         self.http = HttpEndpoints(self.metrics.render, lambda: self.health, host=host, port=int(port))
-        self.http.start()
+        try:
+            self.http.start()
+        except OSError as exc:
+            raise ConfigError(
+                f"the metrics endpoint cannot listen on {address}: {exc.strerror or exc}; give another "
+                "address with --metrics HOST:PORT (port 0: any free port), or --no-metrics to serve no "
+                "metrics or health endpoints (key 'metrics' in a --config file)"
+            ) from None
 
     def attach(self, state: ModelState) -> None:
         """Give a new model state its metric series (shared with earlier loads of the same version)."""

@@ -53,6 +53,7 @@ from .request_path import RequestPath
 from .runtime_dir import RuntimeDir
 from .server_config import cpus_for
 from .server_options import ServerOptions
+from .startup_log import StartupLog
 from .supervisor import RestartPolicy, Supervisor, WorkerSpec
 from .tcp_access import TcpFrontend
 from .worker_inbox import WorkerInbox
@@ -112,6 +113,8 @@ class Broker:
         self.worker_inbox = WorkerInbox(self.pool, self.outbox, self.completion)
         self.restarts = RestartPolicy()
         self._ready_logged = False
+        # the start's progress lines and ready line; ``zinfer serve`` adds the front doors to ``where``
+        self.startup = StartupLog(time.monotonic())
         self._next_reap = 0.0
         self.draining_since: float | None = None
         self.watch = WorkerWatch(self.pool, self.supervisor, self.restarts, self.completion, self.spawn)
@@ -158,10 +161,15 @@ class Broker:
             self.runtime.share_with_group(self.options.socket_group)
         self.intake = RegionIntake(rt / HANDOFF_SOCKET_NAME, self.options.max_region_bytes)
         self.intake.like(rt / SOCKET_NAME)
-        self._load_repository()
-        if self.options.metrics:
+        if self.options.metrics:  # before any model loads: a taken port fails the start at once
             self.observer.start_http(self.options.metrics)
         log.info("event=listening endpoint=%s tcp=%s", client_endpoint(rt), self.options.tcp or "off")
+        http = self.observer.http
+        metrics = f"http://{http.host}:{http.port}/metrics" if http is not None else "off"
+        self.startup.where = {"socket": client_endpoint(rt), "tcp": self.options.tcp or "off",
+                              **self.startup.where, "metrics": metrics}  # fmt: skip
+        self.startup.restart(time.monotonic())
+        self._load_repository()
 
     def _router(self, endpoint: str) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self._ctx.socket(zmq.ROUTER)
@@ -301,15 +309,16 @@ class Broker:
                 return
 
     def _log_ready_once(self) -> None:
-        if self._ready_logged or self.control.pending:
+        if self._ready_logged:
+            return
+        if self.control.pending:
+            pending = [s for p in self.control.pending for s in p.states]
+            self.startup.progress(time.monotonic(), pending, len(self.registry.models))
             return
         self._ready_logged = True
         states = list(self.registry.states())
-        ready = sorted(f"{s.name}:{s.version}" for s in states if s.ready)
-        failed = sorted(f"{s.name}:{s.version}" for s in states if s.error) + sorted(
-            self.registry.load_errors
-        )
-        log.info("event=ready models=%s failed=%s", ",".join(ready) or "-", ",".join(failed) or "-")
+        failed = [s.name for s in states if s.error] + list(self.registry.load_errors)
+        self.startup.ready(time.monotonic(), [f"{s.name}:{s.version}" for s in states if s.ready], failed)
 
     @property
     def startup_done(self) -> bool:
@@ -386,3 +395,4 @@ class Broker:
                 identity, Command.W_DROP_REGION, drop_region_to_wire(DropRegion(region.name))
             )
         self.regions.release(region)
+

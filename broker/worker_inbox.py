@@ -108,8 +108,10 @@ class WorkerInbox:
                 )
             elif msg.command == Command.W_LOAD_FAILED:
                 state.error = load_failed_from_wire(msg.header).error
-                log.error(
-                    "event=model_load_failed model=%s version=%d error=%r",
+                # ModelControl logs the load's failure once (event=model_load_failed); each instance's
+                # report is detail
+                log.debug(
+                    "event=instance_load_failed model=%s version=%d error=%r",
                     state.name,
                     state.version,
                     state.error,

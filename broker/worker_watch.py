@@ -79,11 +79,16 @@ class WorkerWatch:
             state, ever_ready = self.pool.remove(wp.identity)
             if state is None:
                 continue
+            reported = state.error is not None  # a load failure the worker reported (logged once already)
             if not ever_ready and state.error is None and not state.instances:
                 state.error = f"worker exited with code {code} while loading the model (see the log)"
             self.failures.fail_worker(wp.identity, f"worker exited with code {code}")
             who = wp.identity.decode()
-            log.warning("event=worker_exited model=%s worker=%s code=%d", state.name, who, code)
+            # expected exits are INFO: a retired worker told to stop (a reload, an unload) and one whose
+            # load failure is already logged (event=model_load_failed); a crash is a WARNING
+            expected = (code == 0 and state.retired) or (not ever_ready and reported)
+            log.log(logging.INFO if expected else logging.WARNING,
+                    "event=worker_exited model=%s worker=%s code=%d", state.name, who, code)  # fmt: skip
             if state.error is not None or state.retired:
                 continue  # a load failure, or a state on its way out: do not restart
             crashes = self.restarts.crashed(wp.spec, now)

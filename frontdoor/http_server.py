@@ -3,7 +3,8 @@
 ``serve_http(door, stop)`` listens on ``door.options.http`` (SO_REUSEPORT, so every front-door process
 shares the port; TLS when the options carry a certificate) until ``stop`` is set. Routes, as Triton's:
 
-- ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``: server metadata; health (200, else 400)
+- ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``: server metadata; health (200, else Triton's 400,
+  with the reason in the body: the models loading or failed)
 - ``GET /v2/models/{m}[/versions/{v}][/ready|/config|/stats]``: model metadata, readiness, config, statistics;
   ``GET /v2/models/stats``: every model's statistics
 - ``POST /v2/models/{m}[/versions/{v}]/infer``: inference with JSON and binary tensors, or shared memory
@@ -31,10 +32,11 @@ import ssl
 from typing import Any
 from urllib.parse import unquote
 
-from zinfer.client.errors import InvalidArgument
+from zinfer.client.errors import InvalidArgument, ZinferError
 
 from . import cudashm
-from .bridge_records import InferCall, Tensor
+from .bridge import HEALTH_TIMEOUT_S
+from .bridge_records import InferCall, RepositoryModel, Tensor
 from .classification import classify_reply
 from .door import FrontDoor
 from .errors import FrontDoorError, triton_error
@@ -52,6 +54,7 @@ from .http_views import (
     dumps,
     error_body,
     model_metadata,
+    not_ready_reason,
     optional_json,
     repository_index,
     server_metadata,
@@ -156,8 +159,12 @@ class HttpFrontDoor:
                 return _not_allowed()
             if m.group(1) is None:
                 return _json(server_metadata(self.bridge.server_metadata()))
-            ok = await (self.bridge.server_live() if m.group(1) == "live" else self.bridge.server_ready())
-            return _OK if ok else HttpResponse(400)
+            if m.group(1) == "live":
+                live = await self.bridge.server_live()
+                return _OK if live else _error(400, "Server is not live: the zinfer server does not answer")
+            if await self.bridge.server_ready():
+                return _OK
+            return _error(400, not_ready_reason(await self._index_or_none()))
         if m := _MODEL.fullmatch(path):
             model, version, kind = unquote(m.group(1)), m.group(2) or "", m.group(3) or ""
             return await self._model(request, model, version, kind)
@@ -180,6 +187,12 @@ class HttpFrontDoor:
         if _UNSUPPORTED.fullmatch(path):
             raise FrontDoorError("UNIMPLEMENTED", 501, "trace and log settings are not supported by zinfer")
         return _error(400, "Not Found")
+
+    async def _index_or_none(self) -> tuple[RepositoryModel, ...] | None:
+        try:
+            return await asyncio.wait_for(self.bridge.repository_index(), HEALTH_TIMEOUT_S)
+        except (asyncio.TimeoutError, ZinferError):
+            return None
 
     async def _model(
         self, request: HttpRequest, model: str, version: str, kind: str

@@ -14,6 +14,7 @@ from .bridge_records import ModelMetadata, ModelStatistics, RepositoryModel, Ser
 __all__ = [
     "error_body",
     "model_metadata",
+    "not_ready_reason",
     "optional_json",
     "repository_index",
     "server_metadata",
@@ -35,6 +36,22 @@ def dumps(value: Any) -> bytes:
 def error_body(message: str) -> bytes:
     """Triton's error answer: ``{"error": "..."}``."""
     return dumps({"error": message})
+
+
+def not_ready_reason(models: Iterable[RepositoryModel] | None) -> str:
+    """The body's reason for a ``/v2/health/ready`` that is not ready (Triton's status, 400, with a reason):
+    the models still loading and those that failed, from the repository index (None: the broker did not
+    answer)."""
+    if models is None:
+        return "Server is not ready: the zinfer server does not answer"
+    rows = list(models)
+    loading = sorted({m.name for m in rows if m.state == "LOADING"})
+    failed = sorted({f"{m.name} ({m.reason})" for m in rows
+                     if m.state == "UNAVAILABLE" and m.reason and m.reason != "unloaded"})  # fmt: skip
+    parts = ([f"loading: {', '.join(loading)}"] if loading else []) + (
+        [f"failed to load: {'; '.join(failed)}"] if failed else []
+    )
+    return "Server is not ready: " + ("; ".join(parts) or "starting, or draining to stop")
 
 
 def server_metadata(meta: ServerMetadata) -> dict[str, Any]:

@@ -132,7 +132,10 @@ async def serve(options: FrontDoorOptions, parent: int | None = None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options, parent, level = parse_args(argv)
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(  # the server's own format (key=value), as its workers'
+        level=level.upper(),
+        format=f"%(asctime)s level=%(levelname)s logger=%(name)s frontdoor={options.index} %(message)s",
+    )
     try:
         asyncio.run(serve(options, parent))
     except ConfigError as exc:

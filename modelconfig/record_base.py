@@ -61,4 +61,11 @@ def record_to_dict(record: Any) -> dict[str, Any]:
 
 
 class ProtoEnum(str, Enum):
-    """An enum whose values are the protobuf names, so ``Kind("KIND_GPU") is Kind.KIND_GPU``."""
+    """An enum whose values are the protobuf names, so ``Kind("KIND_GPU") is Kind.KIND_GPU``; it prints as
+    that name (``KIND_GPU``, not ``InstanceKind.KIND_GPU``) in messages, as Triton writes it."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)

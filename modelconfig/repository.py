@@ -23,6 +23,7 @@ from pathlib import Path
 from zinfer.client.errors import ConfigError
 
 from .autocomplete import ONNX_DEFAULT_FILENAME, ONNX_PLATFORM, complete_config
+from .backends import foreign_model_file, unsupported_backend
 from .instances import InstanceGroup
 from .model_config import CONFIG_FILENAME, ModelConfig, load_model_config, unsupported_features
 from .model_files import check_label_files
@@ -103,6 +104,9 @@ def read_model_dir_config(model_dir: Path) -> ModelConfig:
         return ModelConfig(name=model_dir.name, backend="python", instance_group=groups)
     if newest is not None and (newest / ONNX_DEFAULT_FILENAME).is_file():
         return ModelConfig(name=model_dir.name, platform=ONNX_PLATFORM, instance_group=groups)
+    foreign = foreign_model_file(newest) if newest is not None else None
+    if foreign is not None:
+        raise ConfigError(foreign)
     raise ConfigError(
         f"{model_dir}: no {CONFIG_FILENAME} (and no {PYTHON_DEFAULT_FILENAME} or {ONNX_DEFAULT_FILENAME} in "
         "the newest version folder to complete one from)"
@@ -116,6 +120,9 @@ def load_model_entry(model_dir: Path) -> ModelEntry:
         config = read_model_dir_config(model_dir)
     except ConfigError as exc:
         return ModelEntry(name, model_dir, None, (), str(exc))
+    backend_problem = unsupported_backend(config)  # first: before any complaint about its fields or GPUs
+    if backend_problem is not None:
+        return ModelEntry(name, model_dir, config, (), backend_problem)
     try:
         check_parameters(config)
     except ConfigError as exc:

@@ -30,6 +30,7 @@ only that answer (the wire data), nothing of the server's internals.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -212,6 +213,11 @@ def main(
                 stream.write("\n")
             sleep(args.watch)
     except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # the reader left (``zinfer status --watch 1 | head``): stop quietly
+        if stream is sys.stdout:
+            # what is still buffered cannot be written either: send it, and the flush at exit, nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     finally:
         source.close()

@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    return _conclude(args, outcomes)
+    return _conclude(args, outcomes, min(len(points), args.max_points))
 
 
 def _restore(client: Client, args: argparse.Namespace, path: Path, original: str) -> None:
@@ -302,7 +302,51 @@ def _restore(client: Client, args: argparse.Namespace, path: Path, original: str
             print(f"zinfer tune: original config restored, but reloading it failed: {exc}", file=sys.stderr)
 
 
-def _conclude(args: argparse.Namespace, outcomes: list[Outcome]) -> int:
+def nothing_fits(
+    outcomes: list[Outcome], budget_us: float, concurrency: int, batch_size: int, planned: int,
+    load: tuple[float, int] | None = None,
+) -> list[str]:
+    """When no point fits: what bounded the sweep, and the next step to try, one line each. ``planned`` is
+    how many points the sweep meant to measure; ``load`` the machine's (1-minute load average, CPUs)."""
+    lines: list[str] = []
+    if len(outcomes) < planned:
+        lines.append(f"the time limit stopped the sweep after {len(outcomes)} of {planned} points: "
+                     "raise --time-limit, or give fewer ranges")  # fmt: skip
+    measured = [o for o in outcomes if o.result is not None and o.result.requests]
+    clean = [o for o in measured if o.result is not None and not o.result.errors]
+    if not measured:
+        lines.append("no point could be measured (the table says why): check that the model loads and "
+                     "answers with 'zinfer perf -m MODEL'")  # fmt: skip
+        return lines
+    if not clean:
+        lines.append("every point had errors: 'zinfer perf -m MODEL' shows them")
+        return lines
+    low = min(clean, key=lambda o: o.result.p99_us if o.result else float("inf"))
+    r = low.result
+    assert r is not None
+    lines.append(f"bounded by the latency budget: the lowest p99 was {r.p99_us / 1e3:.2f} ms "
+                 f"({low.point.label.strip()}), over the {budget_us / 1e3:g} ms budget")  # fmt: skip
+    rate = r.throughput_infer_s / batch_size  # requests per second
+    if rate > 0:
+        waiting_ms = concurrency / rate * 1e3  # Little's law: in flight / rate = time in the system
+        # half the budget on average leaves room for the tail
+        allowed = max(1, int(rate * budget_us / 1e6 / 2))
+        if allowed < concurrency:
+            lines.append(f"  {concurrency} requests in flight at {rate:.0f} requests/s spend "
+                         f"{waiting_ms:.2f} ms each in the server on average (Little's law): "
+                         f"try --concurrency {allowed}")  # fmt: skip
+    per_batch_ms = r.server_compute_us / 1e3
+    if per_batch_ms > budget_us / 1e3 / 2:
+        lines.append(f"  one batch computes for {per_batch_ms:.2f} ms: give smaller --max-batch-size values, "
+                     "or a faster instance kind")  # fmt: skip
+    if load is not None and load[0] > 0.7 * load[1]:
+        lines.append(f"  the machine is busy (load average {load[0]:.1f} on {load[1]} CPUs): measure when it "
+                     "is quieter")  # fmt: skip
+    lines.append(f"  or raise --latency-budget-ms to at least {r.p99_us * 1.2 / 1e3:.1f}")
+    return lines
+
+
+def _conclude(args: argparse.Namespace, outcomes: list[Outcome], planned: int) -> int:
     budget_us = args.latency_budget_ms * 1e3
     chosen = best(outcomes, budget_us)
     if outcomes:
@@ -312,6 +356,9 @@ def _conclude(args: argparse.Namespace, outcomes: list[Outcome]) -> int:
             print(_row(outcomes.index(o) + 1, o, budget_us) + ("  <- best" if o is chosen else ""))
     if chosen is None or chosen.result is None:
         print(f"\nno configuration kept p99 within {args.latency_budget_ms:g} ms; nothing written")
+        load = (os.getloadavg()[0], os.cpu_count() or 1)
+        for line in nothing_fits(outcomes, budget_us, args.concurrency, args.batch_size, planned, load):
+            print(line)
         return 1
     r = chosen.result
     print(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from zinfer.client.errors import ConfigError
 from zinfer.modelconfig.autocomplete import is_onnx
+from zinfer.modelconfig.backends import SUPPORTED_BACKENDS, unsupported_backend
 from zinfer.modelconfig.model_config import ModelConfig
 
 from .device import CPU, Device
@@ -21,7 +22,7 @@ from .kernels import load_kernel
 from .model import AnyModel
 from .python_model import load_python_model
 
-BACKENDS = ("zinfer", "python", "onnxruntime")
+BACKENDS = SUPPORTED_BACKENDS
 
 
 def load_model(config: ModelConfig, version_dir: Path, device: Device = CPU, instance: int = 0) -> AnyModel:
@@ -33,9 +34,4 @@ def load_model(config: ModelConfig, version_dir: Path, device: Device = CPU, ins
         from .onnx_model import load_onnx_model  # onnxruntime is imported only by the models that use it
 
         return load_onnx_model(config, version_dir, device)
-    backend = config.backend or config.platform or "(none)"
-    raise ConfigError(
-        f"model {config.name!r}: backend {backend!r} is not supported yet "
-        '(use backend: "zinfer" with a kernel parameter, backend: "python" with a model.py, or '
-        'platform: "onnxruntime_onnx" with a model.onnx)'
-    )
+    raise ConfigError(unsupported_backend(config) or f"model {config.name!r}: no backend to run it")

@@ -141,7 +141,8 @@ class Worker:
         except (Exception, SystemExit) as exc:
             # our own load errors already name the model or file; anything else gets its type
             error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
-            log.error("event=load_failed model=%s version=%d error=%r", a.model, a.version, error)
+            # the broker logs the model's load failure once, with this text (event=model_load_failed)
+            log.debug("event=load_failed model=%s version=%d error=%r", a.model, a.version, error)
             self.send(Command.W_LOAD_FAILED, load_failed_to_wire(LoadFailed(error)))
             return None
         return Signature.of(config), model

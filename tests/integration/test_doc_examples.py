@@ -3,8 +3,9 @@
 Blocks are read with pytest-codeblocks (``extract_from_file``): ``python`` blocks run in a fresh interpreter,
 ``bash``/``sh`` blocks in bash, and ``console`` transcripts run each ``$ `` line (their output is
 illustrative). ``Client()`` finds the test server through ``ZINFER_RUNTIME_DIR``, as in the docs, and
-``127.0.0.1:8002`` (the default metrics address) is the test server's own address. An example that cannot
-run here (a GPU, systemd as PID 1, root, a run without end) carries
+``127.0.0.1:8002`` (the default metrics address) is the test server's own address; so are ``127.0.0.1:8000``
+and ``127.0.0.1:8001`` (Triton's HTTP and gRPC ports, where the docs put the front door): its doors. An
+example that cannot run here (a GPU, systemd as PID 1, root, a run without end) carries
 ``<!--pytest.mark.skip(reason="...")-->`` on the line before it and is skipped with that reason.
 
 A ``python`` block that is a model's ``model.py`` (its first line ``# <repo>/<model>/1/model.py``) is run
@@ -28,6 +29,7 @@ import pytest
 from pytest_codeblocks import CodeBlock, extract_from_file
 
 from tests.conftest import MODELS, ROOT, ServerProcess, start_server
+from tests.frontdoor_helpers import free_port, wait_grpc, wait_http
 from zinfer.modelconfig.model_config import parse_model_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -35,6 +37,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUN = ("python", "bash", "sh", "console")
 DEFAULT_HTTP = "127.0.0.1:8002"
+DOOR_HTTP, DOOR_GRPC = "127.0.0.1:8000", "127.0.0.1:8001"
+DOORS: dict[str, str] = {}  # the documented door address -> the test server's (set by ``server``)
 _MODEL_FILE = re.compile(r"#\s*<repo>/(\w+)/\d+/model\.py")
 
 
@@ -61,7 +65,15 @@ def _mark(text: str, doc: Path, block: CodeBlock) -> pytest.MarkDecorator:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    s = start_server(MODELS, "--metrics", "127.0.0.1:0")
+    http, grpc = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    s = start_server(MODELS, "--metrics", "127.0.0.1:0", "--http", http, "--grpc", grpc)
+    try:
+        wait_http(http)
+        wait_grpc(grpc).close()
+    except AssertionError as exc:
+        s.stop()
+        raise AssertionError(f"{exc}\n{s.log()}") from None
+    DOORS.update({DOOR_HTTP: http, DOOR_GRPC: grpc})
     yield s
     assert s.stop() == 0, s.log()
     shutil.rmtree(s.runtime_dir.parent, ignore_errors=True)
@@ -119,6 +131,8 @@ print("model ok")
 def test_doc_example_runs(block: CodeBlock, server: ServerProcess, tmp_path: Path) -> None:
     http = server.http_url.removeprefix("http://")
     code = block.code.replace(DEFAULT_HTTP, http)
+    for documented, real in DOORS.items():
+        code = code.replace(documented, real)
     if block.syntax == "python":
         first = code.lstrip().splitlines()[0]
         model = _MODEL_FILE.match(first)

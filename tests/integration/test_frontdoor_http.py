@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -25,7 +23,7 @@ import tritonclient.http.aio as httpaio
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ServerProcess, start_server, stop_all, wait_for
+from tests.conftest import ServerProcess, start_server, stop_all
 from tests.frontdoor_helpers import free_port, repository, wait_http
 from zinfer.client import Client
 
@@ -367,24 +365,3 @@ def test_hostile_http_never_hurts_the_front_door(door: tuple[ServerProcess, str]
     with Client(server.url, timeout=10) as c:
         assert [d["pid"] for d in c.server_status()["frontdoors"]] == before
     assert _raw(url, "/v2/health/ready") == (200, None)
-
-
-def test_without_httptools_the_log_says_what_to_install(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """zinfer installed without its frontdoor extra: ``--http`` cannot serve, and the front door's log names
-    the missing module and the extra to install (gRPC, given too, still serves)."""
-    hidden = tmp_path / "hide"
-    hidden.mkdir()
-    (hidden / "httptools.py").write_text("raise ImportError(\"No module named 'httptools'\")\n")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hidden), os.environ.get("PYTHONPATH", "")]))
-    repo = repository(tmp_path, ("add",))
-    grpc_url = f"127.0.0.1:{free_port()}"
-    server = start_server(repo, "--http", f"127.0.0.1:{free_port()}", "--grpc", grpc_url)
-    try:
-        wait_for(lambda: "event=frontdoor_http_unavailable" in server.log(), 30, "the front door's log line")
-        assert "No module named 'httptools'" in server.log()
-        assert "pip install 'zinfer[frontdoor]'" in server.log()
-        wait_for(lambda: "event=frontdoor_listening" in server.log(), 30, "the front door to listen")
-    finally:
-        stop_all([server])

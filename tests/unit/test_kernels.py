@@ -177,7 +177,7 @@ def test_unknown_kernel_and_backend_are_load_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="parameter 'kernel' must be one of"):
         load_model(_config("conv"), tmp_path)
     config = parse_model_config('name: "m"\nbackend: "tensorrt"\n', source="t", model_name="m")
-    with pytest.raises(ConfigError, match="backend 'tensorrt' is not supported yet"):
+    with pytest.raises(ConfigError, match="backend 'tensorrt' is not supported by zinfer"):
         load_model(config, tmp_path)
     config = parse_model_config('name: "m"\nbackend: "onnxruntime"\n', source="t", model_name="m")
     with pytest.raises(ConfigError, match="needs .*model.onnx: not found"):  # known backend, no graph file
