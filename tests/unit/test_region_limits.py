@@ -233,6 +233,9 @@ def test_dropping_a_connection_that_holds_no_region_drops_nothing() -> None:
 # ---------------------------------------------------------------------------------------------- hand-off
 
 
+ALL_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
 def _memfd(size: int, seals: int) -> int:
     fd = os.memfd_create("zinfer-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     if size:
@@ -245,13 +248,16 @@ def _memfd(size: int, seals: int) -> int:
 @pytest.mark.parametrize(
     "size, seals, max_bytes, refusal",
     [
-        (4096, fcntl.F_SEAL_SHRINK, 0, None),
-        (4096, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW, 4096, None),  # exactly the limit
-        (4096, fcntl.F_SEAL_SHRINK, 4095, "over the 4095 byte limit"),
+        (4096, ALL_SEALS, 0, None),
+        (4096, ALL_SEALS, 4096, None),  # exactly the limit
+        (4096, ALL_SEALS, 4095, "over the 4095 byte limit"),
         (4096, 0, 0, "sealed against shrinking"),  # an unsealed memory file
-        (4096, fcntl.F_SEAL_GROW, 0, "sealed against shrinking"),
+        (4096, fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL, 0, "sealed against shrinking"),
+        (4096, fcntl.F_SEAL_SHRINK, 0, "F_SEAL_SEAL"),  # a write seal could be added later (issue 30)
+        (4096, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW, 0, "F_SEAL_SEAL"),
+        (4096, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL, 0, "F_SEAL_GROW"),  # could grow past what was counted
         (4096, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE, 0, "sealed against writing"),
-        (0, fcntl.F_SEAL_SHRINK, 0, "empty"),
+        (0, ALL_SEALS, 0, "empty"),
     ],
 )
 def test_check_sealed(size: int, seals: int, max_bytes: int, refusal: str | None) -> None:
