@@ -212,7 +212,7 @@ class RegionIntake:
             over = self._conn_counts.refusal(peer)
             if over is not None:  # this peer (or everyone) holds its share: its own connection goes
                 conn.close()
-                self._refused[over] += 1  # logged (counted) by ``expire``, not once per connection
+                self._refused[over] += 1  # counted, logged by ``expire``
                 continue
             conn.setblocking(False)
             self._conns[conn.fileno()] = _Conn(conn, self._clock() + CONNECTION_TTL_S, peer)
