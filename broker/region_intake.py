@@ -93,7 +93,10 @@ def check_sealed(fd: int, max_bytes: int) -> os.stat_result:
     if st.st_size <= 0:
         raise InvalidArgument("the segment is empty")
     if max_bytes and st.st_size > max_bytes:
-        raise ResourceExhausted(f"the segment's {st.st_size} bytes are over the {max_bytes} byte limit")
+        raise ResourceExhausted(
+            f"the segment's {st.st_size} bytes are over the {max_bytes} byte limit of one region "
+            "(--max-region-bytes)"
+        )
     return st
 
 
