@@ -166,6 +166,9 @@ class Broker:
         if self.options.metrics:  # before any model loads: a taken port fails the start at once
             self.observer.start_http(self.options.metrics)
         log.info("event=listening endpoint=%s tcp=%s", client_endpoint(rt), self.options.tcp or "off")
+        o = self.options
+        log.info("event=client_limits max_region_bytes=%d max_user_region_bytes=%d max_unread_reply_bytes=%d",
+                 o.max_region_bytes, o.max_user_region_bytes, o.max_unread_reply_bytes)  # fmt: skip
         http = self.observer.http
         metrics = f"http://{http.host}:{http.port}/metrics" if http is not None else "off"
         self.startup.where = {"socket": client_endpoint(rt), "tcp": self.options.tcp or "off",
