@@ -132,6 +132,8 @@ def test_attack_handoff_starvation_one_peer_cannot_lock_others_out_of_registerin
             held.append(_held(idle))
             if held[-1] == held[-2] < len(idle):
                 break
+        with pytest.raises((ConnectionFailed, InvalidArgument)):  # the attack is in place
+            hand_over(path, seg.fd, 5.0)
         for proc in victims.values():
             assert proc.stdin is not None
             proc.stdin.write("go\n")
@@ -140,7 +142,7 @@ def test_attack_handoff_starvation_one_peer_cannot_lock_others_out_of_registerin
             line = read_line(proc, 30)
             assert line.startswith("ok "), f"{who} could not register: {line!r} {_end(proc)}"
             took, total = float(line.split()[1]), float(line.split()[2])
-            assert total == 48.0 and took < 2.0, f"{who} took {took} s"
+            assert total == 48.0 and took < 5.0, f"{who} took {took} s"  # 0.03 s measured
             assert proc.wait(30) == 0, f"{who}: {_end(proc)}"
         # the attack held all along: the attacker is still refused, well within a token's life (10 s)
         with pytest.raises((ConnectionFailed, InvalidArgument)):
