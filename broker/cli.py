@@ -265,6 +265,9 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     log.info("event=starting repository=%s runtime_dir=%s compiled=%d/%d", repo, options.runtime_dir,
              len(compiled_here()), len(COMPILED))  # fmt: skip
+    o = options
+    log.info("event=client_limits max_region_bytes=%d max_user_region_bytes=%d max_unread_reply_bytes=%d",
+             o.max_region_bytes, o.max_user_region_bytes, o.max_unread_reply_bytes)  # fmt: skip
     broker = Broker(options)
     broker.startup.where.update(grpc=doors.config.grpc or "off", http=doors.config.http or "off")
     try:

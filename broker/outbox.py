@@ -23,7 +23,7 @@ import zmq
 from mypy_extensions import mypyc_attr
 
 from zinfer.client import protocol
-from zinfer.client.errors import Status
+from zinfer.client.errors import ResourceExhausted, Status
 from zinfer.client.protocol import Command, Frame, Reply
 from zinfer.client.transport import NOBLOCK, SNDMORE, send_frames
 
@@ -90,6 +90,12 @@ class Outbox:
             f"the connection holds {held} bytes of replies it has not read, at the "
             f"{self.backlog.limit} byte limit of one connection (--max-unread-reply-bytes)"
         )
+
+    def check_reading(self, identity: bytes) -> None:
+        """Raise ``ResourceExhausted`` when the connection is at its limit of unread replies."""
+        why = self.backlog_full(identity)
+        if why is not None:
+            raise ResourceExhausted(why)
 
     def backlog_full(self, identity: bytes) -> str | None:
         """Why the connection's new requests are refused (it is not reading its replies), or None."""

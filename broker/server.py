@@ -18,7 +18,6 @@ import zmq
 from zinfer.client import protocol
 from zinfer.client.errors import (
     ProtocolError,
-    ResourceExhausted,
     ServerError,
     Status,
     Unavailable,
@@ -92,8 +91,7 @@ class Broker:
         )
         # which worker serves which model, its places, its batches, its heartbeats
         self.pool = InstancePool(options.heartbeat_interval_s * options.heartbeat_liveness)
-        # what the collaborators send through, instead of reaching the sockets
-        self.outbox = Outbox(options.max_unread_reply_bytes)
+        self.outbox = Outbox(options.max_unread_reply_bytes)  # what the collaborators send through
         # a request's path: admission, dispatch, completion (and ensembles through all three)
         self.caching = CachePath(options.cache_bytes, self.regions.map_readonly)
         self.limiter: RateLimiter[bytes, ModelKey] = RateLimiter(options.rate_limit_resources)
@@ -166,9 +164,6 @@ class Broker:
         if self.options.metrics:  # before any model loads: a taken port fails the start at once
             self.observer.start_http(self.options.metrics)
         log.info("event=listening endpoint=%s tcp=%s", client_endpoint(rt), self.options.tcp or "off")
-        o = self.options
-        log.info("event=client_limits max_region_bytes=%d max_user_region_bytes=%d max_unread_reply_bytes=%d",
-                 o.max_region_bytes, o.max_user_region_bytes, o.max_unread_reply_bytes)  # fmt: skip
         http = self.observer.http
         metrics = f"http://{http.host}:{http.port}/metrics" if http is not None else "off"
         self.startup.where = {"socket": client_endpoint(rt), "tcp": self.options.tcp or "off",
@@ -352,9 +347,7 @@ class Broker:
         rid = protocol.request_id_of(msg.header)
         try:
             if msg.command == Command.INFER:
-                unread = self.outbox.backlog_full(identity)
-                if unread is not None:  # a connection that does not read its replies gets no more work
-                    raise ResourceExhausted(unread)
+                self.outbox.check_reading(identity)  # a connection not reading its replies gets no more work
                 self.admission.admit(identity, msg.header, msg.frames)
                 return
             if msg.command in QUERIES:
