@@ -25,6 +25,8 @@ from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
 from .batching.rate_limiter import normalize_resources
 from .cli_parser import parser as _parser
 from .frontdoor_procs import FrontDoorConfig, FrontDoorProcs, listen_problem, missing_extra
+from .regions import default_limits
+from .reply_backlog import DEFAULT_MAX_UNREAD_REPLY_BYTES
 from .sd_notify import Notifier
 from .server import Broker
 from .server_config import FILE_ONLY_KEYS, KEYS, ConfigFileError, flag_defaults, load_config
@@ -105,6 +107,11 @@ def server_options(args: argparse.Namespace, repo: Path) -> ServerOptions:
             "(the limit of a Unix socket address); give a shorter --runtime-dir"
         )
     load_models = args.load_model if args.load_model is not None else getattr(args, "config_load_models", ())
+    region_bytes, user_bytes = default_limits()
+    for name, default in (("max_region_bytes", region_bytes), ("max_user_region_bytes", user_bytes),
+                          ("max_unread_reply_bytes", DEFAULT_MAX_UNREAD_REPLY_BYTES)):  # fmt: skip
+        value = getattr(args, name, None)
+        extra[name] = default if value is None else value
     return ServerOptions(
         model_repository=repo,
         # absolute, not resolved: a runtime dir that is a symbolic link must be seen as one (and refused)
@@ -258,6 +265,9 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     log.info("event=starting repository=%s runtime_dir=%s compiled=%d/%d", repo, options.runtime_dir,
              len(compiled_here()), len(COMPILED))  # fmt: skip
+    o = options
+    log.info("event=client_limits max_region_bytes=%d max_user_region_bytes=%d max_unread_reply_bytes=%d",
+             o.max_region_bytes, o.max_user_region_bytes, o.max_unread_reply_bytes)  # fmt: skip
     broker = Broker(options)
     broker.startup.where.update(grpc=doors.config.grpc or "off", http=doors.config.http or "off")
     try:

@@ -183,6 +183,7 @@ def parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentPar
         metavar="NAME",
         help="with --model-control-mode explicit: a model to load at start (repeatable; '*' loads all)",
     )
+    _limit_flags(s)
     _frontdoor_flags(s)
     if serve_defaults:
         s.set_defaults(**serve_defaults)
@@ -272,4 +273,34 @@ def _frontdoor_flags(s: argparse.ArgumentParser) -> None:
         metavar="N",
         help="open HTTP connections per peer and front-door process: per uid for clients on this host, per "
         "address otherwise; more are closed at once (default 256; 1024 in all)",
+    )
+
+
+def _limit_flags(s: argparse.ArgumentParser) -> None:
+    """What one client, one user or one connection may make the server hold (docs/reliability.md)."""
+    g = s.add_argument_group("per-client limits (shared-memory regions, unread replies)")
+    g.add_argument(
+        "--max-region-bytes",
+        type=_number(int, 0),
+        default=None,
+        metavar="N",
+        help="largest shared-memory region a client may register, in bytes (default: a quarter of physical "
+        "memory; 0: no limit); a larger one is refused with ResourceExhausted",
+    )
+    g.add_argument(
+        "--max-user-region-bytes",
+        type=_number(int, 0),
+        default=None,
+        metavar="N",
+        help="bytes of shared-memory regions one user (uid) may have registered at once, over all its "
+        "connections (default: half of physical memory; 0: no limit)",
+    )
+    g.add_argument(
+        "--max-unread-reply-bytes",
+        type=_number(int, 0),
+        default=None,
+        metavar="N",
+        help="bytes of replies the server holds for one connection that is not reading them (default "
+        "256 MiB; 0: no limit); past it the connection's new requests are refused with ResourceExhausted "
+        "and replies that would pass it are replaced by that error",
     )

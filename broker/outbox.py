@@ -8,6 +8,10 @@ back the same way. Nothing here blocks: a peer that is gone or not reading is lo
 Between ``hold`` and ``flush`` (one turn of the server loop) the replies to a connection that speaks bundles
 (it has sent one, ``bundles_to``) are kept, and ``flush`` sends them as one BUNDLE message (one when there
 is only one), in the order they were made: one send instead of one per request.
+
+The bytes of large replies a connection has not read yet are counted (``reply_backlog``): a reply that would
+take a connection past ``--max-unread-reply-bytes`` goes as a ``ResourceExhausted`` error instead, and the
+server refuses the connection's new requests while it is at the limit (``backlog_full``).
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ import zmq
 from mypy_extensions import mypyc_attr
 
 from zinfer.client import protocol
-from zinfer.client.errors import Status
+from zinfer.client.errors import ResourceExhausted, Status
 from zinfer.client.protocol import Command, Frame, Reply
-from zinfer.client.transport import NOBLOCK, send_frames
+from zinfer.client.transport import NOBLOCK, SNDMORE, send_frames
+
+from .reply_backlog import DEFAULT_MAX_UNREAD_REPLY_BYTES, ReplyBacklog
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +39,9 @@ _Held = tuple[Command, dict[str, Any], list[Frame]]
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # tests record what it sends by subclassing it
 class Outbox:
-    def __init__(self) -> None:
+    def __init__(self, max_unread_reply_bytes: int = DEFAULT_MAX_UNREAD_REPLY_BYTES) -> None:
+        self.backlog = ReplyBacklog(max_unread_reply_bytes)
+        self._held_bytes: dict[bytes, int] = {}  # bytes of the replies ``hold`` keeps, per connection
         self._frontend: zmq.Socket[bytes] | None = None
         self._tcp: zmq.Socket[bytes] | None = None
         self._backend: zmq.Socket[bytes] | None = None
@@ -55,15 +63,61 @@ class Outbox:
 
     def send_client(self, identity: bytes, reply: Reply, frames: list[Frame] | None = None) -> None:
         """A reply to the client connection ``identity`` (tagged with its socket)."""
+        if frames and self.backlog.limit:
+            nbytes = sum(len(f) for f in frames)
+            if self.backlog.tracks(nbytes):
+                kept = self._held_bytes.get(identity, 0)  # this turn's, not sent yet
+                already = self.backlog.held(identity) + kept
+                if already and already + nbytes > self.backlog.limit:
+                    reply, frames = self._unread_refusal(reply, already, nbytes), None
+                elif self._held is not None and identity in self._bundling:
+                    self._held_bytes[identity] = kept + nbytes
         header = protocol.reply_to_wire(reply)
         if self._held is not None and identity in self._bundling:
             self._held.setdefault(identity, []).append((Command.REPLY, header, frames or []))
             return
         self._send_client(identity, protocol.encode(Command.REPLY, header, frames or ()), reply.request_id)
 
+    def _unread_refusal(self, reply: Reply, held: int, nbytes: int) -> Reply:
+        """The error that replaces a reply of ``nbytes`` to a connection that holds ``held`` unread."""
+        log.warning("event=reply_dropped reason=unread_replies request=%s held=%d bytes=%d",
+                    reply.request_id, held, nbytes)  # fmt: skip
+        text = f"ResourceExhausted: {self.unread_text(held)}; its {nbytes} bytes of outputs were dropped"
+        return Reply(reply.request_id, Status.RESOURCE_EXHAUSTED, text)
+
+    def unread_text(self, held: int) -> str:
+        return (
+            f"the connection holds {held} bytes of replies it has not read, at the "
+            f"{self.backlog.limit} byte limit of one connection (--max-unread-reply-bytes)"
+        )
+
+    def check_reading(self, identity: bytes) -> None:
+        """Raise ``ResourceExhausted`` when the connection is at its limit of unread replies."""
+        why = self.backlog_full(identity)
+        if why is not None:
+            raise ResourceExhausted(why)
+
+    def backlog_full(self, identity: bytes) -> str | None:
+        """Why the connection's new requests are refused (it is not reading its replies), or None."""
+        if not self.backlog.full(identity):
+            return None
+        held = self.backlog.held(identity)
+        return f"{self.unread_text(held)}: read the replies before sending more requests"
+
     def _send_client(self, identity: bytes, msg: list[Frame], what: str) -> None:
+        sock = self._client_socket(identity)
         try:
-            send_frames(self._client_socket(identity), [identity[1:], *msg], NOBLOCK)
+            if self.backlog.limit:
+                nbytes = sum(len(f) for f in msg)
+                if self.backlog.tracks(nbytes):
+                    # the last frame, zero-copy and tracked, is released once the whole message has left
+                    send_frames(sock, [identity[1:], *msg[:-1]], SNDMORE | NOBLOCK)
+                    last = zmq.Frame(msg[-1], track=True, copy=False)
+                    sock.send(last, NOBLOCK, copy=False)
+                    assert last.tracker is not None
+                    self.backlog.add(identity, last.tracker, nbytes)
+                    return
+            send_frames(sock, [identity[1:], *msg], NOBLOCK)
         except zmq.ZMQError as exc:  # the client is gone or not reading: count it, never block the loop
             log.warning("event=reply_undeliverable request=%s error=%r", what, exc.strerror)
 
@@ -82,6 +136,7 @@ class Outbox:
     def flush(self) -> None:
         """Send what ``hold`` kept: per connection, one message (a BUNDLE when several)."""
         held, self._held = self._held, None
+        self._held_bytes.clear()
         if not held:
             return
         for identity, items in held.items():

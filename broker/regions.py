@@ -8,8 +8,11 @@ only name a region its own connection registered, and only within the size it ha
 (sealed: it cannot shrink since).
 
 Bounded: regions per connection, per user (the uid that handed the descriptor over, so many connections of one
-user cannot take every place), in all, and bytes in all; the newest registration is the one refused
-(``ResourceExhausted``) and nothing registered is ever taken away.
+user cannot take every place), in all; bytes per region, per user and in all. By default a region may be a
+quarter of the machine's physical memory and one user's regions half of it together (``default_limits``),
+so a sparse memory file of a terabyte is refused and one user cannot make the server hold (and fault into)
+more than that. The newest registration is the one refused (``ResourceExhausted``) and nothing registered
+is ever taken away.
 """
 
 from __future__ import annotations
@@ -33,6 +36,20 @@ from .region_intake import HandedRegion
 MAX_REGIONS_PER_CLIENT = 256
 MAX_REGIONS_PER_UID = 1024
 MAX_REGIONS = 4096
+REGION_SHARE = 4  # by default a region may be 1/REGION_SHARE of physical memory
+USER_SHARE = 2  # and one user's regions together 1/USER_SHARE of it
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory on this machine."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def default_limits() -> tuple[int, int]:
+    """The default byte limits of one region and of one user's regions together (``--max-region-bytes``,
+    ``--max-user-region-bytes``): a quarter and a half of physical memory."""
+    memory = physical_memory()
+    return memory // REGION_SHARE, memory // USER_SHARE
 
 
 @dataclass(frozen=True)
@@ -58,8 +75,12 @@ class RegionTable:
         max_regions: int = MAX_REGIONS,
         max_per_uid: int = MAX_REGIONS_PER_UID,
         max_total_bytes: int = 0,
+        max_uid_bytes: int = 0,
     ) -> None:
+        """Byte limits of 0 are no limit."""
         self.max_region_bytes = max_region_bytes
+        self.max_uid_bytes = max_uid_bytes
+        self._uid_bytes: dict[int, int] = {}
         self.max_per_client = max_per_client
         self.max_regions = max_regions
         self.max_per_uid = max_per_uid
@@ -91,9 +112,17 @@ class RegionTable:
             if self.max_region_bytes and handed.size > self.max_region_bytes:
                 limit = self.max_region_bytes
                 raise ResourceExhausted(
-                    f"cannot register region: {handed.size} bytes is over the {limit} byte limit"
+                    f"cannot register region: {handed.size} bytes is over the {limit} byte limit "
+                    "of one region (--max-region-bytes)"
                 )
             grow = handed.size - (held.size if held else 0)
+            mine = self._uid_bytes.get(handed.uid, 0) - (held.size if held and held.uid == handed.uid else 0)
+            if self.max_uid_bytes and mine + handed.size > self.max_uid_bytes:
+                limit = self.max_uid_bytes
+                raise ResourceExhausted(
+                    f"cannot register region: this user's regions would hold {mine + handed.size} bytes, "
+                    f"over the {limit} byte limit of one user (--max-user-region-bytes)"
+                )
             if self.max_total_bytes and self._bytes + grow > self.max_total_bytes:
                 raise ResourceExhausted(
                     f"cannot register region: the server's {self.max_total_bytes} bytes of regions are taken"
@@ -106,8 +135,9 @@ class RegionTable:
         self._by_name[name] = region
         self._bytes += grow
         if held is not None:
-            self._drop_uid(held.uid)
+            self._drop_uid(held.uid, held.size)
         self._per_uid[region.uid] = self._per_uid.get(region.uid, 0) + 1
+        self._uid_bytes[region.uid] = self._uid_bytes.get(region.uid, 0) + region.size
         return region, held
 
     def unregister(self, client: bytes, name: str) -> Region:
@@ -131,14 +161,16 @@ class RegionTable:
             del self._by_client[region.client]
         del self._by_name[region.name]
         self._bytes -= region.size
-        self._drop_uid(region.uid)
+        self._drop_uid(region.uid, region.size)
 
-    def _drop_uid(self, uid: int) -> None:
+    def _drop_uid(self, uid: int, size: int) -> None:
         left = self._per_uid[uid] - 1
         if left:
             self._per_uid[uid] = left
+            self._uid_bytes[uid] -= size
         else:
             del self._per_uid[uid]
+            del self._uid_bytes[uid]
 
     @staticmethod
     def release(region: Region) -> None:
@@ -172,6 +204,10 @@ class RegionTable:
 
     def total_bytes(self) -> int:
         return self._bytes
+
+    def user_bytes(self, uid: int) -> int:
+        """Bytes of the regions ``uid`` handed over that are registered now."""
+        return self._uid_bytes.get(uid, 0)
 
     def count(self) -> int:
         return len(self._by_name)

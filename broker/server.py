@@ -80,7 +80,7 @@ def _raise_fd_limit() -> None:
 class Broker:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
-        self.regions = RegionTable(options.max_region_bytes)
+        self.regions = RegionTable(options.max_region_bytes, max_uid_bytes=options.max_user_region_bytes)
         self.registry = ModelRegistry(options.gpus)
         self.supervisor = Supervisor(
             options.log_level,
@@ -91,7 +91,7 @@ class Broker:
         )
         # which worker serves which model, its places, its batches, its heartbeats
         self.pool = InstancePool(options.heartbeat_interval_s * options.heartbeat_liveness)
-        self.outbox = Outbox()  # what the collaborators send through, instead of reaching the sockets
+        self.outbox = Outbox(options.max_unread_reply_bytes)  # what the collaborators send through
         # a request's path: admission, dispatch, completion (and ensembles through all three)
         self.caching = CachePath(options.cache_bytes, self.regions.map_readonly)
         self.limiter: RateLimiter[bytes, ModelKey] = RateLimiter(options.rate_limit_resources)
@@ -347,6 +347,7 @@ class Broker:
         rid = protocol.request_id_of(msg.header)
         try:
             if msg.command == Command.INFER:
+                self.outbox.check_reading(identity)  # a connection not reading its replies gets no more work
                 self.admission.admit(identity, msg.header, msg.frames)
                 return
             if msg.command in QUERIES:
@@ -378,6 +379,7 @@ class Broker:
         namespace): ``Outbox.client_connected`` probes each connection holding regions."""
         if self.intake is not None:
             self.intake.expire()
+        self.outbox.backlog.prune()
         for client in self.regions.clients():
             if self.outbox.client_connected(client):
                 continue

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .regions import default_limits
+from .reply_backlog import DEFAULT_MAX_UNREAD_REPLY_BYTES
 from .validation import DEFAULT_MAX_TENSOR_BYTES
 
 __all__ = ["ServerOptions"]
@@ -25,7 +27,12 @@ class ServerOptions:
     heartbeat_liveness: int = 5  # intervals of silence after which a worker is declared dead
     gpus: tuple[int, ...] | None = None  # GPUs instances may use (indices after CUDA_VISIBLE_DEVICES)
     cpu_affinity: Mapping[str, tuple[frozenset[int], ...]] = field(default_factory=dict)  # by model or "*"
-    max_region_bytes: int = 0  # largest shared-memory region a client may register (0: no limit)
+    # largest shared-memory region a client may register, and bytes of one user's regions together (0: no
+    # limit); by default a quarter and a half of physical memory
+    max_region_bytes: int = field(default_factory=lambda: default_limits()[0])
+    max_user_region_bytes: int = field(default_factory=lambda: default_limits()[1])
+    # bytes of replies held for one connection that does not read them (0: no limit)
+    max_unread_reply_bytes: int = DEFAULT_MAX_UNREAD_REPLY_BYTES
     socket_group: str | None = None  # a group whose members may use the client socket
     metrics: str | None = "127.0.0.1:8002"  # HOST:PORT of /metrics and the health endpoints; None = off
     curve_secret_key: Path | None = None  # server certificate (zinfer keys); enables CURVE on --tcp

@@ -30,6 +30,7 @@ from .batch_io import (
     request_arrays,
     request_rows,
     slot_alloc,
+    unreachable,
 )
 from .cancel_flags import cancel_flag
 from .device import CPU, Device
@@ -78,16 +79,24 @@ def scatter(
     out: BatchOutcome,
     device: Device = CPU,
 ) -> None:
+    """Each request's rows of the outputs into its slots (or inline frames); a request whose slot cannot be
+    written fails alone."""
     start = 0
     batching = sig.batching
     for req, n in zip(requests, rows, strict=True):
         tensors = []
-        for want in req.outputs:
-            full = outputs[want.name]
-            piece = full[start : start + n] if batching else full
-            wire = sig.outputs[want.name].wire
-            tensors.append(emit(want.name, piece, want.slot, wire, regions, out.frames, device))
-        out.results.append(ok_result(req.id, tensors))
+        own: list[Frame] = []
+        try:
+            for want in req.outputs:
+                full = outputs[want.name]
+                piece = full[start : start + n] if batching else full
+                wire = sig.outputs[want.name].wire
+                tensors.append(emit(want.name, piece, want.slot, wire, regions, own, device))
+        except ServerError as exc:
+            out.results.append(error_result(req.id, exc))
+        else:
+            out.results.append(ok_result(req.id, tensors, len(out.frames)))
+            out.frames.extend(own)
         start += n
     device.synchronize()  # the copies into the slots are done before the reply says so
 
@@ -127,6 +136,13 @@ def run_batch(
         return run_requests(model, sig, requests, frames, regions, device, states)
     out = BatchOutcome()
     regions.begin_batch()
+    bad = unreachable(requests, regions)
+    if bad:  # a region that cannot be reached fails only the requests that name it
+        out.results.extend(error_result(rid, exc) for rid, exc in bad.items())
+        rest = [r for r in requests if r.id not in bad]
+        if rest:
+            _merge(out, run_batch(model, sig, rest, frames, regions, device, states))
+        return out
     t0 = time.perf_counter_ns()
     try:
         batch, rows = gather(requests, frames, regions, sig.batching, device, states)

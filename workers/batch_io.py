@@ -65,6 +65,24 @@ def request_arrays(req: BatchRequest, frames: Sequence[Frame], regions: RegionCa
     return {ref.name: input_array(ref, frames, regions) for ref in req.inputs}
 
 
+def unreachable(requests: Sequence[BatchRequest], regions: RegionCache) -> dict[int, ServerError]:
+    """The requests (by id) whose shared-memory ranges, inputs or output slots, cannot be reached (a region
+    gone, another file, a mapping refused, a range outside): each such request fails alone, with its own
+    error, and the rest of its batch runs. Every region the others name is mapped once this returns."""
+    bad: dict[int, ServerError] = {}
+    for req in requests:
+        try:
+            for ref in req.inputs:
+                if ref.shm is not None:
+                    regions.check(ref.shm)
+            for out in req.outputs:
+                if out.slot is not None:
+                    regions.check(out.slot)
+        except ServerError as exc:
+            bad[req.id] = exc
+    return bad
+
+
 def control_arrays(requests: Sequence[BatchRequest], batching: bool) -> dict[str, Array]:
     """The sequence control inputs of a batch (START, END, READY, CORRID as the config names them):
     one row per request, shape ``[rows, 1]`` (``[1]`` without batching); empty for other models."""

@@ -5,7 +5,8 @@ EXECUTE names, for the client regions of its batch, that descriptor's number and
 inode (``use_table``). The worker opens ``/proc/<broker>/fd/<n>``, which is the broker's open file itself
 (no path in /dev/shm is involved), and maps it only when device and inode match; a cached mapping is used
 only while they still match, so a region registered again under the same name is mapped afresh and a name
-the batch does not list is refused. Sealed files cannot shrink: no SIGBUS.
+the batch does not list is refused. Sealed files cannot shrink: no SIGBUS. Any failure to reach a region
+(gone, another file, a mapping the kernel refuses) is an ``InvalidArgument`` for the requests naming it.
 
 The server's own segments (``zinfer-s…``, ensemble intermediates) are attached by name, never following a
 symlink, and their size is re-read (``fstat``) once per batch.
@@ -103,13 +104,25 @@ class RegionCache:
                 raise InvalidArgument("tensor names a shared-memory region that is not registered")
         except ShmError as exc:
             raise InvalidArgument(f"shared-memory region is not available: {exc}") from None
+        except OSError as exc:  # a mapping the kernel refuses (EPERM under a write seal, ENOMEM, ...)
+            raise InvalidArgument(f"shared-memory region cannot be mapped: {exc.strerror}") from None
         self._segments[name] = seg
         if self.pinner is not None:
             self.pinner.pin(seg)
         return seg
 
+    def check(self, ref: ShmRef) -> None:
+        """Raise ``InvalidArgument`` unless the referenced range can be reached: its region mapped (now, if it
+        was not) and the range inside it. A batch checks each request's ranges first, so that a region that
+        cannot be mapped fails only the requests naming it."""
+        self._within(ref)
+
     def bytes(self, ref: ShmRef) -> npt.NDArray[np.uint8]:
         """The referenced range as a uint8 array over the mapping."""
+        seg = self._within(ref)
+        return np.frombuffer(seg.buf, dtype=np.uint8, count=ref.nbytes, offset=ref.offset)
+
+    def _within(self, ref: ShmRef) -> Segment:
         seg = self._segment(ref.region)
         size = seg.size
         if seg.named:  # the server's own segment: re-read its size once per batch
@@ -120,7 +133,7 @@ class RegionCache:
             size = checked
         if ref.offset < 0 or ref.nbytes < 0 or ref.offset > size or ref.nbytes > size - ref.offset:
             raise InvalidArgument("tensor lies outside its shared-memory region")
-        return np.frombuffer(seg.buf, dtype=np.uint8, count=ref.nbytes, offset=ref.offset)
+        return seg
 
     def drop(self, name: str) -> None:
         seg = self._segments.pop(name, None)

@@ -28,10 +28,10 @@ filterwarnings = ["error", "ignore::DeprecationWarning"]
 DROP = "tests/unit/test_region_limits.py::test_dropping_a_connection_that_holds_no_region_drops_nothing"
 BYTES = "tests/unit/test_validation.py::test_bytes_inputs_need_at_least_a_length_prefix_per_element"
 KEY = "tests/unit/test_validation.py::test_shape_keys_ignore_the_batch_dim_only_when_the_model_batches"
-CONNS = "tests/unit/test_region_handoff.py::test_at_most_64_hand_off_connections_are_held_at_once"
+CONNS = "tests/unit/test_region_handoff.py::test_hand_off_connections_are_held_up_to_each_ceiling"
 DROPPED = "list(self._by_client.get(client, {}).values())"
 SHAPE = "seen[name].shape[1:] if sig.batching else seen[name].shape"
-REFUSED = 'log.warning("event=region_handoff_refused reason=too_many_connections")\n                '
+REFUSED = "self._refused[over] += 1  # counted, logged by ``expire``\n                "
 # (file in the package, text, its mutant, the test that must fail)
 MUTANTS = [
     ("broker/regions.py", DROPPED, "list(self._by_client.get(client, None).values())", DROP),
@@ -42,8 +42,9 @@ MUTANTS = [
     ("broker/validation.py", SHAPE, "seen[name].shape[1:] if sig.batching else seen[name].shape[1:]", KEY),
     ("broker/validation.py", SHAPE, "seen[name].shape[1:] if not sig.batching else seen[name].shape", KEY),
     ("broker/validation.py", SHAPE, "seen[name].shape[2:] if sig.batching else seen[name].shape", KEY),
-    ("broker/region_intake.py", "self._conns) >= MAX_CONNECTIONS", "self._conns) > MAX_CONNECTIONS", CONNS),
-    ("broker/region_intake.py", "MAX_CONNECTIONS = 64", "MAX_CONNECTIONS = 65", CONNS),
+    ("broker/region_intake.py", "self._pid[pid] >= per_pid", "self._pid[pid] > per_pid", CONNS),
+    ("broker/region_intake.py", "self._uid[uid] >= per_uid", "self._uid[uid] > per_uid", CONNS),
+    ("broker/region_intake.py", "self.total >= total", "self.total > total", CONNS),
     ("broker/region_intake.py", REFUSED + "continue", REFUSED + "break", CONNS),
 ]
 

@@ -3,6 +3,7 @@ identity is tagged with, a message reaches a worker, and a peer that is gone is 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -85,3 +86,55 @@ def test_a_client_that_is_gone_is_reported_not_raised(wired: Wired) -> None:
     assert not outbox.client_connected(IPC_TAG + b"gone")
     outbox.send_client(IPC_TAG + b"gone", Reply("r3", Status.OK))  # logged, not raised
     assert _reply_of(peers["ipc"]).request_id == protocol.PROBE_ID  # the probe of the live connection
+
+
+def test_a_connection_that_does_not_read_holds_at_most_the_unread_limit() -> None:
+    """Issue 30 item 3, on real sockets: replies of 512 KiB to a peer that does not read (RCVHWM 1, small
+    kernel buffers). Past the 2 MiB limit a reply goes as a ResourceExhausted error instead, and
+    ``backlog_full`` says why new requests are refused; once the peer reads, what was held is released."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    front: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
+    front.setsockopt(zmq.LINGER, 0)
+    front.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    front.setsockopt(zmq.SNDBUF, 65536)
+    port = front.bind_to_random_port("tcp://127.0.0.1")
+    back, _ = _router(ctx)
+    peer = ctx.socket(zmq.DEALER)
+    peer.setsockopt(zmq.LINGER, 0)
+    peer.setsockopt(zmq.IDENTITY, b"slow")
+    peer.setsockopt(zmq.RCVHWM, 1)
+    peer.setsockopt(zmq.RCVBUF, 65536)
+    peer.connect(f"tcp://127.0.0.1:{port}")
+    limit, size = 2 << 20, 512 << 10
+    outbox = Outbox(max_unread_reply_bytes=limit)
+    outbox.attach(front, back)
+    who = IPC_TAG + b"slow"
+    try:
+        peer.send(b"hello")
+        assert front.poll(TIMEOUT_MS)
+        front.recv_multipart()
+        assert outbox.backlog_full(who) is None
+        for i in range(64):  # 32 MiB of replies, none read
+            outbox.send_client(who, Reply(f"r{i}", Status.OK, body=i), [bytes(size)])
+            assert outbox.backlog.held(who) <= limit + size
+        held = outbox.backlog.held(who)
+        assert held > limit - size, f"only {held} bytes held: the test did not fill the connection"
+        if held >= limit:  # (the kernel's buffers may have taken a little of it)
+            assert "--max-unread-reply-bytes" in (outbox.backlog_full(who) or "")
+        statuses = []
+        peer.setsockopt(zmq.RCVTIMEO, TIMEOUT_MS)
+        for _ in range(64):
+            reply = _reply_of(peer)
+            statuses.append(reply.status)
+            if reply.status != Status.OK:
+                assert "2097152 byte limit of one connection (--max-unread-reply-bytes)" in reply.error
+        assert statuses[0] == Status.OK and Status.RESOURCE_EXHAUSTED in statuses
+        deadline = time.monotonic() + 5
+        while outbox.backlog.held(who) and time.monotonic() < deadline:  # read: the trackers fire
+            time.sleep(0.01)
+        assert outbox.backlog.held(who) == 0 and outbox.backlog_full(who) is None
+        assert outbox.backlog.connections() == 0
+    finally:
+        for sock in (peer, front, back):
+            sock.close(linger=0)
+        ctx.term()

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zinfer.broker.region_intake import MAX_WAITING, RegionIntake
+from zinfer.broker.region_intake import PeerLimits, RegionIntake
 from zinfer.client.errors import ConnectionFailed, InvalidArgument
 from zinfer.client.protocol import ShmRef
 from zinfer.client.region_handoff import MAGIC, hand_over
@@ -143,10 +143,11 @@ def test_unclaimed_descriptors_expire_and_waiting_is_bounded(intake: tuple[Regio
     seg = Segment.create_sealed(4096)
     try:
         before = _handles(seg)
-        tokens = [hand_over(it.path, seg.fd, 5.0) for _ in range(MAX_WAITING)]
-        with pytest.raises(InvalidArgument, match="too many"):
+        per_pid = PeerLimits().waiting_per_pid  # this process's share
+        tokens = [hand_over(it.path, seg.fd, 5.0) for _ in range(per_pid)]
+        with pytest.raises(InvalidArgument, match=f"too many .* this process has {per_pid}"):
             hand_over(it.path, seg.fd, 5.0)
-        assert _handles(seg) == before + MAX_WAITING
+        assert _handles(seg) == before + per_pid and it.waiting() == per_pid
         clock.now += 60
         it.expire()
         assert _handles(seg) == before
@@ -234,37 +235,73 @@ def test_worker_mappings_are_bounded_least_recently_used_first() -> None:
             s.close()
 
 
-def test_at_most_64_hand_off_connections_are_held_at_once(tmp_path: Path) -> None:
-    """The 65th and 66th simultaneous connections are closed at once (the client sees end of file), in the
-    same turn of the accept loop; the 64 before them stay open; a connection's slot frees when it closes."""
-    from zinfer.broker.region_intake import MAX_CONNECTIONS
+def _connect(it: RegionIntake, n: int) -> list[socket.socket]:
+    out = []
+    for _ in range(n):
+        c = socket.socket(socket.AF_UNIX, it.sock.type)
+        c.connect(str(it.path))
+        out.append(c)
+    return out
 
-    assert MAX_CONNECTIONS == 64
-    it = RegionIntake(tmp_path / "r.sock")
+
+def _closed(clients: list[socket.socket]) -> list[bool]:
+    """Which of the clients' connections the server closed (end of file), without waiting."""
+    closed = []
+    for c in clients:
+        c.setblocking(False)
+        try:
+            closed.append(c.recv(1) == b"")
+        except BlockingIOError:
+            closed.append(False)
+    return closed
+
+
+@pytest.mark.parametrize(
+    "limits, held",
+    [
+        (PeerLimits(connections=64, connections_per_uid=64, connections_per_pid=3), 3),  # the pid's share
+        (PeerLimits(connections=64, connections_per_uid=4, connections_per_pid=16), 4),  # the uid's share
+        (PeerLimits(connections=5, connections_per_uid=64, connections_per_pid=64), 5),  # everyone's
+    ],
+)
+def test_hand_off_connections_are_held_up_to_each_ceiling(
+    tmp_path: Path, limits: PeerLimits, held: int
+) -> None:
+    """Connections past a ceiling (this process's, its user's, everyone's) are closed at once, in the same
+    turn of the accept loop; those before stay open; a connection's place frees when it closes."""
+    it = RegionIntake(tmp_path / "r.sock", limits=limits)
     clients: list[socket.socket] = []
     try:
-        for batch in (40, 26):  # two turns of the accept loop, each within the listen backlog
-            for _ in range(batch):
-                c = socket.socket(socket.AF_UNIX, it.sock.type)
-                c.connect(str(it.path))
-                clients.append(c)
-            it.on_readable(it.sock.fileno())
-        assert len(it.fds()) - 1 == MAX_CONNECTIONS  # the listening socket and 64 connections
-        closed = []
-        for c in clients:
-            c.setblocking(False)
-            try:
-                closed.append(c.recv(1) == b"")
-            except BlockingIOError:
-                closed.append(False)
-        assert closed == [False] * 64 + [True, True], closed
-        clients[0].close()  # one slot frees when its client goes away
-        it.on_readable(sorted(it.fds() - {it.sock.fileno()})[0])
-        late = socket.socket(socket.AF_UNIX, it.sock.type)
-        late.connect(str(it.path))
-        clients.append(late)
+        clients += _connect(it, held + 2)
         it.on_readable(it.sock.fileno())
-        assert len(it.fds()) - 1 == MAX_CONNECTIONS
+        assert len(it.fds()) - 1 == held  # the listening socket and the connections held
+        assert _closed(clients) == [False] * held + [True, True]
+        clients[0].close()  # one place frees when its client goes away
+        it.on_readable(sorted(it.fds() - {it.sock.fileno()})[0])
+        late = _connect(it, 1)
+        clients += late
+        it.on_readable(it.sock.fileno())
+        assert len(it.fds()) - 1 == held and _closed(late) == [False]
+    finally:
+        for c in clients:
+            c.close()
+        it.close()
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_its_time(tmp_path: Path) -> None:
+    from zinfer.broker.region_intake import CONNECTION_TTL_S
+
+    clock = Clock()
+    it = RegionIntake(tmp_path / "r.sock", clock=clock)
+    clients = _connect(it, 2)
+    try:
+        it.on_readable(it.sock.fileno())
+        clock.now += CONNECTION_TTL_S - 0.01
+        it.expire()
+        assert len(it.fds()) - 1 == 2
+        clock.now += 0.02
+        it.expire()
+        assert len(it.fds()) - 1 == 0 and _closed(clients) == [True, True]
     finally:
         for c in clients:
             c.close()

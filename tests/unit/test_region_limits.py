@@ -108,6 +108,30 @@ def test_per_user_limit_counts_each_region_once_and_frees_on_unregister(segs: li
         table.close()
 
 
+def test_user_byte_limit_counts_every_connection_and_frees_on_unregister(segs: list[Segment]) -> None:
+    """segs are 1024, 1024 and 2048 bytes; one user may hold 3072 (exactly the limit is fine)."""
+    table = RegionTable(max_uid_bytes=3072)
+    try:
+        table.register(ME, "zinfer-a", _handed(segs[0], uid=7))
+        table.register(OTHER, "zinfer-b", _handed(segs[2], uid=7))  # 3072: exactly the limit
+        assert table.user_bytes(7) == 3072
+        with pytest.raises(ResourceExhausted, match="over the 3072 byte limit of one user"):
+            table.register(ME, "zinfer-c", _handed(segs[1], uid=7))
+        table.register(ME, "zinfer-c", _handed(segs[1], uid=8))  # another user is not affected
+        _, held = table.register(ME, "zinfer-a", _handed(segs[1], uid=7))  # counts the new size only
+        assert held is not None
+        RegionTable.release(held)
+        assert table.user_bytes(7) == 3072
+        RegionTable.release(table.unregister(OTHER, "zinfer-b"))
+        assert table.user_bytes(7) == 1024
+        table.register(OTHER, "zinfer-b", _handed(segs[2], uid=7))  # room again
+        for region in table.drop_client(ME) + table.drop_client(OTHER):
+            RegionTable.release(region)
+        assert table.user_bytes(7) == table.user_bytes(8) == 0
+    finally:
+        table.close()
+
+
 def test_unregister_is_per_connection(segs: list[Segment]) -> None:
     table = RegionTable()
     try:
@@ -233,6 +257,9 @@ def test_dropping_a_connection_that_holds_no_region_drops_nothing() -> None:
 # ---------------------------------------------------------------------------------------------- hand-off
 
 
+ALL_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
 def _memfd(size: int, seals: int) -> int:
     fd = os.memfd_create("zinfer-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     if size:
@@ -245,13 +272,16 @@ def _memfd(size: int, seals: int) -> int:
 @pytest.mark.parametrize(
     "size, seals, max_bytes, refusal",
     [
-        (4096, fcntl.F_SEAL_SHRINK, 0, None),
-        (4096, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW, 4096, None),  # exactly the limit
-        (4096, fcntl.F_SEAL_SHRINK, 4095, "over the 4095 byte limit"),
+        (4096, ALL_SEALS, 0, None),
+        (4096, ALL_SEALS, 4096, None),  # exactly the limit
+        (4096, ALL_SEALS, 4095, "over the 4095 byte limit"),
         (4096, 0, 0, "sealed against shrinking"),  # an unsealed memory file
-        (4096, fcntl.F_SEAL_GROW, 0, "sealed against shrinking"),
+        (4096, fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL, 0, "sealed against shrinking"),
+        (4096, fcntl.F_SEAL_SHRINK, 0, "F_SEAL_SEAL"),  # a write seal could be added later (issue 30)
+        (4096, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW, 0, "F_SEAL_SEAL"),
+        (4096, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL, 0, "F_SEAL_GROW"),  # could grow past what was counted
         (4096, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE, 0, "sealed against writing"),
-        (0, fcntl.F_SEAL_SHRINK, 0, "empty"),
+        (0, ALL_SEALS, 0, "empty"),
     ],
 )
 def test_check_sealed(size: int, seals: int, max_bytes: int, refusal: str | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ curve_allow = "/etc/zinfer/keys/clients"
 max_tensor_bytes = 1_048_576
 max_batch_bytes = 3_145_728
 max_region_bytes = 8_589_934_592
+max_user_region_bytes = 17_179_869_184
+max_unread_reply_bytes = 67_108_864
 drain_timeout_s = 12
 exit_timeout_s = 2.5
 heartbeat_interval_s = 0.5
@@ -73,6 +76,8 @@ EXPECTED: dict[str, Any] = {
     "max_tensor_bytes": 1 << 20,
     "max_batch_bytes": 3 << 20,
     "max_region_bytes": 8 << 30,
+    "max_user_region_bytes": 16 << 30,
+    "max_unread_reply_bytes": 64 << 20,
     "drain_timeout_s": 12.0,
     "exit_timeout_s": 2.5,
     "heartbeat_interval_s": 0.5,
@@ -181,7 +186,11 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         "--allow-unknown-shm-callers",
         "--http-header-timeout", "4",
         "--http-peer-connections", "7",
+        "--max-region-bytes", "1000",
+        "--max-user-region-bytes", "0",
+        "--max-unread-reply-bytes", "2000",
     )  # fmt: skip
+    assert (opts.max_region_bytes, opts.max_user_region_bytes, opts.max_unread_reply_bytes) == (1000, 0, 2000)
     assert (args.grpc, args.http, args.frontdoor_workers) == ("127.0.0.1:7003", "127.0.0.1:7004", 2)
     assert args.allow_unknown_shm_callers is True
     assert (args.http_header_timeout, args.http_peer_connections) == (4.0, 7)
@@ -205,7 +214,7 @@ def test_every_flag_key_is_overridden_by_its_flag(capsys: pytest.CaptureFixture[
     assert with_flags == {
         "model_repository", "runtime_dir", "tcp", "metrics", "socket_group", "curve_secret_key",
         "curve_allow", "max_tensor_bytes", "max_batch_bytes", "drain_timeout_s", "exit_timeout_s",
-        "log_level",
+        "log_level", "max_region_bytes", "max_user_region_bytes", "max_unread_reply_bytes",
         "model_control_mode", "load_models",
         "grpc", "http", "frontdoor_workers", "tls_cert", "tls_key", "tls_client_ca", "insecure_remote",
         "allow_unknown_shm_callers", "http_header_timeout_s", "http_peer_connections",
@@ -232,6 +241,9 @@ def test_without_a_file_the_defaults_are_unchanged(tmp_path: Path) -> None:
     assert opts.metrics == "127.0.0.1:8002"
     assert opts.load_models == ()
     assert (opts.drain_timeout_s, opts.exit_timeout_s, opts.log_level) == (30.0, 5.0, "INFO")
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # region limits follow the machine's
+    assert (opts.max_region_bytes, opts.max_user_region_bytes) == (memory // 4, memory // 2)
+    assert opts.max_unread_reply_bytes == 256 << 20
 
 
 @pytest.mark.parametrize(
