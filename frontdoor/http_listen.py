@@ -1,5 +1,5 @@
 """Where the HTTP door listens and whose share a connection counts against: its listening socket
-(SO_REUSEPORT, so every front-door process binds it), its TLS context, and the per-peer key of a connection."""
+(SO_REUSEPORT, so every front-door process binds it), its TLS context, and a connection's per-peer key."""
 
 from __future__ import annotations
 
