@@ -25,6 +25,7 @@ from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
 from .batching.rate_limiter import normalize_resources
 from .cli_parser import parser as _parser
 from .frontdoor_procs import FrontDoorConfig, FrontDoorProcs, listen_problem, missing_extra
+from .memory_budget import parse_budget
 from .regions import default_limits
 from .reply_backlog import DEFAULT_MAX_UNREAD_REPLY_BYTES
 from .sd_notify import Notifier
@@ -93,6 +94,8 @@ def server_options(args: argparse.Namespace, repo: Path) -> ServerOptions:
                        ("cli_heartbeat_liveness", "heartbeat_liveness")):  # fmt: skip
         if getattr(args, flag, None) is not None:
             extra[name] = getattr(args, flag)
+    if getattr(args, "memory_budget", None) or getattr(args, "model_idle_unload", None) is not None:
+        extra.update(_on_demand_options(args))
     if getattr(args, "cli_rate_limits", None):
         extra["rate_limit_resources"] = tuple(_resource(text) for text in args.cli_rate_limits)
     if "rate_limit_resources" in extra:
@@ -130,6 +133,17 @@ def server_options(args: argparse.Namespace, repo: Path) -> ServerOptions:
         load_models=tuple(load_models),
         **extra,
     )
+
+
+def _on_demand_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--memory-budget`` and ``--model-idle-unload``, which only on-demand model control uses."""
+    if args.model_control_mode != "on-demand":
+        raise ConfigError("--memory-budget and --model-idle-unload need --model-control-mode on-demand")
+    try:
+        budget = parse_budget(args.memory_budget or ())
+    except ValueError as exc:
+        raise ConfigError(f"--memory-budget: {exc}") from None
+    return {"memory_budget": budget, "model_idle_unload_s": args.model_idle_unload}
 
 
 def _resource(text: str) -> tuple[str, int, str | None]:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .memory_budget import parse_budget
 from .server_config import host_port
 
 __all__ = ["parser"]
@@ -172,10 +173,13 @@ def parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentPar
     s.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     s.add_argument(
         "--model-control-mode",
-        choices=["none", "explicit"],
+        choices=["none", "explicit", "on-demand"],
         default="none",
-        help="none: load every model at start; explicit: only --load-model ones, then load/unload on request",
+        help="none: load every model at start; explicit: only --load-model ones, then load/unload on "
+        "request; on-demand: load each model on its first request, unload the least recently used ones "
+        "under --memory-budget",
     )
+    _on_demand_flags(s)
     s.add_argument(
         "--load-model",
         action="append",
@@ -202,6 +206,34 @@ def parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentPar
     k.add_argument("folder", type=Path)
     k.add_argument("name")
     return p
+
+
+def _budget_item(value: str) -> str:
+    try:
+        parse_budget([value])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _on_demand_flags(s: argparse.ArgumentParser) -> None:
+    """On-demand model control: the memory budgets and the idle time."""
+    s.add_argument(
+        "--memory-budget",
+        action="append",
+        type=_budget_item,
+        default=None,
+        metavar="MEMORY=BYTES",
+        help="with --model-control-mode on-demand: bytes the loaded models may hold in host memory "
+        "(host=8G, from worker RSS) or on a GPU (gpu0=20G, from each worker's device memory); repeatable",
+    )
+    s.add_argument(
+        "--model-idle-unload",
+        type=_number(float, 0, strict=True),
+        default=None,
+        metavar="S",
+        help="with --model-control-mode on-demand: unload a model no request used for S seconds",
+    )
 
 
 def _frontdoor_flags(s: argparse.ArgumentParser) -> None:

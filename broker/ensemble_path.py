@@ -83,6 +83,7 @@ class EnsemblePath:
         self.caching = caching
         self.arena = Arena(INITIAL_SHM_BYTES, MAX_SHM_BYTES, new_segment=_server_segment)
         self.regions = ServerRegions(client_regions, self.arena)
+        self.live: dict[int, Run] = {}  # runs not finished, by id (on-demand control keeps their models)
 
     # ------------------------------------------------------------------------------------ start
 
@@ -91,6 +92,7 @@ class EnsemblePath:
         plan = state.ensemble
         assert plan is not None
         run = Run(state, p, plan)
+        self.live[id(run)] = run
         for t in p.request.inputs:
             data = p.frames[t.frame] if t.frame is not None else None
             shm = None if t.shm is None else protocol.shm_to_wire(t.shm)
@@ -365,9 +367,18 @@ class EnsemblePath:
         """Free the run's server slots once none of its steps can still touch them."""
         if run.outstanding:
             return
+        self.live.pop(id(run), None)
         for slot in run.slots:
             self.arena.free(slot)
         run.slots.clear()
+
+    def models_in_use(self) -> set[str]:
+        """The ensembles with a request in progress and every model their steps run."""
+        out: set[str] = set()
+        for run in self.live.values():
+            out.add(run.state.name)
+            out.update(step.model for step in run.plan.steps)
+        return out
 
     def close(self) -> None:
         """Unlink the server's segments (at shutdown, after every request was answered)."""

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 from zinfer.client import dtypes, protocol
 from zinfer.client.errors import InvalidArgument, ProtocolError, ServerError
 from zinfer.client.protocol import Command
+from zinfer.modelconfig.model_config import ModelConfig
 
 from .model_state import ModelState
 from .outbox import Outbox
@@ -37,7 +38,12 @@ LATER: Final = object()
 
 def metadata(state: ModelState, versions: list[int]) -> dict[str, Any]:
     """The KServe v2 model metadata of one model version."""
-    cfg = state.config
+    return config_metadata(state.config, versions)
+
+
+def config_metadata(cfg: ModelConfig, versions: list[int]) -> dict[str, Any]:
+    """The KServe v2 model metadata of a model's config (loaded or not: on-demand control answers it for a
+    model before its first request loads it)."""
     batch = [-1] if cfg.max_batch_size > 0 else []
 
     def tensors(specs: Any) -> list[dict[str, Any]]:
@@ -47,7 +53,7 @@ def metadata(state: ModelState, versions: list[int]) -> dict[str, Any]:
         ]
 
     return {
-        "name": state.name,
+        "name": cfg.name,
         "versions": [str(v) for v in versions],
         "platform": cfg.platform or cfg.backend,
         "max_batch_size": cfg.max_batch_size,

@@ -64,7 +64,8 @@ class ModelControl:
 
     @property
     def explicit(self) -> bool:
-        return self.options.model_control_mode == "explicit"
+        """Load and unload on request: explicit mode, and on-demand mode (``on_demand``) too."""
+        return self.options.model_control_mode in ("explicit", "on-demand")
 
     def load(self, name: str, now: float, client: bytes | None = None, request_id: str = "") -> None:
         """Start loading ``name``; the reply goes to ``client`` once it is ready or has failed."""

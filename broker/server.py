@@ -44,6 +44,7 @@ from .limited_dispatch import LimitedDispatch, ModelKey
 from .model_control import ModelControl
 from .model_state import ModelState
 from .observer import Observer
+from .on_demand import OnDemand
 from .outbox import IPC_TAG, TCP_TAG, Outbox
 from .precise_wait import PreciseWait, tighten_timer_slack
 from .region_intake import RegionIntake
@@ -64,6 +65,7 @@ log = logging.getLogger(__name__)
 MAX_POLL_MS = 100
 REAP_INTERVAL_S = 0.05
 REGION_REAP_INTERVAL_S = 2.0
+_DESCRIBED = (Command.MODEL_METADATA, Command.MODEL_CONFIG)  # on-demand: answered for models not loaded
 
 
 def _raise_fd_limit() -> None:
@@ -132,7 +134,19 @@ class Broker:
         self.control = ModelControl(
             options, self.registry, self.pool, self.outbox, self.observer.attach, self.start_instances
         )
-        self.queries = Queries(self.registry, self.observer.status, self.control.index, self.serving_ready)
+        self.on_demand: OnDemand | None = None  # --model-control-mode on-demand: loads on first request
+        index, status = self.control.index, self.observer.status
+        if options.model_control_mode == "on-demand":
+            on_demand = self.on_demand = OnDemand(
+                options.memory_budget, options.model_idle_unload_s, self.registry, self.pool, self.control,
+                self.supervisor, self.outbox, self._on_client_message, self.ensembles.models_in_use,
+                self.worker_inbox.device_bytes,
+            )  # fmt: skip
+            self.observer.metrics.registry.register(on_demand.metrics)
+            index, status = (lambda: on_demand.index(self.control.index())), (
+                lambda: on_demand.status(self.observer.status())
+            )
+        self.queries = Queries(self.registry, status, index, self.serving_ready)
         self.controls = Controls(
             self.admission.cancel, self.regions, lambda: self.intake, self.drop_region, self.control.load,
             self.control.unload,
@@ -188,7 +202,7 @@ class Broker:
         )
         self.registry.known.update(names)
         for entry in names:
-            if opts.model_control_mode == "explicit" and not wanted & {"*", entry}:
+            if opts.model_control_mode != "none" and not wanted & {"*", entry}:
                 continue
             try:
                 self.control.load(entry, time.monotonic())
@@ -221,6 +235,8 @@ class Broker:
         if self.frontend is not None:
             stopping = Unavailable("the server is shutting down")
             self.admission.fail_queued(stopping)
+            if self.on_demand is not None:
+                self.on_demand.fail_all(stopping)
             self.completion.fail_running(stopping)
             self.ensembles.close()
             self.caching.readers.close()  # the broker maps no client region after this
@@ -283,6 +299,8 @@ class Broker:
             self.observer.maybe_publish(now)
             if self.control.pending or self.registry.retiring:
                 self.control.poll(now)
+            if self.on_demand is not None:
+                self.on_demand.poll(now)
             self._log_ready_once()
             self.outbox.flush()
 
@@ -348,10 +366,18 @@ class Broker:
         try:
             if msg.command == Command.INFER:
                 self.outbox.check_reading(identity)  # a connection not reading its replies gets no more work
+                on_demand = self.on_demand
+                if on_demand is not None and self.draining_since is None:
+                    if on_demand.park(identity, msg, time.monotonic()):
+                        return  # it waits for its model's load
                 self.admission.admit(identity, msg.header, msg.frames)
                 return
             if msg.command in QUERIES:
-                body = self.queries.answer(msg.command, msg.header)
+                body = None
+                if self.on_demand is not None and msg.command in _DESCRIBED:
+                    body = self.on_demand.model_info(msg.command, msg.header)  # a model not loaded yet
+                if body is None:
+                    body = self.queries.answer(msg.command, msg.header)
             else:
                 body = self.controls.handle(identity, msg.command, msg.header)
                 if body is LATER:

@@ -28,7 +28,7 @@ else:  # pragma: no cover - Python 3.10: the same parser as the tomli package, w
         tomllib = None
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-MODEL_CONTROL_MODES = ("none", "explicit")
+MODEL_CONTROL_MODES = ("none", "explicit", "on-demand")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
 _CPU_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 MAX_CPU = 1 << 16

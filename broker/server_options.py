@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .memory_budget import MemoryBudget
 from .regions import default_limits
 from .reply_backlog import DEFAULT_MAX_UNREAD_REPLY_BYTES
 from .validation import DEFAULT_MAX_TENSOR_BYTES
@@ -38,7 +39,11 @@ class ServerOptions:
     curve_secret_key: Path | None = None  # server certificate (zinfer keys); enables CURVE on --tcp
     curve_allow: Path | None = None  # folder of the client public certificates allowed to connect
     log_level: str = "INFO"
-    model_control_mode: str = "none"  # "none": load everything at start; "explicit": load/unload on request
+    # "none": load everything at start; "explicit": load/unload on request; "on-demand": load on first
+    # request, unload under the memory budget (``on_demand``)
+    model_control_mode: str = "none"
+    memory_budget: MemoryBudget = field(default_factory=MemoryBudget)  # on-demand: bytes per memory
+    model_idle_unload_s: float | None = None  # on-demand: unload a model unused for this long
     load_models: tuple[str, ...] = ()  # with "explicit": the models to load at start ("*" = all)
     cache_bytes: int = 0  # size of the response cache in bytes; 0 = no cache
     # rate limiter pool sizes: (resource, count, device "cpu"/"gpu:N" or None for every device and global)

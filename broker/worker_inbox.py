@@ -6,7 +6,8 @@ the worker an instance with a place in the pool (``instance_pool``); LOAD_FAILED
 unavailable with the worker's reason; RESULT goes to request completion (``completion.on_result``). A
 message from a worker the pool does not know is answered with SHUTDOWN; a malformed one is logged and
 dropped, never allowed to raise in the broker loop. A heartbeat that carries the model's custom metrics
-hands them, checked, to ``custom_metrics`` (set by the server to its metrics' store).
+hands them, checked, to ``custom_metrics`` (set by the server to its metrics' store); one from a GPU worker
+carries the device memory it holds (``device_bytes``, for on-demand model control's budgets).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class WorkerInbox:
         self.outbox = outbox
         self.custom_metrics: CustomMetrics | None = None
         self._reported: set[bytes] = set()  # workers whose last heartbeat carried custom metrics
+        self.device_bytes: dict[bytes, int] = {}  # device memory a GPU worker's last heartbeat reported
         self.completion = completion
         self.clock = clock
 
@@ -84,6 +86,9 @@ class WorkerInbox:
             if self.pool.heartbeat(worker, self.clock()):
                 self.outbox.send_worker(identity, Command.W_HEARTBEAT, empty_to_wire(Heartbeat()))
                 self._custom_metrics(worker, msg.header)
+                used = msg.header.get("device_bytes")
+                if type(used) is int and 0 <= used < 1 << 62:
+                    self.device_bytes[worker] = used
             return
         state = self.pool.state_of(identity)
         if state is None:

@@ -405,6 +405,12 @@ class GpuDevice:
         except Exception as exc:
             log.warning("event=host_unregister_failed error=%r", exc)
 
+    def memory_used(self) -> int:
+        """Device memory this worker holds through CuPy's default pool on its device (in use and cached),
+        for on-demand model control's device budgets (sent with each heartbeat)."""
+        with self.device:
+            return int(self.cp.get_default_memory_pool().total_bytes())
+
     def close(self) -> None:
         try:
             self.copy_stream.synchronize()

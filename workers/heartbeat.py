@@ -7,8 +7,8 @@ is gone). Heartbeats travel on their own socket so that a long batch in the main
 like a hang, while a process that stops entirely does.
 
 Each heartbeat also carries the custom metrics the model defined (``zinfer.workers.custom_metrics``), when it
-defined any, so that the broker can export them; a snapshot over half the header limit is left out (logged
-once) rather than sent.
+defined any, so that the broker can export them (a snapshot over half the header limit is left out, logged
+once), and a GPU worker's device memory (``device_bytes``, for on-demand model control's budgets).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -43,6 +45,8 @@ class Heartbeat:
         self._sock.connect(endpoint)
         self._thread = threading.Thread(target=self._run, name="zinfer-heartbeat", daemon=True)
         self._too_big_logged = False
+        # the device memory the worker holds (a GPU worker sets it once its device is open); None: none
+        self.device_bytes: Callable[[], int] | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -53,16 +57,24 @@ class Heartbeat:
         self._sock.close(linger=0)
 
     def ping(self) -> list[Frame]:
-        """One heartbeat: empty, or with the model's custom metrics."""
+        """One heartbeat: empty, or with the model's custom metrics and the device memory it holds."""
+        header: dict[str, Any] = {}
+        if self.device_bytes is not None:
+            try:
+                header["device_bytes"] = int(self.device_bytes())
+            except Exception:  # noqa: BLE001 - a figure that cannot be read is left out, never fatal
+                pass
         families = custom_metrics.snapshot()
         if families:
-            frames = protocol.encode(Command.W_HEARTBEAT, {"metrics": families_to_wire(families)})
+            frames = protocol.encode(
+                Command.W_HEARTBEAT, {**header, "metrics": families_to_wire(families)}
+            )
             if len(frames[2]) <= protocol.MAX_HEADER_BYTES // 2:
                 return frames
             if not self._too_big_logged:
                 log.warning("event=custom_metrics_too_big bytes=%d action=not_sent", len(frames[2]))
                 self._too_big_logged = True
-        return protocol.encode(Command.W_HEARTBEAT, {})
+        return protocol.encode(Command.W_HEARTBEAT, header)
 
     def _run(self) -> None:
         last_answer = time.monotonic()

@@ -131,6 +131,7 @@ class Worker:
             config = complete_config(config, a.repository / a.model, a.version)
             bls.configure(a.server_url, a.model, sum(g.count for g in config.instance_group))
             self.device = open_device(a.device)
+            self.heartbeat.device_bytes = getattr(self.device, "memory_used", None)
             model_loop.configure(_device_setup(self.device))
             self.regions.pinner = self.device
             model = load_model(config, a.repository / a.model / str(a.version), self.device, a.instance)

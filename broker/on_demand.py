@@ -1,0 +1,446 @@
+"""On-demand model control (``zinfer serve --model-control-mode on-demand``): a model loads when its first
+request arrives and is unloaded when a memory budget would be exceeded or after an idle time.
+
+A request for a model that is not loaded (or an ensemble any of whose steps is not) is parked here, and the
+loads it needs start (one per model, however many requests race for it); when they finish, the parked
+requests go through admission as if they had just arrived; when one fails, or the request's timeout passes
+first, they are answered with the reason. Before a load, ``residency.plan_room`` picks the least recently
+used models to unload so that the measured footprints plus the new model's estimate stay within
+``--memory-budget``; a model with queued or running requests, live sequences, a running ensemble that needs
+it or parked requests waiting for it is never picked, nor a pinned one (parameter ``zinfer_pinned``). When
+nothing can be unloaded, the parked requests fail at once with ResourceExhausted naming the budget.
+
+Footprints are measured, not declared: each instance's worker RSS (psutil) for ``host`` and, for GPU
+instances, the device memory the worker reports in its heartbeats for ``gpuN``. The estimate of a model
+not measured yet is its last measurement, else the mean instance measured so far.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from zinfer.client import protocol
+from zinfer.client.errors import DeadlineExceeded, ResourceExhausted, ServerError, Unavailable
+from zinfer.client.protocol import Command, Reply
+from zinfer.modelconfig.model_config import ModelConfig
+from zinfer.modelconfig.repository import load_model_entry
+
+from .handlers import config_metadata
+from .memory_budget import HOST, MemoryBudget, device_memory, format_bytes
+from .model_control import LOAD_TIMEOUT_S, ModelControl
+from .model_state import ModelState
+from .residency import Footprint, Resident, estimate, idle, over_budget, plan_room, total
+from .residency_metrics import ResidencyMetrics
+
+if TYPE_CHECKING:
+    from .instance_pool import InstancePool
+    from .outbox import Outbox
+    from .registry import ModelRegistry
+    from .supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+__all__ = ["OnDemand", "PINNED_PARAMETER"]
+
+PINNED_PARAMETER = "zinfer_pinned"
+MEASURE_INTERVAL_S = 0.5
+RETRY_INTERVAL_S = 0.02  # a load waiting for memory being freed looks again this often
+
+
+@dataclass
+class Parked:
+    identity: bytes
+    message: protocol.Message
+    request_id: str
+    needs: frozenset[str]
+    deadline: float
+
+
+def pinned(config: ModelConfig) -> bool:
+    return config.parameters.get(PINNED_PARAMETER, "").strip().lower() in ("true", "1", "yes")
+
+
+class OnDemand:
+    def __init__(
+        self,
+        budget: MemoryBudget,
+        idle_unload_s: float | None,
+        registry: ModelRegistry,
+        pool: InstancePool,
+        control: ModelControl,
+        supervisor: Supervisor,
+        outbox: Outbox,
+        replay: Callable[[bytes, protocol.Message], None],
+        ensembles_in_use: Callable[[], set[str]],
+        device_bytes: dict[bytes, int],
+    ) -> None:
+        self.budget = budget
+        self.idle_unload_s = idle_unload_s
+        self.registry = registry
+        self.pool = pool
+        self.control = control
+        self.supervisor = supervisor
+        self.outbox = outbox
+        self.replay = replay  # a parked request goes through admission (``Broker._on_client_message``)
+        self.ensembles_in_use = ensembles_in_use  # models a running ensemble request needs
+        self.device_bytes = device_bytes  # device memory each GPU worker reported in its heartbeat
+        self.metrics = ResidencyMetrics(dict(budget.limits))
+        self.parked: list[Parked] = []
+        self.wanted: list[str] = []  # models to load, waiting for room, in the order they were asked for
+        self.loading: dict[str, float] = {}  # model -> when its load started
+        self.last_used: dict[str, float] = {}
+        self.footprints: dict[str, dict[str, int]] = {}  # loaded models, as last measured
+        self.measured: dict[str, dict[str, int]] = {}  # every model measured once, for the next estimate
+        self.evicted: dict[str, str] = {}  # unloaded models and why, for the repository index
+        self.per_instance: dict[str, int] = {}  # the mean instance measured so far: host, gpu
+        self.loads = 0
+        self.evictions = 0
+        self._next_measure = 0.0
+        self._next_retry = 0.0
+        self._freeing: dict[str, int] = {}
+
+    # ------------------------------------------------------------------------------------ requests
+
+    def park(self, identity: bytes, message: protocol.Message, now: float) -> bool:
+        """Park an INFER whose model (or one of its ensemble's steps) is not loaded, and start its loads;
+        False when everything it needs is loaded (admission takes it now) or it names no model of the
+        repository (admission answers it)."""
+        name = message.header.get("model")
+        if not isinstance(name, str) or not name:
+            return False
+        needs = self._needs(name)
+        if needs is None:
+            return False
+        missing = [n for n in sorted(needs) if not self._ready(n)]
+        if not missing:
+            for n in needs:
+                self.last_used[n] = now
+            return False
+        timeout_us = message.header.get("timeout_us", 0)
+        wait_s = timeout_us / 1e6 if isinstance(timeout_us, int) and timeout_us > 0 else LOAD_TIMEOUT_S
+        rid = protocol.request_id_of(message.header)
+        self.parked.append(Parked(identity, message, rid, frozenset(needs), now + wait_s))
+        for n in missing:
+            if n not in self.wanted and n not in self.loading:
+                self.wanted.append(n)
+        self._start_loads(now)
+        return True
+
+    def _needs(self, name: str) -> set[str] | None:
+        """The model and, for an ensemble, every step model (steps of steps too); None if not in the
+        repository."""
+        out: set[str] = set()
+        todo = [name]
+        while todo:
+            n = todo.pop()
+            if n in out:
+                continue
+            config = self._config(n)
+            if config is None:
+                if n == name:
+                    return None
+                continue  # a step that does not exist: the ensemble's load says so
+            out.add(n)
+            if config.ensemble_scheduling is not None:
+                todo.extend(step.model_name for step in config.ensemble_scheduling.step)
+        return out
+
+    def _config(self, name: str) -> ModelConfig | None:
+        versions = self.registry.models.get(name)
+        if versions:
+            return next(iter(versions.values())).config
+        if name not in self.registry.known:
+            return None
+        model_dir = self.control.options.model_repository / name
+        if not model_dir.is_dir():
+            return None
+        return load_model_entry(model_dir).config
+
+    def model_info(self, command: Command, header: dict[str, Any]) -> Any:
+        """Metadata or config of a model that is not loaded, from its folder (a client asks for them before
+        its first request, which loads it); None: the model is loaded or unknown (the queries answer)."""
+        q = protocol.model_query_from_wire(header)
+        if q.model in self.registry.models or q.model not in self.registry.known:
+            return None
+        model_dir = self.control.options.model_repository / q.model
+        if not model_dir.is_dir():
+            return None
+        entry = load_model_entry(model_dir)
+        if entry.config is None or entry.error is not None or (q.version and q.version not in entry.versions):
+            return None
+        if command == Command.MODEL_CONFIG:
+            return entry.config.to_dict()
+        return config_metadata(entry.config, list(entry.versions))
+
+    def _ready(self, name: str) -> bool:
+        versions = self.registry.models.get(name)
+        return bool(versions) and any(s.ready for s in versions.values())  # type: ignore[union-attr]
+
+    # ------------------------------------------------------------------------------------ the loop
+
+    def poll(self, now: float) -> None:
+        """Each turn of the broker loop: finished loads, parked requests, measurements, evictions."""
+        if not (self.parked or self.wanted or self.loading) and now < self._next_measure:
+            return
+        loaded = self._finished_loads(now)
+        if loaded or now >= self._next_measure:
+            self._next_measure = now + MEASURE_INTERVAL_S
+            self.measure(now)
+            self._enforce(now, frozenset(loaded))
+        if self.parked:
+            self._release_parked(now)
+        if self.wanted and now >= self._next_retry:
+            self._next_retry = now + RETRY_INTERVAL_S
+            self._start_loads(now)
+
+    def _finished_loads(self, now: float) -> list[str]:
+        pending = {p.name for p in self.control.pending}
+        done: list[str] = []
+        for name, started in list(self.loading.items()):
+            if name in pending:
+                continue
+            del self.loading[name]
+            if self._ready(name):
+                seconds = now - started
+                self.loads += 1
+                self.metrics.loaded(name, True, seconds)
+                self.last_used[name] = now
+                self.evicted.pop(name, None)
+                done.append(name)
+                log.info("event=model_loaded_on_demand model=%s cold_start_s=%.3f", name, seconds)
+            else:
+                error = self.registry.load_errors.get(name) or self.registry.reload_errors.get(name)
+                self.metrics.loaded(name, False)
+                self._fail(name, Unavailable(f"model '{name}' failed to load: {error or 'not ready'}"))
+        return done
+
+    def _release_parked(self, now: float) -> None:
+        keep: list[Parked] = []
+        ready: list[Parked] = []
+        for p in self.parked:
+            if all(self._ready(n) for n in p.needs):
+                ready.append(p)
+            elif now >= p.deadline:
+                names = ", ".join(sorted(n for n in p.needs if not self._ready(n)))
+                self._answer(p, DeadlineExceeded(f"Request timeout expired while loading model(s) {names}"))
+            else:
+                keep.append(p)
+        self.parked = keep
+        for p in ready:
+            self.replay(p.identity, p.message)
+
+    def _start_loads(self, now: float) -> None:
+        """Start the wanted loads there is room for, unloading LRU models first; fail those that cannot
+        fit; leave those that wait for memory being freed."""
+        if self.budget:
+            self._freeing = self._measure_retiring()
+        for name in list(self.wanted):
+            if self._ready(name):  # loaded meanwhile (an explicit load)
+                self.wanted.remove(name)
+                continue
+            if any(p.name == name for p in self.control.pending):  # loading already (an explicit load)
+                self.wanted.remove(name)
+                self.loading[name] = now
+                continue
+            if self.budget:
+                need = self._estimate(name)
+                loading = total(self._estimate(n) for n in self.loading)
+                plan = plan_room(self.budget, self.residents(), need, loading, self._freeing)
+                if not plan.fits:
+                    self.wanted.remove(name)
+                    log.warning("event=model_load_refused model=%s reason=%r", name, plan.short)
+                    self._fail(name, ResourceExhausted(f"model '{name}' cannot be loaded: {plan.short}"))
+                    continue
+                for victim in plan.victims:
+                    self.evict(victim, "budget", now)
+                if plan.wait:
+                    self._freeing = self._measure_retiring()
+                    continue
+            self.wanted.remove(name)
+            try:
+                self.control.load(name, now)
+            except ServerError as exc:
+                self.metrics.loaded(name, False)
+                self._fail(name, exc)
+                continue
+            self.loading[name] = now
+            log.info("event=model_load_on_demand model=%s estimate=%s", name,
+                     _describe(self._estimate(name)))  # fmt: skip
+
+    def _enforce(self, now: float, just_loaded: frozenset[str]) -> None:
+        """After a measurement: unload LRU models while a budget is exceeded; unload idle ones."""
+        if self.budget:
+            loading = total(self._estimate(n) for n in self.loading)
+            for victim in over_budget(self.budget, self.residents(), loading, keep=just_loaded):
+                self.evict(victim, "budget", now)
+        if self.idle_unload_s is not None:
+            for victim in idle(self.residents(), now, self.idle_unload_s):
+                self.evict(victim, "idle", now)
+
+    def evict(self, name: str, reason: str, now: float) -> None:
+        footprint = self.footprints.pop(name, {})
+        if not self.registry.remove(name):
+            return
+        self.evictions += 1
+        self.metrics.evicted(name, reason)
+        self.evicted[name] = reason
+        for memory, n in footprint.items():
+            self._freeing[memory] = self._freeing.get(memory, 0) + n
+        idle_s = now - self.last_used.get(name, now)
+        log.info("event=model_evicted model=%s reason=%s resident=%s idle_s=%.1f", name, reason,
+                 _describe(footprint), idle_s)  # fmt: skip
+
+    # ------------------------------------------------------------------------------------ residents
+
+    def residents(self) -> list[Resident]:
+        ensembles = self.ensembles_in_use()
+        parked = {n for p in self.parked for n in p.needs}
+        out: list[Resident] = []
+        for name, versions in self.registry.models.items():
+            states = list(versions.values())
+            in_use = name in ensembles or name in parked or any(self._busy(s) for s in states)
+            out.append(Resident(name, self.footprints.get(name, {}), self.last_used.get(name, 0.0), in_use,
+                                any(pinned(s.config) for s in states)))  # fmt: skip
+        return out
+
+    def _busy(self, state: ModelState) -> bool:
+        seqs = state.sequencer
+        return bool(state.queued) or self.pool.busy(state) or (seqs is not None and seqs.active() > 0)
+
+    def _estimate(self, name: str) -> dict[str, int]:
+        config = self._config(name)
+        devices: list[str] = []
+        if config is not None and config.ensemble_scheduling is None and config.platform != "ensemble":
+            for group in config.instance_group:
+                if group.kind in ("KIND_CPU", "KIND_MODEL"):
+                    devices += ["cpu"] * group.count
+                else:
+                    devices += [f"gpu:{g}" for g in (group.gpus or (0,)) for _ in range(group.count)]
+            devices = devices or ["cpu"]
+        return estimate(devices, self.measured.get(name), self.per_instance)
+
+    # ------------------------------------------------------------------------------------ measuring
+
+    def measure(self, now: float) -> None:
+        """Each loaded model's footprint now: its workers' RSS and reported device memory."""
+        procs = {wp.identity: wp for wp in self.supervisor.procs()}
+        footprints: dict[str, dict[str, int]] = {}
+        host: list[int] = []
+        gpu: list[int] = []
+        for name, versions in self.registry.models.items():
+            self.last_used.setdefault(name, now)  # loaded otherwise (at start, or on request): used now
+            fp: dict[str, int] = {}
+            for state in versions.values():
+                for identity in self.pool.workers_of(state):
+                    wp = procs.get(identity)
+                    if wp is None or identity not in state.instances:
+                        continue  # an instance still loading is counted by its model's estimate
+                    rss = _rss(wp.proc.pid)
+                    fp[HOST] = fp.get(HOST, 0) + rss
+                    host.append(rss)
+                    memory = device_memory(wp.spec.device)
+                    if memory != HOST:
+                        used = self.device_bytes.get(identity, 0)
+                        fp[memory] = fp.get(memory, 0) + used
+                        gpu.append(used)
+            footprints[name] = fp
+            if fp:
+                self.measured[name] = fp
+        self.footprints = footprints
+        for gone in self.device_bytes.keys() - procs.keys():
+            del self.device_bytes[gone]
+        if host:
+            self.per_instance[HOST] = sum(host) // len(host)
+        if gpu:
+            self.per_instance["gpu"] = sum(gpu) // len(gpu)
+        self.metrics.measured(footprints)
+
+    def _measure_retiring(self) -> dict[str, int]:
+        """Memory of unloaded models whose workers have not exited yet."""
+        procs = {wp.identity: wp for wp in self.supervisor.procs()}
+        out: dict[str, int] = {}
+        for state in self.registry.retiring:
+            for identity in self.pool.workers_of(state):
+                wp = procs.get(identity)
+                if wp is None:
+                    continue
+                out[HOST] = out.get(HOST, 0) + _rss(wp.proc.pid)
+                memory = device_memory(wp.spec.device)
+                if memory != HOST:
+                    out[memory] = out.get(memory, 0) + self.device_bytes.get(identity, 0)
+        return out
+
+    # ------------------------------------------------------------------------------------ answers
+
+    def _fail(self, name: str, error: ServerError) -> None:
+        """Answer every parked request that needs ``name`` with ``error``."""
+        keep: list[Parked] = []
+        for p in self.parked:
+            if name in p.needs:
+                self._answer(p, error)
+            else:
+                keep.append(p)
+        self.parked = keep
+
+    def _answer(self, p: Parked, error: ServerError) -> None:
+        self.outbox.send_client(p.identity, Reply(p.request_id, error.status, error.wire_text()))
+
+    def fail_all(self, error: ServerError) -> None:
+        """The server stops: every parked request is answered."""
+        for p in self.parked:
+            self._answer(p, error)
+        self.parked = []
+        self.wanted = []
+
+    def waiting(self) -> int:
+        return len(self.parked)
+
+    # ------------------------------------------------------------------------------------ visible
+
+    def index(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The repository index with each model's resident bytes, and why an unloaded one is not loaded."""
+        for row in rows:
+            name = row["name"]
+            fp = self.footprints.get(name, {})
+            row["resident_bytes"] = fp.get(HOST, 0)
+            row["device_bytes"] = {m: n for m, n in fp.items() if m != HOST}
+            if row["state"] == "UNAVAILABLE" and row["reason"] == "unloaded":
+                reason = self.evicted.get(name)
+                row["reason"] = f"evicted ({reason}); loads on its next request" if reason else "not loaded"
+            elif name in self.loading or name in self.wanted:
+                row["state"], row["reason"] = "LOADING", "on demand"
+        return rows
+
+    def status(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """``zinfer status``: the budget, the memory in use, loads and evictions, each model's footprint."""
+        for model in answer.get("models", []):
+            fp = self.footprints.get(model["name"], {})
+            model["resident_bytes"] = fp.get(HOST, 0)
+            model["device_bytes"] = {m: n for m, n in fp.items() if m != HOST}
+        answer["memory"] = {
+            "mode": "on-demand",
+            "budget": dict(self.budget.limits),
+            "resident": total(self.footprints.values()),
+            "loads": self.loads,
+            "evictions": self.evictions,
+            "loading": sorted(self.loading),
+            "waiting_requests": len(self.parked),
+            "idle_unload_s": self.idle_unload_s,
+        }
+        return answer
+
+
+def _rss(pid: int) -> int:
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return 0
+
+
+def _describe(fp: Footprint) -> str:
+    return ",".join(f"{m}:{format_bytes(n).replace(' ', '')}" for m, n in sorted(fp.items())) or "-"
