@@ -60,7 +60,10 @@ def parse_budget(items: Iterable[str]) -> MemoryBudget:
             raise ValueError(f"{item!r}: expected host=BYTES or gpuN=BYTES (e.g. host=8G, gpu0=20G)")
         if name in limits:
             raise ValueError(f"{item!r}: the {name} budget is given twice")
-        limits[name] = parse_bytes(size)
+        try:
+            limits[name] = parse_bytes(size)
+        except ValueError as exc:
+            raise ValueError(f"{item!r}: {exc}") from None
     return MemoryBudget(limits)
 
 

@@ -12,7 +12,7 @@ backend: "zinfer"
 max_batch_size: 8
 input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} ]
 output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 1 ] }} ]
-dynamic_batching {{ }}
+dynamic_batching {{ {batching} }}
 instance_group [ {{ kind: {kind} count: 1 }} ]
 parameters [
   {{ key: "kernel" value: {{ string_value: "linear" }} }}{extra}
@@ -26,13 +26,17 @@ def scale_name(k: int) -> str:
     return f"scale_{k}"
 
 
-def write_scale_model(repo: Path, k: int, pinned: bool = False, kind: str = "KIND_CPU") -> str:
-    """``scale_K``: a linear layer whose 1x1 weight is K."""
-    name = scale_name(k)
+def write_scale_model(
+    repo: Path, k: int, pinned: bool = False, kind: str = "KIND_CPU", hold_us: int = 0, prefix: str = "scale"
+) -> str:
+    """``scale_K``: a linear layer whose 1x1 weight is K. ``hold_us``: a request waits that long in the
+    queue for a batch of 8 (the model is in use all that time)."""
+    name = f"{prefix}_{k}"
     version = repo / name / "1"
     version.mkdir(parents=True, exist_ok=True)
+    batching = f"preferred_batch_size: [ 8 ] max_queue_delay_microseconds: {hold_us}" if hold_us else ""
     (repo / name / "config.pbtxt").write_text(
-        CONFIG.format(name=name, kind=kind, extra=PINNED if pinned else "")
+        CONFIG.format(name=name, kind=kind, extra=PINNED if pinned else "", batching=batching)
     )
     np.save(version / "W.npy", np.full((1, 1), k, np.float32))
     return name
@@ -62,4 +66,30 @@ ensemble_scheduling {{
   ]
 }}
 """)
+    return name
+
+
+BLS = """
+from zinfer.workers import bls
+
+
+class Model:
+    def initialize(self, config):
+        pass
+
+    def execute(self, inputs):
+        return {"Y": bls.infer("%s", {"X": inputs["X"]})["Y"] + 1}
+"""
+
+
+def write_bls_model(repo: Path, name: str, target: str) -> str:
+    """A native python model answering ``target(X) + 1`` through a BLS call."""
+    (repo / name / "1").mkdir(parents=True, exist_ok=True)
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'instance_group [ { kind: KIND_CPU count: 1 } ]\n'
+    )
+    (repo / name / "1" / "model.py").write_text(BLS % target)
     return name
