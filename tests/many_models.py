@@ -89,7 +89,7 @@ def write_bls_model(repo: Path, name: str, target: str) -> str:
         f'name: "{name}"\nbackend: "python"\nmax_batch_size: 8\n'
         'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
         'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-        'instance_group [ { kind: KIND_CPU count: 1 } ]\n'
+        "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
     )
     (repo / name / "1" / "model.py").write_text(BLS % target)
     return name

@@ -14,7 +14,6 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,7 +138,9 @@ def test_cold_start_is_measured_and_warm_requests_are_fast(free_server: ServerPr
     count = _sample(text, "zinfer_model_cold_start_seconds_count")
     total = _sample(text, "zinfer_model_cold_start_seconds_sum")
     assert count >= 1 and total > 0
-    logged = re.search(r"event=model_loaded_on_demand model=scale_4 cold_start_s=([0-9.]+)", free_server.log())
+    logged = re.search(
+        r"event=model_loaded_on_demand model=scale_4 cold_start_s=([0-9.]+)", free_server.log()
+    )
     assert logged is not None
     assert 0 < float(logged.group(1)) <= cold
     assert warm < cold
@@ -169,7 +170,10 @@ def test_an_idle_model_is_unloaded_and_loads_again(free_server: ServerProcess) -
                  "scale_3 to be unloaded after its idle time")  # fmt: skip
         assert _index(client)["scale_3"]["reason"] == "evicted (idle); loads on its next request"
         assert "event=model_evicted model=scale_3 reason=idle" in free_server.log()
-        assert _sample(_metrics(free_server), "zinfer_model_evictions_total", model="scale_3", reason="idle") >= 1
+        assert (
+            _sample(_metrics(free_server), "zinfer_model_evictions_total", model="scale_3", reason="idle")
+            >= 1
+        )
         assert _y(client, "scale_3", 2) == 6
         assert _loads_logged(free_server, "scale_3") == loads + 1
 
@@ -204,7 +208,9 @@ def budget_server(tmp_path_factory: pytest.TempPathFactory, instance_bytes: int)
         stop_all([s])
 
 
-def test_a_random_workload_over_more_models_than_fit(budget_server: ServerProcess, instance_bytes: int) -> None:
+def test_a_random_workload_over_more_models_than_fit(
+    budget_server: ServerProcess, instance_bytes: int
+) -> None:
     rng = random.Random(35)
     plans = [[(rng.randint(1, MODELS), rng.randint(-50, 50)) for _ in range(30)] for _ in range(2)]
     done = [0, 0]
@@ -241,7 +247,9 @@ def test_a_random_workload_over_more_models_than_fit(budget_server: ServerProces
         status = client.server_status()["memory"]
         assert status["mode"] == "on-demand" and status["budget"]["host"] == int(SLOTS * instance_bytes)
         assert status["loads"] >= MODELS - 1 and status["evictions"] >= 1
-    print(f"random workload: {loads:.0f} loads, {evictions:.0f} evictions for 60 requests over {MODELS} models")
+    print(
+        f"random workload: {loads:.0f} loads, {evictions:.0f} evictions for 60 requests over {MODELS} models"
+    )
 
 
 def test_models_in_use_and_pinned_are_never_evicted_and_a_full_budget_fails_fast(
