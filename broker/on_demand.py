@@ -22,17 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from zinfer.client import protocol
 from zinfer.client.errors import DeadlineExceeded, ResourceExhausted, ServerError, Unavailable
 from zinfer.client.protocol import Command, Reply
-from zinfer.modelconfig.model_config import ModelConfig
 from zinfer.modelconfig.repository import load_model_entry
 
+from .footprint_probe import FootprintProbe
 from .handlers import config_metadata
-from .memory_budget import HOST, MemoryBudget, device_memory, format_bytes
+from .memory_budget import HOST, MemoryBudget, format_bytes
 from .model_control import LOAD_TIMEOUT_S, ModelControl
+from .model_needs import config_of, devices_of, pinned
+from .model_needs import needs as model_needs
 from .model_state import ModelState
 from .residency import Footprint, Resident, estimate, idle, over_budget, plan_room, total
 from .residency_metrics import ResidencyMetrics
@@ -41,13 +41,13 @@ if TYPE_CHECKING:
     from .instance_pool import InstancePool
     from .outbox import Outbox
     from .registry import ModelRegistry
+    from .server import Broker
     from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OnDemand", "PINNED_PARAMETER"]
+__all__ = ["OnDemand"]
 
-PINNED_PARAMETER = "zinfer_pinned"
 MEASURE_INTERVAL_S = 0.5
 RETRY_INTERVAL_S = 0.02  # a load waiting for memory being freed looks again this often
 
@@ -59,10 +59,6 @@ class Parked:
     request_id: str
     needs: frozenset[str]
     deadline: float
-
-
-def pinned(config: ModelConfig) -> bool:
-    return config.parameters.get(PINNED_PARAMETER, "").strip().lower() in ("true", "1", "yes")
 
 
 class OnDemand:
@@ -78,6 +74,7 @@ class OnDemand:
         replay: Callable[[bytes, protocol.Message], None],
         ensembles_in_use: Callable[[], set[str]],
         device_bytes: dict[bytes, int],
+        draining: Callable[[], bool] = lambda: False,
     ) -> None:
         self.budget = budget
         self.idle_unload_s = idle_unload_s
@@ -86,10 +83,14 @@ class OnDemand:
         self.control = control
         self.supervisor = supervisor
         self.outbox = outbox
+        self.draining = draining  # the server drains: admission refuses new requests, none is parked
         self.replay = replay  # a parked request goes through admission (``Broker._on_client_message``)
         self.ensembles_in_use = ensembles_in_use  # models a running ensemble request needs
-        self.device_bytes = device_bytes  # device memory each GPU worker reported in its heartbeat
+        self.probe = FootprintProbe(pool, supervisor, device_bytes)
+        self.repository = control.options.model_repository
         self.metrics = ResidencyMetrics(dict(budget.limits))
+        self.base_index: Callable[[], list[dict[str, Any]]] = list  # the repository index to annotate
+        self.base_status: Callable[[], dict[str, Any]] = dict  # the status answer to annotate
         self.parked: list[Parked] = []
         self.wanted: list[str] = []  # models to load, waiting for room, in the order they were asked for
         self.loading: dict[str, float] = {}  # model -> when its load started
@@ -97,12 +98,24 @@ class OnDemand:
         self.footprints: dict[str, dict[str, int]] = {}  # loaded models, as last measured
         self.measured: dict[str, dict[str, int]] = {}  # every model measured once, for the next estimate
         self.evicted: dict[str, str] = {}  # unloaded models and why, for the repository index
-        self.per_instance: dict[str, int] = {}  # the mean instance measured so far: host, gpu
         self.loads = 0
         self.evictions = 0
         self._next_measure = 0.0
         self._next_retry = 0.0
         self._freeing: dict[str, int] = {}
+
+    @classmethod
+    def of(cls, broker: Broker) -> OnDemand:
+        """On-demand control of ``broker``'s models; registers its metrics, wraps the broker's views."""
+        o = broker.options
+        on_demand = cls(
+            o.memory_budget, o.model_idle_unload_s, broker.registry, broker.pool, broker.control,
+            broker.supervisor, broker.outbox, broker._on_client_message, broker.ensembles.models_in_use,
+            broker.worker_inbox.device_bytes, lambda: broker.draining_since is not None,
+        )  # fmt: skip
+        on_demand.base_index, on_demand.base_status = broker.control.index, broker.observer.status
+        broker.observer.metrics.registry.register(on_demand.metrics)
+        return on_demand
 
     # ------------------------------------------------------------------------------------ requests
 
@@ -111,9 +124,9 @@ class OnDemand:
         False when everything it needs is loaded (admission takes it now) or it names no model of the
         repository (admission answers it)."""
         name = message.header.get("model")
-        if not isinstance(name, str) or not name:
+        if not isinstance(name, str) or not name or self.draining():
             return False
-        needs = self._needs(name)
+        needs = model_needs(self.registry, self.repository, name)
         if needs is None:
             return False
         missing = [n for n in sorted(needs) if not self._ready(n)]
@@ -131,43 +144,16 @@ class OnDemand:
         self._start_loads(now)
         return True
 
-    def _needs(self, name: str) -> set[str] | None:
-        """The model and, for an ensemble, every step model (steps of steps too); None if not in the
-        repository."""
-        out: set[str] = set()
-        todo = [name]
-        while todo:
-            n = todo.pop()
-            if n in out:
-                continue
-            config = self._config(n)
-            if config is None:
-                if n == name:
-                    return None
-                continue  # a step that does not exist: the ensemble's load says so
-            out.add(n)
-            if config.ensemble_scheduling is not None:
-                todo.extend(step.model_name for step in config.ensemble_scheduling.step)
-        return out
-
-    def _config(self, name: str) -> ModelConfig | None:
-        versions = self.registry.models.get(name)
-        if versions:
-            return next(iter(versions.values())).config
-        if name not in self.registry.known:
-            return None
-        model_dir = self.control.options.model_repository / name
-        if not model_dir.is_dir():
-            return None
-        return load_model_entry(model_dir).config
-
     def model_info(self, command: Command, header: dict[str, Any]) -> Any:
         """Metadata or config of a model that is not loaded, from its folder (a client asks for them before
-        its first request, which loads it); None: the model is loaded or unknown (the queries answer)."""
+        its first request, which loads it); None: another command, or the model is loaded or unknown (the
+        queries answer)."""
+        if command not in (Command.MODEL_METADATA, Command.MODEL_CONFIG):
+            return None
         q = protocol.model_query_from_wire(header)
         if q.model in self.registry.models or q.model not in self.registry.known:
             return None
-        model_dir = self.control.options.model_repository / q.model
+        model_dir = self.repository / q.model
         if not model_dir.is_dir():
             return None
         entry = load_model_entry(model_dir)
@@ -238,7 +224,7 @@ class OnDemand:
         """Start the wanted loads there is room for, unloading LRU models first; fail those that cannot
         fit; leave those that wait for memory being freed."""
         if self.budget:
-            self._freeing = self._measure_retiring()
+            self._freeing = self.probe.states(self.registry.retiring)
         for name in list(self.wanted):
             if self._ready(name):  # loaded meanwhile (an explicit load)
                 self.wanted.remove(name)
@@ -259,7 +245,7 @@ class OnDemand:
                 for victim in plan.victims:
                     self.evict(victim, "budget", now)
                 if plan.wait:
-                    self._freeing = self._measure_retiring()
+                    self._freeing = self.probe.states(self.registry.retiring)
                     continue
             self.wanted.remove(name)
             try:
@@ -313,67 +299,18 @@ class OnDemand:
         return bool(state.queued) or self.pool.busy(state) or (seqs is not None and seqs.active() > 0)
 
     def _estimate(self, name: str) -> dict[str, int]:
-        config = self._config(name)
-        devices: list[str] = []
-        if config is not None and config.ensemble_scheduling is None and config.platform != "ensemble":
-            for group in config.instance_group:
-                if group.kind in ("KIND_CPU", "KIND_MODEL"):
-                    devices += ["cpu"] * group.count
-                else:
-                    devices += [f"gpu:{g}" for g in (group.gpus or (0,)) for _ in range(group.count)]
-            devices = devices or ["cpu"]
-        return estimate(devices, self.measured.get(name), self.per_instance)
+        devices = devices_of(config_of(self.registry, self.repository, name))
+        return estimate(devices, self.measured.get(name), self.probe.per_instance)
 
     # ------------------------------------------------------------------------------------ measuring
 
     def measure(self, now: float) -> None:
-        """Each loaded model's footprint now: its workers' RSS and reported device memory."""
-        procs = {wp.identity: wp for wp in self.supervisor.procs()}
-        footprints: dict[str, dict[str, int]] = {}
-        host: list[int] = []
-        gpu: list[int] = []
-        for name, versions in self.registry.models.items():
+        """Each loaded model's footprint now (``footprint_probe``)."""
+        for name in self.registry.models:
             self.last_used.setdefault(name, now)  # loaded otherwise (at start, or on request): used now
-            fp: dict[str, int] = {}
-            for state in versions.values():
-                for identity in self.pool.workers_of(state):
-                    wp = procs.get(identity)
-                    if wp is None or identity not in state.instances:
-                        continue  # an instance still loading is counted by its model's estimate
-                    rss = _rss(wp.proc.pid)
-                    fp[HOST] = fp.get(HOST, 0) + rss
-                    host.append(rss)
-                    memory = device_memory(wp.spec.device)
-                    if memory != HOST:
-                        used = self.device_bytes.get(identity, 0)
-                        fp[memory] = fp.get(memory, 0) + used
-                        gpu.append(used)
-            footprints[name] = fp
-            if fp:
-                self.measured[name] = fp
-        self.footprints = footprints
-        for gone in self.device_bytes.keys() - procs.keys():
-            del self.device_bytes[gone]
-        if host:
-            self.per_instance[HOST] = sum(host) // len(host)
-        if gpu:
-            self.per_instance["gpu"] = sum(gpu) // len(gpu)
-        self.metrics.measured(footprints)
-
-    def _measure_retiring(self) -> dict[str, int]:
-        """Memory of unloaded models whose workers have not exited yet."""
-        procs = {wp.identity: wp for wp in self.supervisor.procs()}
-        out: dict[str, int] = {}
-        for state in self.registry.retiring:
-            for identity in self.pool.workers_of(state):
-                wp = procs.get(identity)
-                if wp is None:
-                    continue
-                out[HOST] = out.get(HOST, 0) + _rss(wp.proc.pid)
-                memory = device_memory(wp.spec.device)
-                if memory != HOST:
-                    out[memory] = out.get(memory, 0) + self.device_bytes.get(identity, 0)
-        return out
+        self.footprints = self.probe.models((n, v.values()) for n, v in self.registry.models.items())
+        self.measured.update((n, fp) for n, fp in self.footprints.items() if fp)
+        self.metrics.measured(self.footprints)
 
     # ------------------------------------------------------------------------------------ answers
 
@@ -402,8 +339,9 @@ class OnDemand:
 
     # ------------------------------------------------------------------------------------ visible
 
-    def index(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def index(self) -> list[dict[str, Any]]:
         """The repository index with each model's resident bytes, and why an unloaded one is not loaded."""
+        rows = self.base_index()
         for row in rows:
             name = row["name"]
             fp = self.footprints.get(name, {})
@@ -416,8 +354,9 @@ class OnDemand:
                 row["state"], row["reason"] = "LOADING", "on demand"
         return rows
 
-    def status(self, answer: dict[str, Any]) -> dict[str, Any]:
+    def status(self) -> dict[str, Any]:
         """``zinfer status``: the budget, the memory in use, loads and evictions, each model's footprint."""
+        answer = self.base_status()
         for model in answer.get("models", []):
             fp = self.footprints.get(model["name"], {})
             model["resident_bytes"] = fp.get(HOST, 0)
@@ -433,13 +372,6 @@ class OnDemand:
             "idle_unload_s": self.idle_unload_s,
         }
         return answer
-
-
-def _rss(pid: int) -> int:
-    try:
-        return int(psutil.Process(pid).memory_info().rss)
-    except psutil.Error:
-        return 0
 
 
 def _describe(fp: Footprint) -> str:

@@ -65,7 +65,6 @@ log = logging.getLogger(__name__)
 MAX_POLL_MS = 100
 REAP_INTERVAL_S = 0.05
 REGION_REAP_INTERVAL_S = 2.0
-_DESCRIBED = (Command.MODEL_METADATA, Command.MODEL_CONFIG)  # on-demand: answered for models not loaded
 
 
 def _raise_fd_limit() -> None:
@@ -134,19 +133,10 @@ class Broker:
         self.control = ModelControl(
             options, self.registry, self.pool, self.outbox, self.observer.attach, self.start_instances
         )
-        self.on_demand: OnDemand | None = None  # --model-control-mode on-demand: loads on first request
-        index, status = self.control.index, self.observer.status
-        if options.model_control_mode == "on-demand":
-            on_demand = self.on_demand = OnDemand(
-                options.memory_budget, options.model_idle_unload_s, self.registry, self.pool, self.control,
-                self.supervisor, self.outbox, self._on_client_message, self.ensembles.models_in_use,
-                self.worker_inbox.device_bytes,
-            )  # fmt: skip
-            self.observer.metrics.registry.register(on_demand.metrics)
-            index, status = (lambda: on_demand.index(self.control.index())), (
-                lambda: on_demand.status(self.observer.status())
-            )
-        self.queries = Queries(self.registry, status, index, self.serving_ready)
+        # --model-control-mode on-demand: models load on their first request, within a memory budget
+        od = self.on_demand = OnDemand.of(self) if options.model_control_mode == "on-demand" else None
+        self.queries = Queries(self.registry, od.status if od else self.observer.status,
+                               od.index if od else self.control.index, self.serving_ready)  # fmt: skip
         self.controls = Controls(
             self.admission.cancel, self.regions, lambda: self.intake, self.drop_region, self.control.load,
             self.control.unload,
@@ -366,17 +356,13 @@ class Broker:
         try:
             if msg.command == Command.INFER:
                 self.outbox.check_reading(identity)  # a connection not reading its replies gets no more work
-                on_demand = self.on_demand
-                if on_demand is not None and self.draining_since is None:
-                    if on_demand.park(identity, msg, time.monotonic()):
-                        return  # it waits for its model's load
+                if self.on_demand is not None and self.on_demand.park(identity, msg, time.monotonic()):
+                    return  # it waits for its model's load
                 self.admission.admit(identity, msg.header, msg.frames)
                 return
             if msg.command in QUERIES:
-                body = None
-                if self.on_demand is not None and msg.command in _DESCRIBED:
-                    body = self.on_demand.model_info(msg.command, msg.header)  # a model not loaded yet
-                if body is None:
+                body = self.on_demand.model_info(msg.command, msg.header) if self.on_demand else None
+                if body is None:  # (on-demand answers the metadata of models not loaded yet)
                     body = self.queries.answer(msg.command, msg.header)
             else:
                 body = self.controls.handle(identity, msg.command, msg.header)

@@ -21,6 +21,11 @@ The broker answers the client's ``server_status()`` call with a dict of this sha
           ],
         }
       ],
+      "memory": {                        # only with --model-control-mode on-demand
+        "mode": "on-demand", "budget": {memory: int}, "resident": {memory: int},   # memory: host, gpuN
+        "loads": int, "evictions": int, "loading": [str], "waiting_requests": int,
+        "idle_unload_s": float | None,
+      },
     }
 
 The ``*_1m`` figures are the server's own, over the requests completed in the last minute. This module reads
@@ -115,6 +120,25 @@ def _frontdoor_rows(doors: Any) -> list[_Row]:
     return rows
 
 
+def _memory_line(memory: Any) -> str:
+    """On-demand model control: each memory's resident bytes against its budget, loads and evictions."""
+    if not isinstance(memory, Mapping):
+        return ""
+    budget = memory.get("budget") or {}
+    resident = memory.get("resident") or {}
+    parts = []
+    for name in sorted(set(budget) | set(resident)):
+        limit = _fmt_bytes(budget[name]) if name in budget else "no budget"
+        parts.append(f"{name} {_fmt_bytes(resident.get(name, 0))} / {limit}")
+    line = f"on-demand  {'  '.join(parts) or 'no budget'}  loads {_fmt_num(memory.get('loads'), 'd')}  "
+    line += f"evictions {_fmt_num(memory.get('evictions'), 'd')}"
+    if memory.get("loading"):
+        line += f"  loading {','.join(str(n) for n in memory['loading'])}"
+    if memory.get("waiting_requests"):
+        line += f"  waiting {_fmt_num(memory.get('waiting_requests'), 'd')}"
+    return line
+
+
 def render(status: Mapping[str, Any], reason_width: int = 60) -> str:
     """The status dict (shape in the module docstring) as text lines, ending with a newline."""
     server = status.get("server") or {}
@@ -123,6 +147,7 @@ def render(status: Mapping[str, Any], reason_width: int = 60) -> str:
         f"zinfer  pid {_text(server.get('pid'))}  up {_fmt_duration(server.get('uptime_s'))}  "
         f"{'ready' if ready else 'not ready' if ready is not None else 'ready: -'}"
     )
+    memory = _memory_line(status.get("memory"))
     models = sorted(status.get("models") or [], key=lambda m: (str(m.get("name")), m.get("version") or 0))
     model_rows: list[_Row] = []
     instance_rows: list[_Row] = []
@@ -152,7 +177,7 @@ def render(status: Mapping[str, Any], reason_width: int = 60) -> str:
                     _fmt_num(inst.get("busy_s"), ".1f"),
                 )
             )
-    lines = [head, ""]
+    lines = [head, *([memory] if memory else []), ""]
     lines += _table(_MODEL_HEADERS, model_rows, _MODEL_RIGHT) if model_rows else ["no models"]
     if instance_rows:
         lines += ["", *_table(_INSTANCE_HEADERS, instance_rows, _INSTANCE_RIGHT)]

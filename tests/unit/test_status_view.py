@@ -167,3 +167,16 @@ def test_main_connect_failure_exits_1(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_main_rejects_a_bad_watch_interval() -> None:
     assert run(["--watch", "0"], Source([]))[0] == 2
+
+
+def test_on_demand_memory_line() -> None:
+    memory = {"mode": "on-demand", "budget": {"host": 200 << 20},
+              "resident": {"host": 150 << 20, "gpu0": 1 << 30},
+              "loads": 7, "evictions": 3, "loading": ["scale_4"], "waiting_requests": 2}  # fmt: skip
+    text = render({**STATUS, "memory": memory})
+    line = text.splitlines()[1]
+    assert line == (
+        "on-demand  gpu0 1.0 GiB / no budget  host 150.0 MiB / 200.0 MiB  loads 7  evictions 3"
+        "  loading scale_4  waiting 2"
+    )
+    assert render(STATUS).splitlines()[1] == ""  # no line without on-demand control

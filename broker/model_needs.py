@@ -1,0 +1,65 @@
+"""What a request for a model needs loaded, read from the registry or the repository's folders: the model
+itself and, for an ensemble, every step model (steps of steps too); where its instances would go (for a
+footprint estimate before its first load); whether it is pinned. For on-demand model control
+(``on_demand``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zinfer.modelconfig.model_config import ModelConfig
+from zinfer.modelconfig.repository import load_model_entry
+
+from .registry import ModelRegistry
+
+__all__ = ["PINNED_PARAMETER", "config_of", "devices_of", "needs", "pinned"]
+
+PINNED_PARAMETER = "zinfer_pinned"
+
+
+def pinned(config: ModelConfig) -> bool:
+    """``parameters { key: "zinfer_pinned" value: { string_value: "true" } }``: never unloaded for room."""
+    return config.parameters.get(PINNED_PARAMETER, "").strip().lower() in ("true", "1", "yes")
+
+
+def config_of(registry: ModelRegistry, repository: Path, name: str) -> ModelConfig | None:
+    """The loaded model's config, else its folder's; None for a name the repository does not have."""
+    versions = registry.models.get(name)
+    if versions:
+        return next(iter(versions.values())).config
+    if name not in registry.known or not (repository / name).is_dir():
+        return None
+    return load_model_entry(repository / name).config
+
+
+def needs(registry: ModelRegistry, repository: Path, name: str) -> set[str] | None:
+    """``name`` and, for an ensemble, every step model; None if ``name`` is not in the repository."""
+    out: set[str] = set()
+    todo = [name]
+    while todo:
+        n = todo.pop()
+        if n in out:
+            continue
+        config = config_of(registry, repository, n)
+        if config is None:
+            if n == name:
+                return None
+            continue  # a step that does not exist: the ensemble's load says so
+        out.add(n)
+        if config.ensemble_scheduling is not None:
+            todo.extend(step.model_name for step in config.ensemble_scheduling.step)
+    return out
+
+
+def devices_of(config: ModelConfig | None) -> list[str]:
+    """Where the instances would go, as far as the config says: ``cpu`` or ``gpu:N`` per instance (a GPU
+    group listing no GPUs counted on GPU 0); none for an ensemble."""
+    if config is None or config.ensemble_scheduling is not None or config.platform == "ensemble":
+        return []
+    devices: list[str] = []
+    for group in config.instance_group:
+        if group.kind in ("KIND_CPU", "KIND_MODEL"):
+            devices += ["cpu"] * group.count
+        else:
+            devices += [f"gpu:{g}" for g in (group.gpus or (0,)) for _ in range(group.count)]
+    return devices or ["cpu"]
