@@ -8,6 +8,11 @@ broker's loop should walk only the models with work each turn, so the figures sh
 
 Usage: ``.venv/bin/python bench/bench_many_models.py [--idle 0,300] [--seconds 3 | --quick] [--label L]``;
 results go to ``bench/results/bench_many_models.json`` (one entry per label).
+
+``--on-demand`` measures on-demand model control instead (issue 35; ``many_models_on_demand.py``): 50 models,
+a host budget for 10, Zipf-distributed requests: hit rate, p50/p99 of warm and cold requests, loads per
+second. ``--quick`` makes it 10 models, a budget for 4, 100 requests (about a minute on a busy 2-core
+machine). Its results go to the same file under ``on_demand`` (one entry per label).
 """
 
 from __future__ import annotations
@@ -58,8 +63,16 @@ def main() -> int:
     ap.add_argument("--idle", default="0,300", help="idle model counts, comma-separated")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--label", default="main")
-    ap.add_argument("--quick", action="store_true", help="1 s per load")
+    ap.add_argument("--quick", action="store_true", help="1 s per load (--on-demand: a small workload)")
+    ap.add_argument("--on-demand", action="store_true", help="on-demand model control under a memory budget")
+    ap.add_argument("--models", type=int, default=50, help="--on-demand: models in the repository")
+    ap.add_argument("--slots", type=int, default=10, help="--on-demand: instances the budget holds")
+    ap.add_argument("--requests", type=int, default=1500, help="--on-demand: requests in all")
+    ap.add_argument("--concurrency", type=int, default=2, help="--on-demand: closed-loop clients")
+    ap.add_argument("--zipf", type=float, default=1.0, help="--on-demand: Zipf exponent of model popularity")
     args = ap.parse_args()
+    if args.on_demand:
+        return on_demand(args)
     if args.quick:
         args.seconds = 1.0
     t0 = time.monotonic()
@@ -80,6 +93,22 @@ def main() -> int:
     out.write_text(json.dumps(data, indent=1) + "\n")
     print(f"written: {out} (label {args.label}), {time.monotonic() - t0:.0f} s")
     return 0 if all(r[k]["errors"] == 0 for r in rows for k in ("add0_c1_sync", "add0_c32_async")) else 1
+
+
+def on_demand(args: argparse.Namespace) -> int:
+    import many_models_on_demand as od
+
+    if args.quick:
+        args.models, args.slots, args.requests = 10, 4, 100
+    t0 = time.monotonic()
+    r = od.run(args.models, args.slots, args.requests, args.concurrency, args.zipf)
+    print(od.report(r))
+    out = ROOT / "bench" / "results" / "bench_many_models.json"
+    data = json.loads(out.read_text()) if out.exists() else {}
+    data.setdefault("on_demand", {})[args.label] = r
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"written: {out} (on_demand, label {args.label}), {time.monotonic() - t0:.0f} s")
+    return 0 if r["errors"] == 0 else 1
 
 
 if __name__ == "__main__":
