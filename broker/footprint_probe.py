@@ -74,9 +74,12 @@ class FootprintProbe:
         host.append(rss)
         memory = device_memory(wp.spec.device)
         if memory != HOST:
-            used = self.device_bytes.get(identity, 0)
+            used = self.device_bytes.get(identity)
+            if used is None:  # no heartbeat since it became ready: the mean instance until it reports
+                used = self.per_instance.get("gpu", 0)
+            else:
+                gpu.append(used)
             fp[memory] = fp.get(memory, 0) + used
-            gpu.append(used)
 
 
 def _rss(pid: int) -> int:

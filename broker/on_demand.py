@@ -93,7 +93,8 @@ class OnDemand:
         self.base_status: Callable[[], dict[str, Any]] = dict  # the status answer to annotate
         self.parked: list[Parked] = []
         self.wanted: list[str] = []  # models to load, waiting for room, in the order they were asked for
-        self.loading: dict[str, float] = {}  # model -> when its load started
+        self.asked: dict[str, float] = {}  # wanted model -> when its first waiting request came
+        self.loading: dict[str, float] = {}  # model -> when its first waiting request came
         self.last_used: dict[str, float] = {}
         self.footprints: dict[str, dict[str, int]] = {}  # loaded models, as last measured
         self.measured: dict[str, dict[str, int]] = {}  # every model measured once, for the next estimate
@@ -141,6 +142,7 @@ class OnDemand:
         for n in missing:
             if n not in self.wanted and n not in self.loading:
                 self.wanted.append(n)
+                self.asked[n] = now
         self._start_loads(now)
         return True
 
@@ -228,10 +230,11 @@ class OnDemand:
         for name in list(self.wanted):
             if self._ready(name):  # loaded meanwhile (an explicit load)
                 self.wanted.remove(name)
+                self.asked.pop(name, None)
                 continue
             if any(p.name == name for p in self.control.pending):  # loading already (an explicit load)
                 self.wanted.remove(name)
-                self.loading[name] = now
+                self.loading[name] = self.asked.pop(name, now)
                 continue
             if self.budget:
                 need = self._estimate(name)
@@ -239,6 +242,7 @@ class OnDemand:
                 plan = plan_room(self.budget, self.residents(), need, loading, self._freeing)
                 if not plan.fits:
                     self.wanted.remove(name)
+                    self.asked.pop(name, None)
                     log.warning("event=model_load_refused model=%s reason=%r", name, plan.short)
                     self._fail(name, ResourceExhausted(f"model '{name}' cannot be loaded: {plan.short}"))
                     continue
@@ -251,10 +255,11 @@ class OnDemand:
             try:
                 self.control.load(name, now)
             except ServerError as exc:
+                self.asked.pop(name, None)
                 self.metrics.loaded(name, False)
                 self._fail(name, exc)
                 continue
-            self.loading[name] = now
+            self.loading[name] = self.asked.pop(name, now)
             log.info("event=model_load_on_demand model=%s estimate=%s", name,
                      _describe(self._estimate(name)))  # fmt: skip
 
@@ -333,6 +338,7 @@ class OnDemand:
             self._answer(p, error)
         self.parked = []
         self.wanted = []
+        self.asked = {}
 
     def waiting(self) -> int:
         return len(self.parked)

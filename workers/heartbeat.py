@@ -44,6 +44,9 @@ class Heartbeat:
         self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_HEADER_BYTES)  # heartbeats only: small
         self._sock.connect(endpoint)
         self._thread = threading.Thread(target=self._run, name="zinfer-heartbeat", daemon=True)
+        # ``stop`` wakes the thread through this pipe: a worker told to stop exits at once, not at the next
+        # interval (an unload, on-demand control's eviction, waits for the process to be gone)
+        self._wake_r, self._wake_w = os.pipe()
         self._too_big_logged = False
         # the device memory the worker holds (a GPU worker sets it once its device is open); None: none
         self.device_bytes: Callable[[], int] | None = None
@@ -51,10 +54,18 @@ class Heartbeat:
     def start(self) -> None:
         self._thread.start()
 
+    def report_now(self) -> None:
+        """Send a heartbeat now, not at the next interval: the model just loaded, and the broker's budget
+        wants its device memory before the next load is planned."""
+        os.write(self._wake_w, b"r")
+
     def stop(self) -> None:
         self._stop.set()
+        os.write(self._wake_w, b"x")
         self._thread.join(self.interval_s * 2 + 1)
         self._sock.close(linger=0)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
 
     def ping(self) -> list[Frame]:
         """One heartbeat: empty, or with the model's custom metrics and the device memory it holds."""
@@ -78,13 +89,20 @@ class Heartbeat:
 
     def _run(self) -> None:
         last_answer = time.monotonic()
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         while not self._stop.is_set():
             send_frames(self._sock, self.ping())
             deadline = time.monotonic() + self.interval_s
             while (left := deadline - time.monotonic()) > 0 and not self._stop.is_set():
-                if self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                events = dict(poller.poll(int(left * 1000) + 1))
+                if self._sock in events:
                     self._sock.recv_multipart()
                     last_answer = time.monotonic()
+                if self._wake_r in events:
+                    os.read(self._wake_r, 64)
+                    break  # ``report_now`` (or ``stop``): the next heartbeat goes now
             if time.monotonic() - last_answer > self.interval_s * self.liveness:
                 log.error("event=broker_silent seconds=%.1f action=exit", time.monotonic() - last_answer)
                 os._exit(3)  # the broker is gone or wedged: a new one will start a new worker

@@ -136,6 +136,8 @@ class Worker:
             self.regions.pinner = self.device
             model = load_model(config, a.repository / a.model / str(a.version), self.device, a.instance)
             run_warmup(config, model, a.repository / a.model, self.device)  # model_warmup, before READY
+            if self.heartbeat.device_bytes is not None:
+                self.heartbeat.report_now()  # the device memory the model holds, before READY
             self.prefetch = prefetch_wanted(config, model, self.device)
             specs = state_specs(config, a.repository / a.model / str(a.version))
             self.states = ImplicitStates(specs, config.max_batch_size > 0) if specs else None

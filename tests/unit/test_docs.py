@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SUBCOMMANDS = ("serve", "perf", "tune", "status", "models", "load", "unload", "keys")
 # flags of other programs the docs name: systemctl, the bench/ scripts, mypy
-OTHER_TOOLS = {"--now", "--quick", "--strict", "--triton-venv", "--loads"}
+OTHER_TOOLS = {"--now", "--quick", "--strict", "--triton-venv", "--loads", "--on-demand"}
 # a flag that the docs name but zinfer does not have; each entry must still be in the docs (remove it then)
 KNOWN_WRONG: dict[str, str] = {}  # flag -> why the docs may name it although no --help lists it
 
