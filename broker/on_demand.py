@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from zinfer.client import protocol
-from zinfer.client.errors import DeadlineExceeded, ResourceExhausted, ServerError, Unavailable
+from zinfer.client.errors import Cancelled, DeadlineExceeded, ResourceExhausted, ServerError, Unavailable
 from zinfer.client.protocol import Command, Reply
 from zinfer.modelconfig.repository import load_model_entry
 
@@ -91,6 +91,7 @@ class OnDemand:
         self.metrics = ResidencyMetrics(dict(budget.limits))
         self.base_index: Callable[[], list[dict[str, Any]]] = list  # the repository index to annotate
         self.base_status: Callable[[], dict[str, Any]] = dict  # the status answer to annotate
+        self.base_cancel: Callable[[bytes, str], str] = lambda _client, _target: "unknown"
         self.parked: list[Parked] = []
         self.wanted: list[str] = []  # models to load, waiting for room, in the order they were asked for
         self.asked: dict[str, float] = {}  # wanted model -> when its first waiting request came
@@ -115,6 +116,7 @@ class OnDemand:
             broker.worker_inbox.device_bytes, lambda: broker.draining_since is not None,
         )  # fmt: skip
         on_demand.base_index, on_demand.base_status = broker.control.index, broker.observer.status
+        on_demand.base_cancel = broker.admission.cancel
         broker.observer.metrics.registry.register(on_demand.metrics)
         return on_demand
 
@@ -331,6 +333,16 @@ class OnDemand:
 
     def _answer(self, p: Parked, error: ServerError) -> None:
         self.outbox.send_client(p.identity, Reply(p.request_id, error.status, error.wire_text()))
+
+    def cancel(self, identity: bytes, target: str) -> str:
+        """CANCEL: a request waiting for a load is answered ``Cancelled`` ("queued"); others as admission
+        cancels them."""
+        for p in self.parked:
+            if p.identity == identity and p.request_id == target:
+                self.parked.remove(p)
+                self._answer(p, Cancelled("the request was cancelled"))
+                return "queued"
+        return self.base_cancel(identity, target)
 
     def fail_all(self, error: ServerError) -> None:
         """The server stops: every parked request is answered."""

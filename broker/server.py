@@ -138,8 +138,8 @@ class Broker:
         self.queries = Queries(self.registry, od.status if od else self.observer.status,
                                od.index if od else self.control.index, self.serving_ready)  # fmt: skip
         self.controls = Controls(
-            self.admission.cancel, self.regions, lambda: self.intake, self.drop_region, self.control.load,
-            self.control.unload,
+            od.cancel if od else self.admission.cancel, self.regions, lambda: self.intake, self.drop_region,
+            self.control.load, self.control.unload,
         )  # fmt: skip
         self._spec_state: dict[WorkerSpec, ModelState] = {}
 

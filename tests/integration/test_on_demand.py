@@ -8,6 +8,7 @@ random workload over more models than fit, models in use and pinned ones never e
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 import threading
@@ -20,8 +21,9 @@ import pytest
 
 from tests.conftest import ServerProcess, start_server, stop_all, wait_for
 from tests.many_models import write_bls_model, write_ensemble, write_scale_model, write_scale_repo
+from zinfer.client import AsyncClient
 from zinfer.client.client import Client
-from zinfer.client.errors import ResourceExhausted, ServerError
+from zinfer.client.errors import Cancelled, ResourceExhausted, ServerError
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +70,7 @@ def _evictions_logged(server: ServerProcess, model: str) -> int:
 @pytest.fixture(scope="module")
 def free_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("free") / "models"
-    write_scale_repo(repo, 5)
+    write_scale_repo(repo, 6)
     write_ensemble(repo, "chain", ("scale_2", "scale_3"))
     write_bls_model(repo, "bls_plus", "scale_5")
     s = start_server(repo, "--model-control-mode", "on-demand", "--model-idle-unload", str(IDLE_S))
@@ -81,7 +83,7 @@ def free_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
 def test_every_model_is_listed_before_any_loads(free_server: ServerProcess) -> None:
     with Client(free_server.url, timeout=60) as client:
         index = _index(client)
-        assert set(index) == {"scale_1", "scale_2", "scale_3", "scale_4", "scale_5", "chain", "bls_plus"}
+        assert set(index) == {f"scale_{k}" for k in range(1, 7)} | {"chain", "bls_plus"}
         assert index["scale_4"]["state"] == "UNAVAILABLE"
         assert index["scale_4"]["reason"] == "not loaded"
         assert index["scale_4"]["resident_bytes"] == 0
@@ -146,6 +148,24 @@ def test_cold_start_is_measured_and_warm_requests_are_fast(free_server: ServerPr
     assert warm < cold
     print(f"cold start scale_4: client {cold * 1000:.0f} ms, server {float(logged.group(1)) * 1000:.0f} ms; "
           f"warm request {warm * 1000:.2f} ms")  # fmt: skip
+
+
+def test_a_request_waiting_for_its_load_can_be_cancelled(free_server: ServerProcess) -> None:
+    async def main() -> None:
+        async with AsyncClient(free_server.url, timeout=60) as c:
+            await c.model_metadata("scale_6")
+            task = asyncio.create_task(c.infer("scale_6", _x(1), request_id="w1"))
+            for _ in range(500):
+                if "w1" in c._active:
+                    break
+                await asyncio.sleep(0.01)
+            await c.is_server_live()  # one connection's messages are handled in order: w1 is parked
+            assert await c.cancel("w1")
+            with pytest.raises(Cancelled):
+                await task
+            assert float((await c.infer("scale_6", _x(2))).as_numpy("Y")[0, 0]) == 12  # the load went on
+
+    asyncio.run(main())
 
 
 def test_an_ensemble_loads_its_steps_together(free_server: ServerProcess) -> None:
