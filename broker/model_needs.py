@@ -1,18 +1,22 @@
 """What a request for a model needs loaded, read from the registry or the repository's folders: the model
 itself and, for an ensemble, every step model (steps of steps too); where its instances would go (for a
-footprint estimate before its first load); whether it is pinned. For on-demand model control
-(``on_demand``)."""
+footprint estimate before its first load); whether it is pinned; the metadata of a model not loaded yet.
+For on-demand model control (``on_demand``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from zinfer.client import protocol
+from zinfer.client.protocol import Command
 from zinfer.modelconfig.model_config import ModelConfig
 from zinfer.modelconfig.repository import load_model_entry
 
+from .handlers import config_metadata
 from .registry import ModelRegistry
 
-__all__ = ["PINNED_PARAMETER", "config_of", "devices_of", "needs", "pinned"]
+__all__ = ["PINNED_PARAMETER", "config_of", "devices_of", "needs", "pinned", "unloaded_info"]
 
 PINNED_PARAMETER = "zinfer_pinned"
 
@@ -63,3 +67,20 @@ def devices_of(config: ModelConfig | None) -> list[str]:
         else:
             devices += [f"gpu:{g}" for g in (group.gpus or (0,)) for _ in range(group.count)]
     return devices or ["cpu"]
+
+
+def unloaded_info(registry: ModelRegistry, repository: Path, command: Command, header: dict[str, Any]) -> Any:
+    """MODEL_METADATA or MODEL_CONFIG of a model that is not loaded, from its folder (a client asks for them
+    before its first request, which loads it); None: another command, or the model is loaded or unknown
+    (the server's queries answer those)."""
+    if command not in (Command.MODEL_METADATA, Command.MODEL_CONFIG):
+        return None
+    q = protocol.model_query_from_wire(header)
+    if q.model in registry.models or q.model not in registry.known or not (repository / q.model).is_dir():
+        return None
+    entry = load_model_entry(repository / q.model)
+    if entry.config is None or entry.error is not None or (q.version and q.version not in entry.versions):
+        return None
+    if command == Command.MODEL_CONFIG:
+        return entry.config.to_dict()
+    return config_metadata(entry.config, list(entry.versions))

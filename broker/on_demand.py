@@ -25,13 +25,11 @@ from typing import TYPE_CHECKING, Any
 from zinfer.client import protocol
 from zinfer.client.errors import Cancelled, DeadlineExceeded, ResourceExhausted, ServerError, Unavailable
 from zinfer.client.protocol import Command, Reply
-from zinfer.modelconfig.repository import load_model_entry
 
 from .footprint_probe import FootprintProbe
-from .handlers import config_metadata
 from .memory_budget import HOST, MemoryBudget, format_bytes
 from .model_control import LOAD_TIMEOUT_S, ModelControl
-from .model_needs import config_of, devices_of, pinned
+from .model_needs import config_of, devices_of, pinned, unloaded_info
 from .model_needs import needs as model_needs
 from .model_state import ModelState
 from .residency import Footprint, Resident, estimate, idle, over_budget, plan_room, total
@@ -100,6 +98,7 @@ class OnDemand:
         self.footprints: dict[str, dict[str, int]] = {}  # loaded models, as last measured
         self.measured: dict[str, dict[str, int]] = {}  # every model measured once, for the next estimate
         self.evicted: dict[str, str] = {}  # unloaded models and why, for the repository index
+        self.failed: dict[str, str] = {}  # models whose last load failed, and why
         self.loads = 0
         self.evictions = 0
         self._next_measure = 0.0
@@ -149,23 +148,8 @@ class OnDemand:
         return True
 
     def model_info(self, command: Command, header: dict[str, Any]) -> Any:
-        """Metadata or config of a model that is not loaded, from its folder (a client asks for them before
-        its first request, which loads it); None: another command, or the model is loaded or unknown (the
-        queries answer)."""
-        if command not in (Command.MODEL_METADATA, Command.MODEL_CONFIG):
-            return None
-        q = protocol.model_query_from_wire(header)
-        if q.model in self.registry.models or q.model not in self.registry.known:
-            return None
-        model_dir = self.repository / q.model
-        if not model_dir.is_dir():
-            return None
-        entry = load_model_entry(model_dir)
-        if entry.config is None or entry.error is not None or (q.version and q.version not in entry.versions):
-            return None
-        if command == Command.MODEL_CONFIG:
-            return entry.config.to_dict()
-        return config_metadata(entry.config, list(entry.versions))
+        """Metadata or config of a model not loaded yet (``model_needs.unloaded_info``); None otherwise."""
+        return unloaded_info(self.registry, self.repository, command, header)
 
     def _ready(self, name: str) -> bool:
         versions = self.registry.models.get(name)
@@ -201,13 +185,22 @@ class OnDemand:
                 self.metrics.loaded(name, True, seconds)
                 self.last_used[name] = now
                 self.evicted.pop(name, None)
+                self.failed.pop(name, None)
                 done.append(name)
                 log.info("event=model_loaded_on_demand model=%s cold_start_s=%.3f", name, seconds)
             else:
-                error = self.registry.load_errors.get(name) or self.registry.reload_errors.get(name)
+                error = self._failed(name) or self.registry.reload_errors.get(name) or "not ready"
                 self.metrics.loaded(name, False)
-                self._fail(name, Unavailable(f"model '{name}' failed to load: {error or 'not ready'}"))
+                self._fail(name, Unavailable(f"model '{name}' failed to load: {error}"))
         return done
+
+    def _failed(self, name: str) -> str | None:
+        """A failed load's reason, kept here rather than among the registry's load errors: a model that
+        failed to load on demand does not make the server unready (it is tried again on its next request)."""
+        error = self.registry.load_errors.pop(name, None)
+        if error is not None:
+            self.failed[name] = error
+        return error
 
     def _release_parked(self, now: float) -> None:
         keep: list[Parked] = []
@@ -257,6 +250,7 @@ class OnDemand:
             try:
                 self.control.load(name, now)
             except ServerError as exc:
+                self._failed(name)
                 self.asked.pop(name, None)
                 self.metrics.loaded(name, False)
                 self._fail(name, exc)
@@ -368,6 +362,8 @@ class OnDemand:
             if row["state"] == "UNAVAILABLE" and row["reason"] == "unloaded":
                 reason = self.evicted.get(name)
                 row["reason"] = f"evicted ({reason}); loads on its next request" if reason else "not loaded"
+                if name in self.failed:
+                    row["reason"] = f"failed to load: {self.failed[name]}; tried again on its next request"
             elif name in self.loading or name in self.wanted:
                 row["state"], row["reason"] = "LOADING", "on demand"
         return rows

@@ -23,7 +23,7 @@ from tests.conftest import ServerProcess, start_server, stop_all, wait_for
 from tests.many_models import write_bls_model, write_ensemble, write_scale_model, write_scale_repo
 from zinfer.client import AsyncClient
 from zinfer.client.client import Client
-from zinfer.client.errors import Cancelled, ResourceExhausted, ServerError
+from zinfer.client.errors import Cancelled, ResourceExhausted, ServerError, Unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -73,6 +73,8 @@ def free_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
     write_scale_repo(repo, 6)
     write_ensemble(repo, "chain", ("scale_2", "scale_3"))
     write_bls_model(repo, "bls_plus", "scale_5")
+    write_scale_model(repo, 7)
+    (repo / "scale_7" / "1" / "W.npy").write_bytes(b"not an array")  # its load fails in the worker
     s = start_server(repo, "--model-control-mode", "on-demand", "--model-idle-unload", str(IDLE_S))
     try:
         yield s
@@ -83,7 +85,7 @@ def free_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
 def test_every_model_is_listed_before_any_loads(free_server: ServerProcess) -> None:
     with Client(free_server.url, timeout=60) as client:
         index = _index(client)
-        assert set(index) == {f"scale_{k}" for k in range(1, 7)} | {"chain", "bls_plus"}
+        assert set(index) == {f"scale_{k}" for k in range(1, 8)} | {"chain", "bls_plus"}
         assert index["scale_4"]["state"] == "UNAVAILABLE"
         assert index["scale_4"]["reason"] == "not loaded"
         assert index["scale_4"]["resident_bytes"] == 0
@@ -93,6 +95,18 @@ def test_every_model_is_listed_before_any_loads(free_server: ServerProcess) -> N
         assert _index(client)["scale_4"]["state"] == "UNAVAILABLE"
         assert not client.is_model_ready("scale_4")
         assert client.is_server_ready()  # models not loaded yet do not make the server unready
+
+
+def test_a_failed_load_answers_its_requests_and_leaves_the_server_ready(free_server: ServerProcess) -> None:
+    with Client(free_server.url, timeout=60) as client:
+        for _ in range(2):  # each request tries again
+            with pytest.raises(Unavailable, match="model 'scale_7' failed to load"):
+                client.infer("scale_7", _x(1))
+        row = _index(client)["scale_7"]
+        assert row["state"] == "UNAVAILABLE" and str(row["reason"]).startswith("failed to load: ")
+        assert client.is_server_ready()
+        assert _loads_logged(free_server, "scale_7") == 2
+        assert _y(client, "scale_1", 5) == 5  # the others serve on
 
 
 def test_racing_first_requests_start_one_load(free_server: ServerProcess) -> None:
