@@ -23,7 +23,7 @@ from tests.conftest import ServerProcess, start_server, stop_all, wait_for
 from tests.many_models import write_bls_model, write_ensemble, write_scale_model, write_scale_repo
 from zinfer.client import AsyncClient
 from zinfer.client.client import Client
-from zinfer.client.errors import Cancelled, ResourceExhausted, ServerError, Unavailable
+from zinfer.client.errors import Cancelled, DeadlineExceeded, ResourceExhausted, ServerError, Unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -74,6 +74,7 @@ def free_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
     write_ensemble(repo, "chain", ("scale_2", "scale_3"))
     write_bls_model(repo, "bls_plus", "scale_5")
     write_scale_model(repo, 7)
+    write_scale_model(repo, 8)
     (repo / "scale_7" / "1" / "W.npy").write_bytes(b"not an array")  # its load fails in the worker
     s = start_server(repo, "--model-control-mode", "on-demand", "--model-idle-unload", str(IDLE_S))
     try:
@@ -85,7 +86,7 @@ def free_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
 def test_every_model_is_listed_before_any_loads(free_server: ServerProcess) -> None:
     with Client(free_server.url, timeout=60) as client:
         index = _index(client)
-        assert set(index) == {f"scale_{k}" for k in range(1, 8)} | {"chain", "bls_plus"}
+        assert set(index) == {f"scale_{k}" for k in range(1, 9)} | {"chain", "bls_plus"}
         assert index["scale_4"]["state"] == "UNAVAILABLE"
         assert index["scale_4"]["reason"] == "not loaded"
         assert index["scale_4"]["resident_bytes"] == 0
@@ -180,6 +181,17 @@ def test_a_request_waiting_for_its_load_can_be_cancelled(free_server: ServerProc
             assert float((await c.infer("scale_6", _x(2))).as_numpy("Y")[0, 0]) == 12  # the load went on
 
     asyncio.run(main())
+
+
+def test_a_request_waits_for_the_load_only_within_its_timeout(free_server: ServerProcess) -> None:
+    with Client(free_server.url, timeout=60) as client:
+        client.model_metadata("scale_8")
+        t0 = time.monotonic()
+        with pytest.raises(DeadlineExceeded, match="while loading model.*scale_8"):
+            client.infer("scale_8", _x(1), timeout=20_000)  # 20 ms: less than any load
+        assert time.monotonic() - t0 < 5.0
+        assert _y(client, "scale_8", 2) == 16  # the load went on; the next request is served
+        assert _loads_logged(free_server, "scale_8") == 1
 
 
 def test_an_ensemble_loads_its_steps_together(free_server: ServerProcess) -> None:
