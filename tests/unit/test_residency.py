@@ -164,3 +164,32 @@ def test_estimate_from_the_mean_instance_per_device() -> None:
 
 def test_total_adds_per_memory() -> None:
     assert total([{"host": 1}, {"host": 2, "gpu0": 3}, {}]) == {"host": 3, "gpu0": 3}
+
+
+# ------------------------------------------------------------------------------------ metrics
+
+
+def test_residency_metrics_render_as_prometheus_families() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from zinfer.broker.residency_metrics import ResidencyMetrics
+
+    m = ResidencyMetrics({"host": 300 * MB})
+    m.loaded("a", True, 0.3)
+    m.loaded("a", True, 3.0)
+    m.loaded("b", False)
+    m.evicted("a", "budget")
+    m.measured({"a": {"host": 10 * MB}, "b": {"host": 5 * MB, "gpu0": 7}})
+    registry = CollectorRegistry()
+    registry.register(m)
+    text = generate_latest(registry).decode()
+    assert 'zinfer_model_loads_total{model="a",result="ok"} 2.0' in text
+    assert 'zinfer_model_loads_total{model="b",result="failed"} 1.0' in text
+    assert 'zinfer_model_evictions_total{model="a",reason="budget"} 1.0' in text
+    assert 'zinfer_model_cold_start_seconds_bucket{le="0.25"} 0.0' in text
+    assert 'zinfer_model_cold_start_seconds_bucket{le="0.5"} 1.0' in text
+    assert 'zinfer_model_cold_start_seconds_bucket{le="+Inf"} 2.0' in text
+    assert "zinfer_model_cold_start_seconds_sum 3.3" in text
+    assert 'zinfer_model_resident_bytes{memory="gpu0",model="b"} 7.0' in text
+    assert 'zinfer_memory_resident_bytes{memory="host"} 1.572864e+07' in text
+    assert 'zinfer_memory_budget_bytes{memory="host"} 3.145728e+08' in text
