@@ -5,6 +5,7 @@ For on-demand model control (``on_demand``)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from .registry import ModelRegistry
 __all__ = ["PINNED_PARAMETER", "config_of", "devices_of", "needs", "pinned", "unloaded_info"]
 
 PINNED_PARAMETER = "zinfer_pinned"
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}$")  # a folder name, never a path
 
 
 def pinned(config: ModelConfig) -> bool:
@@ -27,11 +29,16 @@ def pinned(config: ModelConfig) -> bool:
 
 
 def config_of(registry: ModelRegistry, repository: Path, name: str) -> ModelConfig | None:
-    """The loaded model's config, else its folder's; None for a name the repository does not have."""
+    """The loaded model's config, else its folder's; None for a name the repository does not have (a
+    folder added since the server started counts: it becomes known)."""
     versions = registry.models.get(name)
     if versions:
         return next(iter(versions.values())).config
-    if name not in registry.known or not (repository / name).is_dir():
+    if name not in registry.known:
+        if not _MODEL_NAME.fullmatch(name) or name in (".", "..") or not (repository / name).is_dir():
+            return None
+        registry.known.add(name)
+    if not (repository / name).is_dir():
         return None
     return load_model_entry(repository / name).config
 
@@ -76,7 +83,7 @@ def unloaded_info(registry: ModelRegistry, repository: Path, command: Command, h
     if command not in (Command.MODEL_METADATA, Command.MODEL_CONFIG):
         return None
     q = protocol.model_query_from_wire(header)
-    if q.model in registry.models or q.model not in registry.known or not (repository / q.model).is_dir():
+    if q.model in registry.models or config_of(registry, repository, q.model) is None:
         return None
     entry = load_model_entry(repository / q.model)
     if entry.config is None or entry.error is not None or (q.version and q.version not in entry.versions):

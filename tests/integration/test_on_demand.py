@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from zinfer.client.errors import Cancelled, DeadlineExceeded, ResourceExhausted,
 pytestmark = pytest.mark.integration
 
 IDLE_S = 3.0
+REPOS: dict[str, Path] = {}  # each server's repository, by its URL
 
 
 def _x(v: float) -> dict[str, np.ndarray]:
@@ -77,6 +79,7 @@ def free_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
     write_scale_model(repo, 8)
     (repo / "scale_7" / "1" / "W.npy").write_bytes(b"not an array")  # its load fails in the worker
     s = start_server(repo, "--model-control-mode", "on-demand", "--model-idle-unload", str(IDLE_S))
+    REPOS[s.url] = repo
     try:
         yield s
     finally:
@@ -181,6 +184,14 @@ def test_a_request_waiting_for_its_load_can_be_cancelled(free_server: ServerProc
             assert float((await c.infer("scale_6", _x(2))).as_numpy("Y")[0, 0]) == 12  # the load went on
 
     asyncio.run(main())
+
+
+def test_a_model_added_to_the_repository_later_loads_on_its_first_request(free_server: ServerProcess) -> None:
+    write_scale_model(REPOS[free_server.url], 11)
+    with Client(free_server.url, timeout=60) as client:
+        assert _y(client, "scale_11", 3) == 33
+        with pytest.raises(ServerError, match="not found"):
+            client.infer("no_such_model", _x(1))
 
 
 def test_a_request_waits_for_the_load_only_within_its_timeout(free_server: ServerProcess) -> None:
