@@ -61,7 +61,9 @@ def serve(repo: Path, *flags: str) -> Iterator[tuple[str, Path]]:
 def instance_bytes(repo: Path) -> int:
     """One instance's measured footprint (worker RSS), on a server without a budget."""
     with serve(repo) as (url, _), Client(url, timeout=120) as c:
-        c.infer("scale_1", {"X": np.ones((1, 1), np.float32)})
+        for _ in range(50):  # a worker grows a little with its first requests: measured after them
+            c.infer("scale_1", {"X": np.ones((1, 1), np.float32)})
+        time.sleep(1.0)  # the next measurement (every 0.5 s)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             row = next(r for r in c.repository_index() if r["name"] == "scale_1")
