@@ -144,7 +144,10 @@ class OnDemand:
             if n not in self.wanted and n not in self.loading:
                 self.wanted.append(n)
                 self.asked[n] = now
-        self._start_loads(now)
+        try:
+            self._start_loads(now)
+        except Exception:  # parked already: never answered twice; the loop's poll tries again
+            log.exception("event=on_demand_start_failed model=%s", name)
         return True
 
     def model_info(self, command: Command, header: dict[str, Any]) -> Any:
@@ -161,6 +164,12 @@ class OnDemand:
         """Each turn of the broker loop: finished loads, parked requests, measurements, evictions."""
         if not (self.parked or self.wanted or self.loading) and now < self._next_measure:
             return
+        try:
+            self._poll(now)
+        except Exception:  # a bug here must never take the broker loop down: logged, tried next turn
+            log.exception("event=on_demand_poll_failed")
+
+    def _poll(self, now: float) -> None:
         loaded = self._finished_loads(now)
         if loaded or now >= self._next_measure:
             self._next_measure = now + MEASURE_INTERVAL_S
@@ -345,9 +354,6 @@ class OnDemand:
         self.parked = []
         self.wanted = []
         self.asked = {}
-
-    def waiting(self) -> int:
-        return len(self.parked)
 
     # ------------------------------------------------------------------------------------ visible
 
