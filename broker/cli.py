@@ -94,8 +94,7 @@ def server_options(args: argparse.Namespace, repo: Path) -> ServerOptions:
                        ("cli_heartbeat_liveness", "heartbeat_liveness")):  # fmt: skip
         if getattr(args, flag, None) is not None:
             extra[name] = getattr(args, flag)
-    if getattr(args, "memory_budget", None) or getattr(args, "model_idle_unload", None) is not None:
-        extra.update(_on_demand_options(args))
+    extra.update(_on_demand_options(args))
     if getattr(args, "cli_rate_limits", None):
         extra["rate_limit_resources"] = tuple(_resource(text) for text in args.cli_rate_limits)
     if "rate_limit_resources" in extra:
@@ -136,14 +135,24 @@ def server_options(args: argparse.Namespace, repo: Path) -> ServerOptions:
 
 
 def _on_demand_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``--memory-budget`` and ``--model-idle-unload``, which only on-demand model control uses."""
+    """``--memory-budget`` and ``--model-idle-unload`` (flags over the file's ``memory_budget`` and
+    ``model_idle_unload_s``), which only on-demand model control uses: given as flags in another mode they
+    are an error; from the file they are then left out (logged), so that one file serves every mode."""
+    flags = getattr(args, "memory_budget", None), getattr(args, "model_idle_unload", None)
+    items = flags[0] if flags[0] is not None else getattr(args, "config_memory_budget", ())
+    idle = flags[1] if flags[1] is not None else getattr(args, "config_model_idle_unload", None)
     if args.model_control_mode != "on-demand":
-        raise ConfigError("--memory-budget and --model-idle-unload need --model-control-mode on-demand")
+        if flags != (None, None):
+            raise ConfigError("--memory-budget and --model-idle-unload need --model-control-mode on-demand")
+        if items or idle is not None:
+            log.warning("event=config_key_ignored key=memory_budget,model_idle_unload_s "
+                        "reason='only with model_control_mode on-demand'")  # fmt: skip
+        return {}
     try:
-        budget = parse_budget(args.memory_budget or ())
+        budget = parse_budget(items or ())
     except ValueError as exc:
         raise ConfigError(f"--memory-budget: {exc}") from None
-    return {"memory_budget": budget, "model_idle_unload_s": args.model_idle_unload}
+    return {"memory_budget": budget, "model_idle_unload_s": idle}
 
 
 def _resource(text: str) -> tuple[str, int, str | None]:

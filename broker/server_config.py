@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .memory_budget import parse_budget
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10: the same parser as the tomli package, where it is installed
@@ -140,6 +142,23 @@ def _model_names(value: object, _base: Path) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _budget(value: object, _base: Path) -> tuple[str, ...]:
+    """``{ host = "8G", gpu0 = "20G" }``: each memory's budget, as the ``--memory-budget`` items."""
+    expected = 'a table of memory budgets, e.g. { host = "8G", gpu0 = "20G" }'
+    if not isinstance(value, dict):
+        raise _Bad(expected)
+    items = []
+    for name, size in value.items():
+        if isinstance(size, bool) or not isinstance(size, (str, int)):
+            raise _Bad(f"{expected}; {name} = {_describe(size)}")
+        items.append(f"{name}={size}")
+    try:
+        parse_budget(items)
+    except ValueError as exc:
+        raise _Bad(f"{expected}; {exc}") from None
+    return tuple(items)
+
+
 def _gpus(value: object, _base: Path) -> tuple[int, ...]:
     if not isinstance(value, list):
         raise _Bad("an array of GPU indices")
@@ -259,6 +278,9 @@ KEYS: dict[str, Key] = {
                               "model_control_mode"),
     # --load-model appends, so the file's list goes under its own name and the flags replace it whole
     "load_models": Key(_model_names, "--load-model", "config_load_models"),
+    # on-demand model control; flags replace the file's table whole
+    "memory_budget": Key(_budget, "--memory-budget", "config_memory_budget"),
+    "model_idle_unload_s": Key(_seconds(True), "--model-idle-unload", "config_model_idle_unload"),
     "cache_bytes": Key(_integer(0), None, "cache_bytes"),
     "rate_limit_resources": Key(_resources, None, "rate_limit_resources"),
     "gpus": Key(_gpus, None, "gpus"),

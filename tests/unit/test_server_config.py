@@ -43,6 +43,8 @@ heartbeat_liveness = 3
 log_level = "debug"
 model_control_mode = "explicit"
 load_models = ["add", "identity"]
+memory_budget = { host = "8G", gpu0 = 1024 }
+model_idle_unload_s = 600
 cache_bytes = 1024
 gpus = [1, 0]
 grpc = "127.0.0.1:8101"
@@ -85,6 +87,8 @@ EXPECTED: dict[str, Any] = {
     "log_level": "DEBUG",
     "model_control_mode": "explicit",
     "load_models": ("add", "identity"),
+    "memory_budget": ("host=8G", "gpu0=1024"),
+    "model_idle_unload_s": 600.0,
     "cache_bytes": 1024,
     "gpus": (1, 0),
     "rate_limit_resources": {"R1": 4, "gpu memory": 0},
@@ -174,8 +178,10 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         "--drain-timeout", "1",
         "--exit-timeout", "0.5",
         "--log-level", "ERROR",
-        "--model-control-mode", "none",
+        "--model-control-mode", "on-demand",
         "--load-model", "linear",
+        "--memory-budget", "host=1G",
+        "--model-idle-unload", "5",
         "--grpc", "127.0.0.1:7003",
         "--http", "127.0.0.1:7004",
         "--frontdoor-workers", "2",
@@ -204,8 +210,9 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     assert opts.max_tensor_bytes == 99
     assert opts.max_batch_bytes == 150
     assert (opts.drain_timeout_s, opts.exit_timeout_s) == (1.0, 0.5)
-    assert (opts.log_level, opts.model_control_mode) == ("ERROR", "none")
+    assert (opts.log_level, opts.model_control_mode) == ("ERROR", "on-demand")
     assert opts.load_models == ("linear",)  # the flags replace the file's list; they do not add to it
+    assert (opts.memory_budget.limits, opts.model_idle_unload_s) == ({"host": 1 << 30}, 5.0)
 
 
 def test_every_flag_key_is_overridden_by_its_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -215,7 +222,7 @@ def test_every_flag_key_is_overridden_by_its_flag(capsys: pytest.CaptureFixture[
         "model_repository", "runtime_dir", "tcp", "metrics", "socket_group", "curve_secret_key",
         "curve_allow", "max_tensor_bytes", "max_batch_bytes", "drain_timeout_s", "exit_timeout_s",
         "log_level", "max_region_bytes", "max_user_region_bytes", "max_unread_reply_bytes",
-        "model_control_mode", "load_models",
+        "model_control_mode", "load_models", "memory_budget", "model_idle_unload_s",
         "grpc", "http", "frontdoor_workers", "tls_cert", "tls_key", "tls_client_ca", "insecure_remote",
         "allow_unknown_shm_callers", "http_header_timeout_s", "http_peer_connections",
     }  # fmt: skip
@@ -272,6 +279,11 @@ def test_without_a_file_the_defaults_are_unchanged(tmp_path: Path) -> None:
         ('log_level = "TRACE"', "log_level", 'expected one of "DEBUG", "INFO", "WARNING", "ERROR"'),
         ('model_control_mode = "poll"', "model_control_mode", 'expected one of "none", "explicit"'),
         ('load_models = "add"', "load_models", "expected an array of model names"),
+        ('memory_budget = "8G"', "memory_budget", "expected a table of memory budgets"),
+        ('memory_budget = { ram = "8G" }', "memory_budget", "'ram=8G': expected host=BYTES"),
+        ('memory_budget = { host = "lots" }', "memory_budget", "not a size: 'lots'"),
+        ("memory_budget = { host = true }", "memory_budget", "host = true"),
+        ("model_idle_unload_s = 0", "model_idle_unload_s", "expected a number of seconds > 0"),
         ('load_models = ["add", "../etc"]', "load_models", "'../etc' is not one"),
         ("load_models = [1]", "load_models", "1 is not one"),
         ("cache_bytes = -5", "cache_bytes", "expected an integer >= 0"),
@@ -415,3 +427,18 @@ def test_a_front_door_that_cannot_serve_safely_is_a_config_error(
 def test_insecure_remote_allows_a_non_loopback_address(tmp_path: Path) -> None:
     args, opts = _options(tmp_path, "", "--grpc", "0.0.0.0:8001", "--insecure-remote")
     assert cli.frontdoor_config(args, opts).grpc == "0.0.0.0:8001"
+
+
+def test_the_file_sets_on_demand_budgets_and_flags_replace_them(tmp_path: Path) -> None:
+    text = 'model_control_mode = "on-demand"\nmemory_budget = { host = "8G", gpu1 = "2G" }\n'
+    text += "model_idle_unload_s = 60\n"
+    _, opts = _options(tmp_path, text)
+    assert opts.memory_budget.limits == {"host": 8 << 30, "gpu1": 2 << 30}
+    assert opts.model_idle_unload_s == 60.0
+    _, opts = _options(tmp_path, text, "--memory-budget", "host=1G", "--model-idle-unload", "5")
+    assert opts.memory_budget.limits == {"host": 1 << 30} and opts.model_idle_unload_s == 5.0
+
+
+def test_a_file_budget_is_left_out_in_another_mode(tmp_path: Path) -> None:
+    _, opts = _options(tmp_path, 'memory_budget = { host = "8G" }\nmodel_idle_unload_s = 60\n')
+    assert not opts.memory_budget and opts.model_idle_unload_s is None
