@@ -67,9 +67,13 @@ def control(args: argparse.Namespace) -> int:
                 print(f"unloading {args.model}")
             else:
                 rows = client.repository_index()
-                print(f"{'MODEL':24} {'VERSION':8} {'STATE':12} REASON")
+                resident = any("resident_bytes" in r for r in rows)  # on-demand model control
+                head = f"{'RESIDENT':>10}  " if resident else ""
+                print(f"{'MODEL':24} {'VERSION':8} {'STATE':12} {head}REASON")
                 for r in rows:
-                    print(f"{r['name']:24} {r['version']:8} {r['state']:12} {r['reason']}")
+                    mib = f"{r['resident_bytes'] / 2**20:.1f} MiB" if r.get("resident_bytes") else "-"
+                    column = f"{mib:>10}  " if resident else ""
+                    print(f"{r['name']:24} {r['version']:8} {r['state']:12} {column}{r['reason']}")
     except ZinferError as exc:
         print(f"zinfer {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -304,6 +306,12 @@ def test_a_random_workload_over_more_models_than_fit(
         status = client.server_status()["memory"]
         assert status["mode"] == "on-demand" and status["budget"]["host"] == int(SLOTS * instance_bytes)
         assert status["loads"] >= MODELS - 1 and status["evictions"] >= 1
+    listed = subprocess.run([sys.executable, "-m", "zinfer.broker", "models", "--url", budget_server.url],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert "RESIDENT" in listed.stdout.splitlines()[0]
+    assert re.search(rf"scale_{MODELS} +1 +READY +[0-9.]+ MiB", listed.stdout), listed.stdout  # pinned
+    assert "evicted (budget); loads on its next request" in listed.stdout
     print(
         f"random workload: {loads:.0f} loads, {evictions:.0f} evictions for 60 requests over {MODELS} models"
     )
