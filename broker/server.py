@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import time
 from collections.abc import Callable
 
@@ -38,6 +37,7 @@ from .batching.rate_limiter import RateLimiter
 from .cache_path import CachePath
 from .completion import Completion
 from .ensemble_path import EnsemblePath
+from .fd_limit import raise_fd_limit
 from .handlers import LATER, QUERIES, Controls, Queries
 from .instance_pool import InstancePool
 from .limited_dispatch import LimitedDispatch, ModelKey
@@ -65,17 +65,6 @@ log = logging.getLogger(__name__)
 MAX_POLL_MS = 100
 REAP_INTERVAL_S = 0.05
 REGION_REAP_INTERVAL_S = 2.0
-
-
-def _raise_fd_limit() -> None:
-    """Raise the soft descriptor limit to the hard one (workers inherit it): the broker holds one descriptor
-    per registered region, a worker one per mapped region."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError) as exc:
-            log.warning("event=fd_limit_unchanged soft=%d hard=%d error=%r", soft, hard, str(exc))
 
 
 class Broker:
@@ -148,7 +137,7 @@ class Broker:
     def start(self) -> None:
         rt = self.options.runtime_dir
         self.runtime.claim()
-        _raise_fd_limit()
+        raise_fd_limit()
         reaped = reap_orphans()
         if reaped:
             log.info("event=stale_segments_reaped count=%d", len(reaped))
