@@ -122,7 +122,6 @@ class Broker:
         self.control = ModelControl(
             options, self.registry, self.pool, self.outbox, self.observer.attach, self.start_instances
         )
-        # --model-control-mode on-demand: models load on their first request, within a memory budget
         od = self.on_demand = OnDemand.of(self) if options.model_control_mode == "on-demand" else None
         self.queries = Queries(self.registry, od.status if od else self.observer.status,
                                od.index if od else self.control.index, self.serving_ready)  # fmt: skip
