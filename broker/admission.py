@@ -193,14 +193,14 @@ class Admission:
         stats = state.stats
         now = time.monotonic()
         duration = int((now - p.arrival) * 1e9) + lookup_ns
-        stats.record_success(duration)
-        stats.last_inference_ms = int(time.time() * 1000)
-        state.metrics.success(duration / 1000, 0.0, 0)  # a hit is a success, but no inference ran
-        state.window.record(now, duration / 1e9)
         body = {"model": state.name, "version": state.version, "outputs": wire}
         if state.order is not None:
             state.order.submit(p.seq)
         self.completion.reply(state, p, Reply(p.request.request_id, Status.OK, body=body), frames)
+        stats.record_success(duration)  # counted once the reply has left
+        stats.last_inference_ms = int(time.time() * 1000)
+        state.metrics.success(duration / 1000, 0.0, 0)  # a hit is a success, but no inference ran
+        state.window.record(now, duration / 1e9)
         return True
 
     def cancel(self, identity: bytes, target: str) -> str:

@@ -63,40 +63,27 @@ class Completion:
             self.pool.give_back(state, identity)
             on_free(state)
         by_seq = {p.seq: p for p in batch.requests}
-        timing = result.timings
-        stats, metrics, window = state.stats, state.metrics, state.window
-        n = batch.executions  # a run: its requests' executions, timed together
-        stats.compute_input.add(timing[0], n)
-        stats.compute_infer.add(timing[1], n)
-        stats.compute_output.add(timing[2], n)
-        if state.runs:
-            state.cost.observe(timing[0] + timing[1] + timing[2], n)
         now_ns = time.monotonic_ns()
-        rows = sum(p.batch_size for p in batch.requests)
-        state.batcher.observe_execution(rows, (now_ns - batch.sent_ns) / 1e9, now_ns / 1e9)
-        state.batcher.observe_latencies((now_ns / 1e9 - p.arrival for p in batch.requests), now_ns / 1e9)
-        t_in, t_inf, t_out = (x / (1000 * n) for x in timing)
-        sent_s = batch.sent_ns / 1e9
+        ok: list[Pending] = []  # answered with their outputs, counted below
+        failed: list[Pending] = []  # failed in the model
+        cancelled = 0
         out_frames: list[Frame]
-        for res in result.results:
+        for res in result.results:  # every reply leaves first; the figures are recorded after
             p = by_seq.pop(res.id, None)
             if p is None:
                 continue
-            duration = now_ns - int(p.arrival * 1e9)
             rid = p.request.request_id
             if p.cancelled:
-                metrics.cancelled()
+                cancelled += 1
                 reply, out_frames = Reply(rid, Status.CANCELLED, "Cancelled: the request was cancelled"), []
             elif res.status == Status.OK:
-                stats.record_success(duration)
-                stats.inference_count += p.batch_size
-                metrics.success(duration / 1000, (sent_s - p.arrival) * 1e6, p.batch_size, t_in, t_inf, t_out)
-                window.record(now_ns / 1e9, duration / 1e9)
+                ok.append(p)
                 if p.on_outputs is not None and state.order is None and p.cache_key is None:
                     p.on_outputs(res, frames)  # an ensemble step: its outputs go on as the worker sent them
                     continue
                 wire = [protocol.tensor_to_wire(t) for t in res.outputs]
                 if p.cache_key is not None and self.caching.cache is not None:
+                    # copied before the reply: once answered, the client may reuse its output slots
                     self.caching.store(state, p.cache_key, wire, frames)
                 outputs, out_frames = client_outputs(wire, frames)
                 body = {"model": state.name, "version": state.version, "outputs": outputs}
@@ -106,18 +93,59 @@ class Completion:
                     body["final"] = True  # the last, empty response of a stream
                 reply = Reply(rid, Status.OK, body=body)
             else:
-                stats.fail.add(duration)
-                metrics.failure("BACKEND")
+                failed.append(p)
                 reply, out_frames = Reply(rid, res.status, res.error), []
             self.reply(state, p, reply, out_frames)
-        for p in by_seq.values():  # a worker that forgot a request must not leave its client hanging
-            metrics.failure("OTHER")
+        forgotten = list(by_seq.values())
+        for p in forgotten:  # a worker that forgot a request must not leave its client hanging
             error = Unavailable("the worker returned no result for this request")
             self.reply(state, p, Reply(p.request.request_id, error.status, error.wire_text()), [])
-        stats.last_inference_ms = int(time.time() * 1000)
         self._sequences_done(state, batch.requests)
         if on_free is None:
             self.pool.give_back(state, identity)
+        self._account(state, batch, result, now_ns, ok, failed, cancelled, len(forgotten))
+
+    @staticmethod
+    def _account(
+        state: ModelState,
+        batch: InFlight,
+        result: WorkerResult,
+        now_ns: int,
+        ok: list[Pending],
+        failed: list[Pending],
+        cancelled: int,
+        forgotten: int,
+    ) -> None:
+        """The figures of a batch whose replies have left: compute times, each request's latency and
+        outcome, the adaptive batcher's observations. Durations run to ``now_ns``, when the result came."""
+        stats, metrics, window = state.stats, state.metrics, state.window
+        timing = result.timings
+        n = batch.executions  # a run: its requests' executions, timed together
+        stats.compute_input.add(timing[0], n)
+        stats.compute_infer.add(timing[1], n)
+        stats.compute_output.add(timing[2], n)
+        if state.runs:
+            state.cost.observe(timing[0] + timing[1] + timing[2], n)
+        now_s = now_ns / 1e9
+        rows = sum(p.batch_size for p in batch.requests)
+        state.batcher.observe_execution(rows, (now_ns - batch.sent_ns) / 1e9, now_s)
+        state.batcher.observe_latencies((now_s - p.arrival for p in batch.requests), now_s)
+        t_in, t_inf, t_out = (x / (1000 * n) for x in timing)
+        sent_s = batch.sent_ns / 1e9
+        for p in ok:
+            duration = now_ns - int(p.arrival * 1e9)
+            stats.record_success(duration)
+            stats.inference_count += p.batch_size
+            metrics.success(duration / 1000, (sent_s - p.arrival) * 1e6, p.batch_size, t_in, t_inf, t_out)
+            window.record(now_s, duration / 1e9)
+        for p in failed:
+            stats.fail.add(now_ns - int(p.arrival * 1e9))
+            metrics.failure("BACKEND")
+        for _ in range(cancelled):
+            metrics.cancelled()
+        for _ in range(forgotten):
+            metrics.failure("OTHER")
+        stats.last_inference_ms = int(time.time() * 1000)
 
     def _on_partial(
         self, identity: bytes, state: ModelState, result: WorkerResult, frames: list[Frame]
@@ -147,30 +175,33 @@ class Completion:
         self, state: ModelState, p: Pending, res: RequestResult, frames: list[Frame]
     ) -> None:
         """The last response of one request of a decoupled batch that still runs (Triton-style senders
-        finish their requests one by one): answered and counted now."""
+        finish their requests one by one): answered, then counted."""
         now_ns = time.monotonic_ns()
         duration = now_ns - int(p.arrival * 1e9)
         rid = p.request.request_id
         out_frames: list[Frame]
         if p.cancelled:
-            state.metrics.cancelled()
             reply, out_frames = Reply(rid, Status.CANCELLED, "Cancelled: the request was cancelled"), []
         elif res.status == Status.OK:
-            state.stats.record_success(duration)
-            state.stats.inference_count += p.batch_size
-            state.metrics.success(duration / 1000, 0.0, p.batch_size)
-            state.window.record(now_ns / 1e9, duration / 1e9)
             outputs, out_frames = client_outputs([protocol.tensor_to_wire(t) for t in res.outputs], frames)
             body = {"model": state.name, "version": state.version, "outputs": outputs, "final": True}
             if res.parameters:
                 body["parameters"] = dict(res.parameters)
             reply = Reply(rid, Status.OK, body=body)
         else:
-            state.stats.fail.add(duration)
-            state.metrics.failure("BACKEND")
             reply, out_frames = Reply(rid, res.status, res.error), []
         self._sequences_done(state, [p])
         self.reply(state, p, reply, out_frames)
+        if p.cancelled:
+            state.metrics.cancelled()
+        elif res.status == Status.OK:
+            state.stats.record_success(duration)
+            state.stats.inference_count += p.batch_size
+            state.metrics.success(duration / 1000, 0.0, p.batch_size)
+            state.window.record(now_ns / 1e9, duration / 1e9)
+        else:
+            state.stats.fail.add(duration)
+            state.metrics.failure("BACKEND")
 
     def deliver(self, p: Pending, reply: Reply, frames: list[Frame]) -> None:
         """A final reply to its request's client, or to the ensemble run that sent the request."""

@@ -311,18 +311,19 @@ class EnsemblePath:
             outs.append(d)
         now_ns = time.monotonic_ns()
         duration = now_ns - int(p.arrival * 1e9)
-        state.stats.record_success(duration)
-        state.stats.inference_count += p.batch_size
-        state.stats.execution_count += 1
-        state.stats.last_inference_ms = int(time.time() * 1000)
-        state.metrics.success(duration / 1000, 0.0, p.batch_size)
-        state.window.record(now_ns / 1e9, duration / 1e9)
         if p.cache_key is not None and self.caching.cache is not None:
+            # copied before the reply: once answered, the client may reuse its output slots
             self.caching.store(state, p.cache_key, outs, frames)
         wire, out_frames = client_outputs(outs, frames)
         run.finished = True
         body = {"model": state.name, "version": state.version, "outputs": wire}
         self.completion.reply(state, p, Reply(p.request.request_id, Status.OK, body=body), out_frames)
+        state.stats.record_success(duration)  # counted once the reply has left
+        state.stats.inference_count += p.batch_size
+        state.stats.execution_count += 1
+        state.stats.last_inference_ms = int(time.time() * 1000)
+        state.metrics.success(duration / 1000, 0.0, p.batch_size)
+        state.window.record(now_ns / 1e9, duration / 1e9)
         self._release(run)
 
     def _read(self, shm: list[Any] | None) -> bytes:

@@ -130,7 +130,27 @@ class RequestPath:
         batches: Sequence[Batch[Pending] | SequenceBatch[Pending]],
         now: float,
     ) -> None:
-        """One EXECUTE to ``worker``: a batch, or a run of several (each its own execution)."""
+        """One EXECUTE to ``worker``: a batch, or a run of several (each its own execution). The EXECUTE
+        leaves first; the batch's statistics, metrics and latency window are recorded after it."""
+        controls = sequence_controls(state.controls) if state.controls else ()
+        items = batches[0].items if len(batches) == 1 else [p for b in batches for p in b.items]
+        running = self.pool.start_batch(state, worker, items, time.monotonic_ns(), len(batches))
+        message, frames = execute_message(
+            running.batch_id, items, controls, self._region_wire, serial=len(batches) > 1
+        )
+        if not self.outbox.send_worker(worker, Command.W_EXECUTE, execute_to_wire(message), frames):
+            self.pool.drop_batch(running.batch_id)
+            self.completion.fail_batch(running, "the instance could not be reached")
+        self._account(state, worker, batches, now)
+
+    @staticmethod
+    def _account(
+        state: ModelState,
+        worker: bytes,
+        batches: Sequence[Batch[Pending] | SequenceBatch[Pending]],
+        now: float,
+    ) -> None:
+        """The figures of batches that just left: queue times, batch sizes and reasons, the queue's length."""
         for batch in batches:
             oldest = now
             for p in batch.items:
@@ -145,15 +165,6 @@ class RequestPath:
         if len(batches) > 1 and log.isEnabledFor(logging.DEBUG):
             log.debug("event=run model=%s executions=%d worker=%s", state.name, len(batches), worker.decode())
         state.metrics.pending(state.queued)  # the batch left the queue
-        controls = sequence_controls(state.controls) if state.controls else ()
-        items = batches[0].items if len(batches) == 1 else [p for b in batches for p in b.items]
-        running = self.pool.start_batch(state, worker, items, time.monotonic_ns(), len(batches))
-        message, frames = execute_message(
-            running.batch_id, items, controls, self._region_wire, serial=len(batches) > 1
-        )
-        if not self.outbox.send_worker(worker, Command.W_EXECUTE, execute_to_wire(message), frames):
-            self.pool.drop_batch(running.batch_id)
-            self.completion.fail_batch(running, "the instance could not be reached")
 
     def _region_wire(self, name: str) -> list[int] | None:
         region = self.regions.get(name)
