@@ -29,7 +29,10 @@ LATENCY_BUCKETS_US: tuple[float, ...] = (
     50.0, 100.0, 250.0, 500.0, 1e3, 2.5e3, 5e3, 1e4, 2.5e4, 5e4, 1e5, 2.5e5, 5e5, 1e6, 2.5e6, 5e6, 1e7,
 )  # fmt: skip
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")  # Triton's nv_inference_request_failure
-BATCH_REASONS = ("preferred", "max_size", "shape_cut", "delay_expired", "idle_no_delay", "no_batching")
+BATCH_REASONS = (
+    "preferred", "max_size", "shape_cut", "delay_expired", "idle_no_delay", "early_no_companion",
+    "no_batching",
+)  # fmt: skip
 _MV = ("model", "version")
 _WORKER_LABELS = ("model", "version", "model_instance", "device")  # "instance" is Prometheus's
 

@@ -21,6 +21,9 @@ from zinfer.client.shm import creator_pid
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "configs" / "models"
+# a model parameter for tests that hold requests in the queue with a long max_queue_delay: Triton's timing,
+# with no early dispatch when one caller at a time leaves no companion to wait for
+TRITON_TIMING = 'parameters { key: "zinfer_early_dispatch" value: { string_value: "false" } }\n'
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from zinfer.modelconfig.parameters import early_dispatch
 from zinfer.modelconfig.record_base import empty_map, frozen_map
 from zinfer.modelconfig.scheduling import QueuePolicy
 
@@ -59,6 +60,7 @@ class BatchReason(enum.Enum):
     SHAPE_CUT = "shape_cut"  # the next request's variable dims differ
     DELAY_EXPIRED = "delay_expired"  # the oldest request waited max_queue_delay
     IDLE_NO_DELAY = "idle_no_delay"  # max_queue_delay is 0: an instance was free, send what is queued
+    EARLY_NO_COMPANION = "early_no_companion"  # early dispatch: no other request is due within the delay
     ADAPTIVE_TARGET = "adaptive_target"  # adaptive: waiting longer would break the latency target
     ADAPTIVE_NO_GAIN = "adaptive_no_gain"  # adaptive: waiting for more requests would not pay
 
@@ -89,6 +91,9 @@ class BatchPolicy:
     number of model instances, which the adaptive mode uses to estimate utilisation.
     ``max_batch_bytes > 0`` bounds the input bytes of one batch (the server's ``--max-batch-bytes``): a
     batch closes before the request that would pass it, and a request passing it alone is refused.
+    ``early_dispatch`` sends a batch before ``max_queue_delay_us`` when no companion is due within it
+    (:mod:`zinfer.broker.batching.early_dispatch`); off here, on for a model config with a queue delay (and
+    no latency target) unless its parameter ``zinfer_early_dispatch`` is ``"false"``.
     """
 
     max_batch_size: int  # 0 = no batching
@@ -101,12 +106,15 @@ class BatchPolicy:
     latency_target_us: int = 0  # zinfer_latency_target_microseconds; 0 = off
     instances: int = 1
     max_batch_bytes: int = 0  # input bytes of one batch; 0 = no limit
+    early_dispatch: bool = False  # max_queue_delay as an upper bound (``early_dispatch``); configs: on
 
     def __post_init__(self) -> None:
         max_size = _require_count("max_batch_size", self.max_batch_size)
         _require_count("max_batch_bytes", self.max_batch_bytes)
         _require_count("max_queue_delay_us", self.max_queue_delay_us)
         _require_count("latency_target_us", self.latency_target_us)
+        if not isinstance(self.early_dispatch, bool):
+            raise ValueError(f"early_dispatch must be a bool, got {self.early_dispatch!r}")
         if _require_count("instances", self.instances) < 1:
             raise ValueError(f"instances must be >= 1, got {self.instances}")
         raw: object = self.preferred_batch_sizes
@@ -176,6 +184,10 @@ class BatchPolicy:
             latency_target_us=db.zinfer_latency_target_microseconds,
             instances=count,
             max_batch_bytes=max_batch_bytes,
+            early_dispatch=early_dispatch(config)  # where a batch would wait the delay at all
+            and config.max_batch_size > 0
+            and db.max_queue_delay_microseconds > 0
+            and not db.zinfer_latency_target_microseconds,
         )
 
 

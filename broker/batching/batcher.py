@@ -21,6 +21,9 @@ within a level, queue timeouts with REJECT/DELAY, ``max_queue_size``). Batch for
 * Decision: preferred size reached (delay not exceeded) -> that prefix; saturated, shape/size cut or
   largest preferred size reached -> now; ``max_queue_delay_us == 0`` -> whatever is queued; delay
   exceeded -> whatever fits; else wait until :meth:`DynamicBatcher.next_deadline`.
+* Early dispatch (``BatchPolicy.early_dispatch``, :mod:`zinfer.broker.batching.early_dispatch`): when the
+  model's observed companion rate says no other request is due within the delay, a batch that would wait
+  for it goes at once (``EARLY_NO_COMPANION``); under load the timing is Triton's.
 * With ``latency_target_us`` set, :mod:`zinfer.broker.batching.adaptive` decides instead of the queue delay
   whether to send what is pending or wait; preferred sizes, cuts and saturation still send at once. It
   learns from :meth:`DynamicBatcher.observe_execution` (batch execution times) and
@@ -43,6 +46,7 @@ from .batch_policy import (
     QueuedRequest,
     QueueFull,
 )
+from .early_dispatch import EarlyDispatch
 from .priority_queue import PriorityQueue
 
 __all__ = [
@@ -104,6 +108,10 @@ class DynamicBatcher(Generic[T]):
             self._adaptive = AdaptiveController(
                 policy.latency_target_us / _US_PER_S, self._max_preferred, policy.instances
             )
+        # max_queue_delay as an upper bound: a batch no companion is due for goes at once (early_dispatch)
+        self._early: EarlyDispatch | None = None
+        if policy.early_dispatch and self._adaptive is None and self._max > 0 and self._delay_s > 0:
+            self._early = EarlyDispatch(self._delay_s)
         self._scan: _Scan | None = None  # cache of _walk(); None = stale
         self._trigger_sizes = tuple(sorted({*policy.preferred_batch_sizes, self._max} - {0}))
         self._flip: float | None = None  # the adaptive plan for the cached scan
@@ -135,8 +143,9 @@ class DynamicBatcher(Generic[T]):
         """Nothing queued and no timed-out request waiting for :meth:`expire`."""
         return not self._queue and not self._expired
 
-    def add(self, request: QueuedRequest[T], now: float) -> None:
-        """Queue a request; the queue delay and timeout run from ``request.arrival``.
+    def add(self, request: QueuedRequest[T], now: float, busy: bool = False) -> None:
+        """Queue a request; the queue delay and timeout run from ``request.arrival``. ``busy``: a batch of
+        the model is in flight (with a request already queued, the early dispatch's sign of companions).
 
         Raises :class:`QueueFull` when its level holds ``max_queue_size`` requests,
         :class:`InvalidPriority` for a priority outside ``[0, priority_levels]``, :class:`BatchTooLarge`
@@ -153,12 +162,15 @@ class DynamicBatcher(Generic[T]):
                 f"the request's inputs of {request.nbytes} bytes are over the {self._max_bytes} byte "
                 "limit of one batch (--max-batch-bytes)"
             )
+        overlapping = busy or bool(self._queue)
         try:
             self._queue.push(request)
         except QueueFull:
             self._rejected_full += 1
             raise
         self._scan = None
+        if self._early is not None:
+            self._early.observe(request.arrival, size, overlapping)
         if self._adaptive is not None:
             self._adaptive.arrivals.observe(request.arrival, size)
 
@@ -268,6 +280,8 @@ class DynamicBatcher(Generic[T]):
         scan = self._current_scan()
         if self._adaptive is not None:
             return self._flip
+        if self._early is not None:
+            return self._early.send_at(scan.oldest)
         return scan.oldest + self._delay_s if self._delay_s > 0 else None
 
     def _current_scan(self) -> _Scan:
@@ -320,6 +334,8 @@ class DynamicBatcher(Generic[T]):
             exceeded = self._delay_s > 0 and now >= scan.oldest + self._delay_s
             send = exceeded or self._delay_s == 0
             late = BatchReason.DELAY_EXPIRED if exceeded else BatchReason.IDLE_NO_DELAY
+            if not send and self._early is not None and self._early.early:
+                send, late = True, BatchReason.EARLY_NO_COMPANION  # no companion is due within the delay
         if scan.pref_count and not exceeded:
             full = scan.pref_size == self._max
             return scan.pref_count, BatchReason.MAX_SIZE if full else BatchReason.PREFERRED

@@ -164,7 +164,8 @@ def simulate(
         while nxt < len(reqs) and reqs[nxt].arrival <= now:
             r = reqs[nxt]
             try:
-                batcher.add(QueuedRequest(nxt, r.rows, r.shape_key, r.arrival, r.priority, r.timeout_us), now)
+                queued = QueuedRequest(nxt, r.rows, r.shape_key, r.arrival, r.priority, r.timeout_us)
+                batcher.add(queued, now, any(run is not None for run in running))
             except (QueueFull, InvalidPriority):
                 rejected.append(nxt)
             nxt += 1

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import zmq
 
-from tests.conftest import MODELS, ServerProcess, start_server, wait_for
+from tests.conftest import MODELS, TRITON_TIMING, ServerProcess, start_server, wait_for
 from zinfer.client import AsyncClient, Client, protocol
 from zinfer.client.errors import Status
 from zinfer.client.protocol import Command, InferRequest, TensorRef
@@ -42,7 +42,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     cfg = (repo / "delayed" / "config.pbtxt").read_text()
     cfg = cfg.replace('name: "add"', 'name: "delayed"').replace("max_batch_size: 16", "max_batch_size: 8")
     cfg = cfg.replace("max_queue_delay_microseconds: 0", "max_queue_delay_microseconds: 3000000")
-    (repo / "delayed" / "config.pbtxt").write_text(cfg)
+    (repo / "delayed" / "config.pbtxt").write_text(cfg + TRITON_TIMING)
     s = start_server(repo)
     yield s
     assert s.stop() == 0, s.log()

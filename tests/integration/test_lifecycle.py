@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import MODELS, ServerProcess, wait_for, zinfer_segments
+from tests.conftest import MODELS, TRITON_TIMING, ServerProcess, wait_for, zinfer_segments
 from tests.gated import gated_model, pending
 from zinfer.client.client import Client
 from zinfer.client.errors import ConnectionFailed, NotFound, RequestTimeout, Unavailable
@@ -299,7 +299,7 @@ def test_timed_out_request_keeps_its_slots_until_the_late_reply(
     cfg = cfg.replace('name: "add"', 'name: "slow"').replace(
         "max_queue_delay_microseconds: 0", "max_queue_delay_microseconds: 400000"
     )
-    (repo / "slow" / "config.pbtxt").write_text(cfg)
+    (repo / "slow" / "config.pbtxt").write_text(cfg + TRITON_TIMING)
     server = server_factory(repo)
     with Client(server.url, timeout=30, inline_threshold=-1) as client:
         client.infer("slow", {"INPUT_A": ONE, "INPUT_B": ONE})  # metadata fetched, arena made

@@ -13,13 +13,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import MODELS, ServerProcess, start_server, wait_for
+from tests.conftest import MODELS, TRITON_TIMING, ServerProcess, start_server, wait_for
 from zinfer.client import Client
 from zinfer.client.errors import InternalError, InvalidArgument, Unavailable
 
 pytestmark = pytest.mark.integration
 
-PAIR = "dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 300000 }"
+PAIR = (
+    "dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 300000 }\n" + TRITON_TIMING
+)
 TENSORS = (
     'input [ { name: "A" data_type: TYPE_FP32 dims: [ 2 ] },\n'
     '        { name: "B" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tests.conftest import ServerProcess, start_server
+from tests.conftest import TRITON_TIMING, ServerProcess, start_server
 from zinfer.client.client import Client
 from zinfer.client.errors import InvalidArgument, NotFound
 
@@ -62,13 +62,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
             "TYPE_INT32",
             "[ 1 ]",
             8,
-            "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 5000000 }",
+            "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 5000000 }\n"
+            + TRITON_TIMING,
         ),
     )
     _model(
         repo,
         "delayed",
-        _add("TYPE_INT32", "[ 1 ]", 8, "dynamic_batching { max_queue_delay_microseconds: 300000 }"),
+        _add(
+            "TYPE_INT32",
+            "[ 1 ]",
+            8,
+            "dynamic_batching { max_queue_delay_microseconds: 300000 }\n" + TRITON_TIMING,
+        ),
     )
     lin = _model(repo, "half_linear",
                  'max_batch_size: 8\ninput [ { name: "X" data_type: TYPE_FP16 dims: [ 4 ] } ]\n'

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from tests.conftest import ServerProcess, start_server, wait_for  # noqa: E402
+from tests.conftest import TRITON_TIMING, ServerProcess, start_server, wait_for  # noqa: E402
 from tests.onnx_models import WEIGHTS, add_matmul, string_identity  # noqa: E402
 from zinfer.client.client import Client  # noqa: E402
 from zinfer.client.errors import InvalidArgument  # noqa: E402
@@ -31,7 +31,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     (repo / "addmm" / "config.pbtxt").write_text(
         'platform: "onnxruntime_onnx"\n'
         "dynamic_batching { max_queue_delay_microseconds: 20000000 }\n"
-        "instance_group [ { kind: KIND_CPU } ]\n"
+        "instance_group [ { kind: KIND_CPU } ]\n" + TRITON_TIMING
     )
     add_matmul(repo / "wrong" / "1" / "model.onnx")
     (repo / "wrong" / "config.pbtxt").write_text(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import MODELS, ServerProcess, start_server, wait_for
+from tests.conftest import MODELS, TRITON_TIMING, ServerProcess, start_server, wait_for
 from tests.gated import Gate, gated_model, metric, pending
 from zinfer.client import Client
 from zinfer.client.errors import Cancelled, DeadlineExceeded, InvalidArgument, RequestTimeout, Unavailable
@@ -33,9 +34,17 @@ class Model:
 """
 
 
-def _model(repo: Path, name: str, dynamic_batching: str, max_batch_size: int = 1, slow: bool = False) -> None:
+def _model(
+    repo: Path,
+    name: str,
+    dynamic_batching: str,
+    max_batch_size: int = 1,
+    slow: bool = False,
+    triton_timing: bool = False,
+) -> None:
     """An ``add`` model with the given ``dynamic_batching`` block; ``slow`` runs it as a Python model that
-    takes 150 ms a batch."""
+    takes 150 ms a batch; ``triton_timing`` turns early dispatch off (tests that hold requests with the
+    delay)."""
     shutil.copytree(MODELS / "add", repo / name)
     cfg = (repo / name / "config.pbtxt").read_text()
     start, end = cfg.index("dynamic_batching"), cfg.index("}", cfg.index("dynamic_batching")) + 1
@@ -46,7 +55,7 @@ def _model(repo: Path, name: str, dynamic_batching: str, max_batch_size: int = 1
         cfg = cfg.replace('backend: "zinfer"', 'backend: "python"')
         cfg = cfg.replace('parameters { key: "kernel" value: { string_value: "add" } }', "")
         (repo / name / "1" / "model.py").write_text(SLOW_ADD)
-    (repo / name / "config.pbtxt").write_text(cfg)
+    (repo / name / "config.pbtxt").write_text(cfg + (TRITON_TIMING if triton_timing else ""))
 
 
 GATES: dict[str, Gate] = {}
@@ -61,9 +70,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     GATES["bounded"] = gated_model(repo, "bounded", "default_queue_policy { max_queue_size: 2 }")
     GATES["ordered"] = gated_model(repo, "ordered", "preserve_ordering: true", count=2)
     _model(repo, "timeouts", "max_queue_delay_microseconds: 1000000 default_queue_policy { "
-           "default_timeout_microseconds: 5000000 allow_timeout_override: true }", 4)  # fmt: skip
-    _model(repo, "cancel", "max_queue_delay_microseconds: 3000000", 8)
+           "default_timeout_microseconds: 5000000 allow_timeout_override: true }", 4,
+           triton_timing=True)  # fmt: skip
+    _model(repo, "cancel", "max_queue_delay_microseconds: 3000000", 8, triton_timing=True)
     _model(repo, "adaptive", "zinfer_latency_target_microseconds: 100000", 8, slow=True)
+    _model(repo, "loop", "max_queue_delay_microseconds: 100000", 8)
+    _model(repo, "loop_triton", "max_queue_delay_microseconds: 100000", 8, triton_timing=True)
     s = start_server(repo)
     try:
         yield s
@@ -301,3 +313,31 @@ def test_adaptive_mode_reports_what_it_learned_and_an_unreachable_target(server:
     assert a["observed_p99_us"] is not None and a["observed_p99_us"] > 100000
     assert a["exec_fixed_us"] is not None and a["exec_fixed_us"] + a["exec_per_item_us"] > 100000
     assert a["target_unreachable"] is True
+
+
+def test_one_client_in_a_loop_stops_waiting_for_the_queue_delay(server: ServerProcess) -> None:
+    """Requests one at a time against a 100 ms delay: no companion can come, so after the first few the
+    batcher sends each at once (reason early_no_companion) instead of holding it 100 ms."""
+    with ExitStack() as stack:
+        [c] = _warm_clients(stack, server, "loop", 1)
+        for i in range(12):
+            assert c.infer("loop", _ab(i)).as_numpy("OUTPUT_SUM")[0, 0] == 2 * i
+        t0 = time.monotonic()
+        for i in range(4):
+            c.infer("loop", _ab(i))
+        took = time.monotonic() - t0
+        reasons = c.statistics("loop")["model_stats"][0]["batch_reasons"]
+    assert reasons.get("early_no_companion", 0) >= 4, reasons
+    assert set(reasons) <= {"early_no_companion", "delay_expired"}, reasons
+    assert took < 0.4, f"4 calls took {took:.3f} s: they waited for the 100 ms delay"
+
+
+def test_the_model_parameter_keeps_tritons_timing(server: ServerProcess) -> None:
+    with ExitStack() as stack:
+        [c] = _warm_clients(stack, server, "loop_triton", 1)
+        for i in range(4):
+            t0 = time.monotonic()
+            c.infer("loop_triton", _ab(i))
+            assert time.monotonic() - t0 >= 0.1  # every request waits the whole delay
+        reasons = c.statistics("loop_triton")["model_stats"][0]["batch_reasons"]
+    assert reasons == {"delay_expired": 4}

@@ -15,7 +15,7 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from tests.conftest import MODELS, ServerProcess, wait_for
+from tests.conftest import MODELS, TRITON_TIMING, ServerProcess, wait_for
 from zinfer.client import Client, protocol
 from zinfer.client.errors import ResourceExhausted
 from zinfer.client.protocol import Command
@@ -73,7 +73,7 @@ def test_a_batch_closes_before_it_passes_max_batch_bytes(
     shutil.copytree(MODELS / "add", repo / "add")
     cfg = (repo / "add" / "config.pbtxt").read_text()
     (repo / "add" / "config.pbtxt").write_text(
-        cfg.replace("max_queue_delay_microseconds: 0", "max_queue_delay_microseconds: 300000")
+        cfg.replace("max_queue_delay_microseconds: 0", "max_queue_delay_microseconds: 300000") + TRITON_TIMING
     )
     server = server_factory(repo, "--max-batch-bytes", "24")
     with Client(server.url, timeout=30) as client:
