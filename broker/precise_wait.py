@@ -1,13 +1,17 @@
-"""Waiting for the broker's sockets until a deadline finer than a millisecond.
+"""Waiting for the broker's sockets until a deadline finer than a millisecond, on one persistent epoll.
 
-ZeroMQ's poll takes whole milliseconds, and a sleep for the rest would leave the sockets unwatched. So a
-wait of a millisecond or more polls for the whole milliseconds (the rest is waited on the next turn), and a
-shorter one first polls without waiting, then, when nothing is there, waits in ``select`` (microseconds) on
-the ZeroMQ sockets' ``ZMQ_FD`` descriptors, and polls once more. A ``ZMQ_FD`` is edge-triggered: it turns
-readable when commands reach the socket's mailbox after the last poll, which is exactly what the poll just
-before ``select`` makes sure of. Raw descriptors the poller also watches (the region hand-off's
-connections, not on the request path) are left to that next poll, at most a millisecond later; so is
-everything when a socket's descriptor is past what ``select`` can take.
+The waiter keeps an ``epoll`` of the ZeroMQ sockets' ``ZMQ_FD`` descriptors and of raw descriptors (the
+region hand-off's connections), registered once, instead of building a ``zmq_poll`` set every turn. A
+``ZMQ_FD`` is not a message count: it turns readable when commands reach the socket's mailbox, and any use of
+the socket (a send, a receive, an ``EVENTS`` query) may take those commands, message arrivals included,
+without the descriptor saying so again. So before it sleeps, ``poll`` asks ``EVENTS`` of each socket used
+since it last asked (``touched``; the broker's turn sends on and reads from its sockets), and after a wake-up
+only of the sockets whose descriptor woke it; a socket that was not used keeps its descriptor's word.
+
+A wait of a millisecond or more sleeps in ``epoll_wait`` for the whole milliseconds (the rest is waited on
+the next turn); a shorter one waits in ``select`` (microseconds) on the same descriptors, and polls the last
+``_SPIN_MS`` (``select`` wakes up late here). Where a descriptor is past what ``select`` can take, it sleeps a
+whole millisecond instead.
 
 Linux lets a sleeping thread wake up to its timer slack late (50 µs by default); ``tighten_timer_slack``
 makes it 1 µs for the broker's thread, so a 500 µs queue delay ends at about 500 µs.
@@ -28,6 +32,7 @@ __all__ = ["PreciseWait", "tighten_timer_slack"]
 _PR_SET_TIMERSLACK = 29  # prctl(2): this thread's timer slack in nanoseconds
 _SPIN_MS = 0.05  # the last 50 µs of a wait are polled for, not slept: select wakes up to ~40 µs late here
 _SELECT_LIMIT = 1024  # FD_SETSIZE: select takes no descriptor at or above it
+_POLLIN = int(zmq.POLLIN)
 
 
 def tighten_timer_slack(ns: int = 1000) -> bool:
@@ -41,36 +46,75 @@ def tighten_timer_slack(ns: int = 1000) -> bool:
 
 
 class PreciseWait:
-    """``poll(timeout_ms)`` over a ``zmq.Poller`` with sub-millisecond deadlines kept (see the module)."""
+    """``poll(timeout_ms)`` over ZeroMQ sockets and raw descriptors, sub-millisecond deadlines kept (see the
+    module). Not thread-safe: the broker's loop owns it."""
 
-    def __init__(self, poller: zmq.Poller) -> None:
-        self.poller = poller
-        self._fds: dict[int, int] = {}  # id(socket) -> its ZMQ_FD
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._sockets: dict[int, zmq.Socket[bytes]] = {}  # ZMQ_FD -> its socket
+        self._raw: set[int] = set()
+        self._touched: set[zmq.Socket[bytes]] = set()  # used since their EVENTS were last asked
+
+    def register(self, target: zmq.Socket[bytes] | int) -> None:
+        """Watch a ZeroMQ socket, or a raw descriptor, for reading."""
+        if isinstance(target, zmq.Socket):
+            fd = int(target.get(zmq.FD))
+            self._sockets[fd] = target
+            self._touched.add(target)  # its messages may be there already
+        else:
+            fd = target
+            self._raw.add(fd)
+        self._epoll.register(fd, select.EPOLLIN)
+
+    def unregister(self, fd: int) -> None:
+        """Stop watching a raw descriptor (before it is closed)."""
+        if fd in self._raw:
+            self._raw.discard(fd)
+            try:
+                self._epoll.unregister(fd)
+            except OSError:  # closed already: the epoll forgot it then
+                pass
+
+    def touch(self, sock: zmq.Socket[bytes]) -> None:
+        """``sock`` was used (sent on, read from): ask its EVENTS before the next sleep."""
+        self._touched.add(sock)
+
+    def touch_all(self) -> None:
+        self._touched.update(self._sockets.values())
+
+    def close(self) -> None:
+        self._epoll.close()
 
     def poll(self, timeout_ms: float) -> dict[Any, int]:
+        """What is readable now or within ``timeout_ms``: ``{socket or raw descriptor: POLLIN}``."""
+        ready: dict[Any, int] = {}
+        for sock in self._touched:
+            if int(sock.get(zmq.EVENTS)) & _POLLIN:
+                ready[sock] = _POLLIN
+        self._touched.clear()
+        if ready or timeout_ms <= 0:
+            self._collect(self._epoll.poll(0), ready)
+            return ready
         if timeout_ms >= 1.0:
-            return dict(self.poller.poll(math.floor(timeout_ms)))
-        events = dict(self.poller.poll(0))
-        if events or timeout_ms <= 0:
-            return events
-        fds = self._descriptors()
+            self._collect(self._epoll.poll(math.floor(timeout_ms) / 1000), ready)
+            return ready
+        fds = [*self._sockets, *self._raw]
         if max(fds, default=_SELECT_LIMIT) >= _SELECT_LIMIT:
-            return dict(self.poller.poll(1))
+            self._collect(self._epoll.poll(0.001), ready)
+            return ready
         deadline = time.monotonic() + timeout_ms / 1000
         if timeout_ms > _SPIN_MS:
             select.select(fds, [], [], timeout_ms / 1000 - _SPIN_MS / 1000)
-        events = dict(self.poller.poll(0))
-        while not events and time.monotonic() < deadline:  # the last stretch, where select wakes late
-            events = dict(self.poller.poll(0))
-        return events
+        while True:  # the last stretch, where select wakes late
+            self._collect(self._epoll.poll(0), ready)
+            if ready or time.monotonic() >= deadline:
+                return ready
 
-    def _descriptors(self) -> list[int]:
-        out = []
-        for sock, _ in self.poller.sockets:
-            if not isinstance(sock, zmq.Socket):
-                continue
-            fd = self._fds.get(id(sock))
-            if fd is None:
-                fd = self._fds[id(sock)] = int(sock.get(zmq.FD))
-            out.append(fd)
-        return out
+    def _collect(self, events: list[tuple[int, int]], ready: dict[Any, int]) -> None:
+        """Readable descriptors into ``ready``: a raw one as it is, a socket's after asking its EVENTS."""
+        for fd, _ in events:
+            sock = self._sockets.get(fd)
+            if sock is None:
+                ready[fd] = _POLLIN
+            elif sock not in ready and int(sock.get(zmq.EVENTS)) & _POLLIN:
+                ready[sock] = _POLLIN

@@ -241,46 +241,52 @@ class Broker:
         """Serve until asked to stop. The first request drains: new requests are refused with Unavailable,
         what is queued and running finishes (up to the drain timeout); a second request stops at once."""
         assert self.frontend is not None and self.backend is not None
-        poller = zmq.Poller()
-        poller.register(self.frontend, zmq.POLLIN)
-        poller.register(self.backend, zmq.POLLIN)
+        # one persistent epoll of the sockets' descriptors; deadlines kept to microseconds
+        waiter = PreciseWait()
+        waiter.register(self.frontend)
+        waiter.register(self.backend)
         tcp = self.tcp.sock if self.tcp is not None else None
         intake = self.intake
         if intake is not None:
-            intake.watch(lambda fd, on: poller.register(fd, zmq.POLLIN) if on else poller.unregister(fd))
+            intake.watch(lambda fd, on: waiter.register(fd) if on else waiter.unregister(fd))
         if tcp is not None:
-            poller.register(tcp, zmq.POLLIN)
-        waiter = PreciseWait(poller)  # deadlines kept to microseconds, not whole milliseconds
+            waiter.register(tcp)
         if not tighten_timer_slack():
             log.info("event=timer_slack_unchanged")
-        while not self._should_exit(stop_requests()):
-            events = waiter.poll(self.path.poll_timeout_ms())
-            self.outbox.hold()  # replies of this turn to one connection go in one message
-            if self.backend in events:
-                self._drain(self.backend, self.worker_inbox.on_message, b"")
-            if self.frontend in events:
-                self._drain(self.frontend, self._on_client, IPC_TAG)
-            if tcp is not None and tcp in events:
-                self._drain(tcp, self._on_client, TCP_TAG)
-            if intake is not None:
-                for fd in intake.fds() & events.keys():
-                    intake.on_readable(fd)
-            now = time.monotonic()
-            if now >= self._next_reap:
-                self._next_reap = now + REAP_INTERVAL_S
-                self.watch.reap(now)
-            if now >= self._next_region_reap:
-                self._next_region_reap = now + REGION_REAP_INTERVAL_S
-                self._reap_regions()
-            self.admission.expire(now)
-            self.path.dispatch(now)
-            self.observer.maybe_publish(now)
-            if self.control.pending or self.registry.retiring:
-                self.control.poll(now)
-            if self.on_demand is not None:
-                self.on_demand.poll(now)
-            self._log_ready_once()
-            self.outbox.flush()
+        try:
+            while not self._should_exit(stop_requests()):
+                events = waiter.poll(self.path.poll_timeout_ms())
+                self.outbox.hold()  # replies of this turn to one connection go in one message
+                if self.backend in events:
+                    self._drain(self.backend, self.worker_inbox.on_message, b"")
+                if self.frontend in events:
+                    self._drain(self.frontend, self._on_client, IPC_TAG)
+                if tcp is not None and tcp in events:
+                    self._drain(tcp, self._on_client, TCP_TAG)
+                if intake is not None:
+                    for fd in intake.fds() & events.keys():
+                        intake.on_readable(fd)
+                now = time.monotonic()
+                if now >= self._next_reap:
+                    self._next_reap = now + REAP_INTERVAL_S
+                    self.watch.reap(now)
+                if now >= self._next_region_reap:
+                    self._next_region_reap = now + REGION_REAP_INTERVAL_S
+                    self._reap_regions()
+                self.admission.expire(now)
+                self.path.dispatch(now)
+                self.observer.maybe_publish(now)
+                if self.control.pending or self.registry.retiring:
+                    self.control.poll(now)
+                if self.on_demand is not None:
+                    self.on_demand.poll(now)
+                self._log_ready_once()
+                self.outbox.flush()
+                # the turn read from and sent on the sockets (the outbox sends to any of them): their
+                # EVENTS are asked before the next sleep (a send may take a message's wake-up)
+                waiter.touch_all()
+        finally:
+            waiter.close()
 
     def _should_exit(self, requests: int) -> bool:
         if not requests:

@@ -5,8 +5,12 @@ thread at a time owns the socket (the I/O lock): it sends the whole queue (runs 
 one BUNDLE, each keeping its own id and order), then reads replies for everyone and wakes their owners. A
 thread that finds the socket owned wakes the owner through a pipe the owner polls with the socket, so its
 message goes out at once, and waits for its reply; when the owner has its own reply it hands the socket to
-a waiting thread. A reply nobody waits for any more (its caller timed out) goes to ``on_late_reply``, so the
-caller's resources can be released only then. A message that cannot go out (no server connected within
+a waiting thread. A thread alone on the connection (no other call waits, nothing queued) first blocks in
+``recv`` for its reply, up to ``_FAST_RECV_MS`` (the socket's ``RCVTIMEO``): one call instead of a poll of
+the socket and the pipe, then reads of the socket's events; a thread that comes meanwhile waits at most
+that long for the socket, and a reply that takes longer is waited for with the poll. A reply nobody waits
+for any more (its caller timed out) goes to ``on_late_reply``, so the caller's resources can be released
+only then. A message that cannot go out (no server connected within
 ``connect_wait``) fails its call with ``Unsent``: the server never saw it.
 """
 
@@ -38,6 +42,7 @@ _REPLY_ONLY = frozenset({Command.REPLY})
 _SERVER_CHECK_S = 0.5  # while waiting, how often to check that a local server is still there
 _OWNER_POLL_S = 0.05  # the longest the socket's owner polls before it looks at its own state again
 _WAIT_SLICE_S = 0.005  # how long a thread that does not own the socket sleeps between looks
+_FAST_RECV_MS = 2  # how long a thread alone on the connection blocks in recv before it polls instead
 _POLLIN, _POLLOUT, _EVENTS = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.EVENTS)
 
 
@@ -77,6 +82,8 @@ class Connection:
         self._sock = ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         apply_heartbeats(self._sock, heartbeat_interval)
+        self._sock.setsockopt(zmq.RCVTIMEO, _FAST_RECV_MS)  # a lone owner's blocking recv (``_own``)
+        self._rcvtimeo = _FAST_RECV_MS
         if curve is not None:
             curve.apply(self._sock)
         self._waiters_lock = threading.Lock()  # the waiters, the queue and the wake flag
@@ -253,12 +260,17 @@ class Connection:
                 waiter.error = exc
                 waiter.event.set()
 
-    def _own(self, wait_s: float) -> None:
+    def _own(self, wait_s: float, fast: bool = False) -> bool:
         """One round as the socket's owner: send the queue, wait up to ``wait_s`` for replies (or for a
-        thread with a message to send), read every reply that is there."""
+        thread with a message to send), read every reply that is there. ``fast``: if no other thread waits,
+        block in recv instead (up to ``_FAST_RECV_MS``); True when that brought a message (the next round
+        may block in recv again), False when it did not or was not tried."""
         self._flush()
         with self._waiters_lock:
             pending = bool(self._out)
+            alone = fast and not pending and len(self._waiters) <= 1 and not self._woken
+        if alone:
+            return self._recv_alone(wait_s)
         if pending:  # no server connected yet: wait until one is, a slice at a time
             self._sock.poll(min(10, max(1, int(wait_s * 1000))), zmq.POLLOUT)
             try:
@@ -267,7 +279,7 @@ class Connection:
                 with self._waiters_lock:
                     out, self._out = self._out, []
                 self._fail_unsent(out, Unsent(str(exc)))
-            return
+            return False
         events = dict(self._poller.poll(max(1, int(wait_s * 1000))))
         if self._wake_r in events:
             with self._waiters_lock:
@@ -283,6 +295,21 @@ class Connection:
         self._flush()  # what came in meanwhile goes out before this thread reads replies
         for raw in got:
             self._dispatch([f.buffer for f in raw])
+        return False
+
+    def _recv_alone(self, wait_s: float) -> bool:
+        """The owner is the only thread waiting: block in recv (no poll, no pipe) for one message."""
+        timeout = max(1, min(_FAST_RECV_MS, int(wait_s * 1000)))
+        if timeout != self._rcvtimeo:
+            self._sock.setsockopt(zmq.RCVTIMEO, timeout)
+            self._rcvtimeo = timeout
+        try:
+            raw = self._sock.recv_multipart(copy=False)
+        except zmq.Again:
+            return False
+        self._flush()  # a thread that came meanwhile: its message goes out before replies are read
+        self._dispatch([f.buffer for f in raw])
+        return True
 
     def _hand_over(self) -> None:
         """The owner leaves: wake one thread still waiting, to take the socket."""
@@ -335,12 +362,14 @@ class Connection:
             try:
                 if self._closed:
                     raise ClientError("the client is closed")
+                fast = True  # a lone caller blocks in recv first (``_own``)
                 while not self._done(waiter):
                     now = time.monotonic()
                     if now >= deadline or now >= next_check:
                         break
-                    self._own(min(deadline - now, _OWNER_POLL_S))
-                    self._link.poll()
+                    fast = self._own(min(deadline - now, _OWNER_POLL_S), fast)
+                    if not fast:  # a message just came: the link is there
+                        self._link.poll()
             finally:
                 self._io_lock.release()
                 self._hand_over()

@@ -100,6 +100,8 @@ class Worker:
         self.sock.setsockopt(zmq.LINGER, 2000)
         # an EXECUTE's inline frames are the requests' own tensors, each within the broker's tensor limit
         self.sock.setsockopt(zmq.MAXMSGSIZE, args.max_frame_bytes)
+        # the idle loop blocks in recv, not in poll: one call per message, woken by it or after POLL_MS
+        self.sock.setsockopt(zmq.RCVTIMEO, POLL_MS)
         self.sock.connect(args.endpoint)
         self.heartbeat = Heartbeat(self._ctx, args.endpoint, args.identity, args.heartbeat_s, args.liveness)
         self.heartbeat.start()
@@ -176,13 +178,14 @@ class Worker:
             while not self._stop:
                 if self._pending:
                     msg = self._pending.popleft()
-                elif not self.sock.poll(POLL_MS, zmq.POLLIN):
-                    if os.getppid() != a.parent:
-                        log.warning("event=broker_gone model=%s", a.model)
-                        break
-                    continue
                 else:
-                    received = self._receive()
+                    try:
+                        received = self._receive()  # waits up to POLL_MS (RCVTIMEO)
+                    except zmq.Again:
+                        if os.getppid() != a.parent:
+                            log.warning("event=broker_gone model=%s", a.model)
+                            break
+                        continue
                     if received is None:
                         continue
                     msg = received
@@ -206,6 +209,8 @@ class Worker:
         return 0
 
     def _receive(self) -> Message | None:
+        """The next message, None when it is malformed (logged); waits up to POLL_MS (the socket's
+        RCVTIMEO) for one, then raises ``zmq.Again`` (callers that polled first never wait)."""
         frames = self.sock.recv_multipart(copy=False)
         try:
             return protocol.decode([f.buffer for f in frames])
