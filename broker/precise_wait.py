@@ -32,7 +32,7 @@ __all__ = ["PreciseWait", "tighten_timer_slack"]
 _PR_SET_TIMERSLACK = 29  # prctl(2): this thread's timer slack in nanoseconds
 _SPIN_MS = 0.05  # the last 50 µs of a wait are polled for, not slept: select wakes up to ~40 µs late here
 _SELECT_LIMIT = 1024  # FD_SETSIZE: select takes no descriptor at or above it
-_POLLIN = int(zmq.POLLIN)
+_POLLIN, _EVENTS = int(zmq.POLLIN), int(zmq.EVENTS)  # ints: no enum conversions per call
 
 
 def tighten_timer_slack(ns: int = 1000) -> bool:
@@ -89,7 +89,7 @@ class PreciseWait:
         """What is readable now or within ``timeout_ms``: ``{socket or raw descriptor: POLLIN}``."""
         ready: dict[Any, int] = {}
         for sock in self._touched:
-            if int(sock.get(zmq.EVENTS)) & _POLLIN:
+            if int(sock.get(_EVENTS)) & _POLLIN:
                 ready[sock] = _POLLIN
         self._touched.clear()
         if ready or timeout_ms <= 0:
@@ -116,5 +116,5 @@ class PreciseWait:
             sock = self._sockets.get(fd)
             if sock is None:
                 ready[fd] = _POLLIN
-            elif sock not in ready and int(sock.get(zmq.EVENTS)) & _POLLIN:
+            elif sock not in ready and int(sock.get(_EVENTS)) & _POLLIN:
                 ready[sock] = _POLLIN

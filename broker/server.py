@@ -65,6 +65,7 @@ log = logging.getLogger(__name__)
 MAX_POLL_MS = 100
 REAP_INTERVAL_S = 0.05
 REGION_REAP_INTERVAL_S = 2.0
+_POLLIN, _EVENTS = int(zmq.POLLIN), int(zmq.EVENTS)  # ints: no enum conversions per message
 
 
 class Broker:
@@ -307,7 +308,7 @@ class Broker:
         for _ in range(256):
             frames = sock.recv_multipart(copy=False)
             handle(tag + frames[0].bytes, [f.buffer for f in frames[1:]])
-            if not int(sock.get(zmq.EVENTS)) & zmq.POLLIN:
+            if not int(sock.get(_EVENTS)) & _POLLIN:
                 return
 
     def _log_ready_once(self) -> None:
