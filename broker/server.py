@@ -264,8 +264,8 @@ class Broker:
                     self._drain(self.frontend, self._on_client, IPC_TAG)
                 if tcp is not None and tcp in events:
                     self._drain(tcp, self._on_client, TCP_TAG)
-                if intake is not None:
-                    for fd in intake.fds() & events.keys():
+                if intake is not None and len(events) > (self.backend in events) + (self.frontend in events):
+                    for fd in intake.fds() & events.keys():  # raw descriptors woke it: the hand-off's
                         intake.on_readable(fd)
                 now = time.monotonic()
                 if now >= self._next_reap:
