@@ -55,16 +55,17 @@ class PreciseWait:
         self._raw: set[int] = set()
         self._touched: set[zmq.Socket[bytes]] = set()  # used since their EVENTS were last asked
 
-    def register(self, target: zmq.Socket[bytes] | int) -> None:
-        """Watch a ZeroMQ socket, or a raw descriptor, for reading."""
-        if isinstance(target, zmq.Socket):
-            fd = int(target.get(zmq.FD))
-            self._sockets[fd] = target
-            self._touched.add(target)  # its messages may be there already
-        else:
-            fd = target
-            self._raw.add(fd)
-        self._epoll.register(fd, select.EPOLLIN)
+    def register(self, *targets: zmq.Socket[bytes] | int) -> None:
+        """Watch ZeroMQ sockets, or raw descriptors, for reading."""
+        for target in targets:
+            if isinstance(target, zmq.Socket):
+                fd = int(target.get(zmq.FD))
+                self._sockets[fd] = target
+                self._touched.add(target)  # its messages may be there already
+            else:
+                fd = target
+                self._raw.add(fd)
+            self._epoll.register(fd, select.EPOLLIN)
 
     def unregister(self, fd: int) -> None:
         """Stop watching a raw descriptor (before it is closed)."""

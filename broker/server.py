@@ -242,52 +242,44 @@ class Broker:
         """Serve until asked to stop. The first request drains: new requests are refused with Unavailable,
         what is queued and running finishes (up to the drain timeout); a second request stops at once."""
         assert self.frontend is not None and self.backend is not None
-        # one persistent epoll of the sockets' descriptors; deadlines kept to microseconds
-        waiter = PreciseWait()
-        waiter.register(self.frontend)
-        waiter.register(self.backend)
+        waiter = PreciseWait()  # one persistent epoll of the sockets' descriptors, microsecond deadlines
         tcp = self.tcp.sock if self.tcp is not None else None
+        waiter.register(*[s for s in (self.frontend, self.backend, tcp) if s is not None])
         intake = self.intake
         if intake is not None:
             intake.watch(lambda fd, on: waiter.register(fd) if on else waiter.unregister(fd))
-        if tcp is not None:
-            waiter.register(tcp)
         if not tighten_timer_slack():
             log.info("event=timer_slack_unchanged")
-        try:
-            while not self._should_exit(stop_requests()):
-                events = waiter.poll(self.path.poll_timeout_ms())
-                self.outbox.hold()  # replies of this turn to one connection go in one message
-                if self.backend in events:
-                    self._drain(self.backend, self.worker_inbox.on_message, b"")
-                if self.frontend in events:
-                    self._drain(self.frontend, self._on_client, IPC_TAG)
-                if tcp is not None and tcp in events:
-                    self._drain(tcp, self._on_client, TCP_TAG)
-                if intake is not None and len(events) > (self.backend in events) + (self.frontend in events):
-                    for fd in intake.fds() & events.keys():  # raw descriptors woke it: the hand-off's
-                        intake.on_readable(fd)
-                now = time.monotonic()
-                if now >= self._next_reap:
-                    self._next_reap = now + REAP_INTERVAL_S
-                    self.watch.reap(now)
-                if now >= self._next_region_reap:
-                    self._next_region_reap = now + REGION_REAP_INTERVAL_S
-                    self._reap_regions()
-                self.admission.expire(now)
-                self.path.dispatch(now)
-                self.observer.maybe_publish(now)
-                if self.control.pending or self.registry.retiring:
-                    self.control.poll(now)
-                if self.on_demand is not None:
-                    self.on_demand.poll(now)
-                self._log_ready_once()
-                self.outbox.flush()
-                # the turn read from and sent on the sockets (the outbox sends to any of them): their
-                # EVENTS are asked before the next sleep (a send may take a message's wake-up)
-                waiter.touch_all()
-        finally:
-            waiter.close()
+        while not self._should_exit(stop_requests()):
+            events = waiter.poll(self.path.poll_timeout_ms())
+            self.outbox.hold()  # replies of this turn to one connection go in one message
+            if self.backend in events:
+                self._drain(self.backend, self.worker_inbox.on_message, b"")
+            if self.frontend in events:
+                self._drain(self.frontend, self._on_client, IPC_TAG)
+            if tcp is not None and tcp in events:
+                self._drain(tcp, self._on_client, TCP_TAG)
+            if intake is not None and len(events) > (self.backend in events) + (self.frontend in events):
+                for fd in intake.fds() & events.keys():  # raw descriptors woke it: the hand-off's
+                    intake.on_readable(fd)
+            now = time.monotonic()
+            if now >= self._next_reap:
+                self._next_reap = now + REAP_INTERVAL_S
+                self.watch.reap(now)
+            if now >= self._next_region_reap:
+                self._next_region_reap = now + REGION_REAP_INTERVAL_S
+                self._reap_regions()
+            self.admission.expire(now)
+            self.path.dispatch(now)
+            self.observer.maybe_publish(now)
+            if self.control.pending or self.registry.retiring:
+                self.control.poll(now)
+            if self.on_demand is not None:
+                self.on_demand.poll(now)
+            self._log_ready_once()
+            self.outbox.flush()
+            waiter.touch_all()  # the outbox may have sent on any socket, taking a message's wake-up
+        waiter.close()
 
     def _should_exit(self, requests: int) -> bool:
         if not requests:

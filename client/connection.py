@@ -5,13 +5,10 @@ thread at a time owns the socket (the I/O lock): it sends the whole queue (runs 
 one BUNDLE, each keeping its own id and order), then reads replies for everyone and wakes their owners. A
 thread that finds the socket owned wakes the owner through a pipe the owner polls with the socket, so its
 message goes out at once, and waits for its reply; when the owner has its own reply it hands the socket to
-a waiting thread. A thread alone on the connection (no other call waits, nothing queued) first blocks in
-``recv`` for its reply, up to ``_FAST_RECV_MS`` (the socket's ``RCVTIMEO``): one call instead of a poll of
-the socket and the pipe, then reads of the socket's events; a thread that comes meanwhile waits at most
-that long for the socket, and a reply that takes longer is waited for with the poll. A reply nobody waits
-for any more (its caller timed out) goes to ``on_late_reply``, so the caller's resources can be released
-only then. A message that cannot go out (no server connected within
-``connect_wait``) fails its call with ``Unsent``: the server never saw it.
+a waiting thread. A thread alone blocks in ``recv`` for its reply (``RCVTIMEO`` ``_FAST_RECV_MS``, no poll,
+no pipe; one that comes meanwhile waits at most that long). A reply nobody waits for any more (its caller
+timed out) goes to ``on_late_reply``, so the caller's resources can be released only then. A message that
+cannot go out (no server connected within ``connect_wait``) fails its call with ``Unsent``.
 """
 
 from __future__ import annotations
@@ -82,8 +79,8 @@ class Connection:
         self._sock = ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         apply_heartbeats(self._sock, heartbeat_interval)
-        self._sock.setsockopt(zmq.RCVTIMEO, _FAST_RECV_MS)  # a lone owner's blocking recv (``_own``)
-        self._rcvtimeo = _FAST_RECV_MS
+        self._rcvtimeo = _FAST_RECV_MS  # a lone owner's blocking recv (``_own``)
+        self._sock.setsockopt(zmq.RCVTIMEO, self._rcvtimeo)
         if curve is not None:
             curve.apply(self._sock)
         self._waiters_lock = threading.Lock()  # the waiters, the queue and the wake flag
@@ -261,10 +258,8 @@ class Connection:
                 waiter.event.set()
 
     def _own(self, wait_s: float, fast: bool = False) -> bool:
-        """One round as the socket's owner: send the queue, wait up to ``wait_s`` for replies (or for a
-        thread with a message to send), read every reply that is there. ``fast``: if no other thread waits,
-        block in recv instead (up to ``_FAST_RECV_MS``); True when that brought a message (the next round
-        may block in recv again), False when it did not or was not tried."""
+        """One round as the socket's owner: send the queue, wait up to ``wait_s`` for replies (or a thread
+        with a message to send), read them. ``fast``: alone, ``_recv_alone``; True when that got one."""
         self._flush()
         with self._waiters_lock:
             pending = bool(self._out)
@@ -301,8 +296,8 @@ class Connection:
         """The owner is the only thread waiting: block in recv (no poll, no pipe) for one message."""
         timeout = max(1, min(_FAST_RECV_MS, int(wait_s * 1000)))
         if timeout != self._rcvtimeo:
-            self._sock.setsockopt(zmq.RCVTIMEO, timeout)
             self._rcvtimeo = timeout
+            self._sock.setsockopt(zmq.RCVTIMEO, timeout)
         try:
             raw = self._sock.recv_multipart(copy=False)
         except zmq.Again:
@@ -368,7 +363,7 @@ class Connection:
                     if now >= deadline or now >= next_check:
                         break
                     fast = self._own(min(deadline - now, _OWNER_POLL_S), fast)
-                    if not fast:  # a message just came: the link is there
+                    if not fast:  # nothing came in a recv of its own: look at the link
                         self._link.poll()
             finally:
                 self._io_lock.release()
