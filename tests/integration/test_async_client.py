@@ -262,7 +262,10 @@ def test_cancelling_the_task_removes_the_queued_request(delayed_server: ServerPr
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            assert len(c._orphans) == 1  # the server may still use the slots until it answers
+            if c._orphans:  # the server may still use the slots until it answers
+                assert len(c._orphans) == 1
+            else:  # already released: only the server's answer to the cancel may have done that
+                await until(lambda: _cancelled(delayed_server, "delayed") > before, 10, "the server's answer")
             await until(lambda: not c._orphans, 10, "the late reply to release them")
             # the connection is still good
             r = await c.infer("delayed", {"INPUT_A": ONE, "INPUT_B": ONE}, timeout=1)
