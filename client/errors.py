@@ -20,6 +20,7 @@
         ├── Unsupported             the feature exists in the config surface but not yet in zinfer
         ├── AlreadyExists           the thing to create is already there
         └── InternalError           the server or the model failed
+            └── UnknownError        an error of unknown kind (a Triton model's TritonError.UNKNOWN)
 
 Every server error crosses the wire as a status code and the text ``"Class: message"``; ``from_status``
 turns them back into the matching class.
@@ -120,6 +121,11 @@ class InternalError(ServerError):
     status = Status.INTERNAL
 
 
+class UnknownError(InternalError):
+    """An error of unknown kind (a Triton model's ``TritonError.UNKNOWN``): INTERNAL on zinfer's wire, gRPC
+    ``UNKNOWN`` at the front door, as Triton answers it."""
+
+
 _BY_STATUS: dict[Status, type[ServerError]] = {
     cls.status: cls
     for cls in (
@@ -136,7 +142,7 @@ _BY_STATUS: dict[Status, type[ServerError]] = {
 }
 
 
-_SUBCLASSES: dict[str, type[ServerError]] = {UnknownRegion.__name__: UnknownRegion}
+_SUBCLASSES: dict[str, type[ServerError]] = {c.__name__: c for c in (UnknownRegion, UnknownError)}
 
 
 def from_status(status: int, text: str) -> ServerError:

@@ -271,4 +271,5 @@ def _reply(result: InferResult, request_id: str) -> InferReply:
         spec = result.get_output(name)
         datatype = str(spec["datatype"]) if spec else numpy_to_wire(data.dtype)
         outputs.append(Tensor(name, datatype, tuple(data.shape), data))
-    return InferReply(result.model_name, str(result.model_version), request_id, tuple(outputs), result.final)
+    return InferReply(result.model_name, str(result.model_version), request_id, tuple(outputs), result.final,
+                      dict(result.parameters))  # fmt: skip

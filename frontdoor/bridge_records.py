@@ -123,6 +123,7 @@ class InferReply:
     request_id: str
     outputs: tuple[Tensor, ...]
     final: bool = True
+    parameters: Mapping[str, Any] = field(default_factory=_empty)  # the response's (a Triton model's)
 
     def output(self, name: str) -> Tensor | None:
         return next((t for t in self.outputs if t.name == name), None)

@@ -22,6 +22,7 @@ from zinfer.client.errors import (
     ResourceExhausted,
     ServerError,
     Unavailable,
+    UnknownError,
     Unsupported,
     ZinferError,
 )
@@ -59,6 +60,7 @@ _CODES: tuple[tuple[type[BaseException], str, int], ...] = (
     (AlreadyExists, "ALREADY_EXISTS", 409),
     (ConnectionFailed, "UNAVAILABLE", 503),
     (RequestTimeout, "DEADLINE_EXCEEDED", 504),
+    (UnknownError, "UNKNOWN", 500),
 )
 
 # zinfer's texts rewritten as Triton's

@@ -229,9 +229,15 @@ def output_regions(request: service_pb2.ModelInferRequest) -> dict[str, tuple[st
 # ---------------------------------------------------------------------------------------- responses
 
 
-def _set(entry: service_pb2.InferParameter, value: int | str) -> None:
+def _set(entry: service_pb2.InferParameter, value: bool | int | float | str) -> None:
     if isinstance(value, str):
         entry.string_param = value
+    elif isinstance(value, bool):
+        entry.bool_param = value
+    elif isinstance(value, float):
+        entry.double_param = value
+    elif value >= 1 << 63:
+        entry.uint64_param = value
     else:
         entry.int64_param = value
 
@@ -245,6 +251,8 @@ def infer_response(
     response = service_pb2.ModelInferResponse(
         model_name=reply.model, model_version=reply.version, id=reply.request_id
     )
+    for key, value in reply.parameters.items():  # the response's own parameters (a Triton model's)
+        _set(response.parameters[key], value)
     for t in reply.outputs:
         out = response.outputs.add(name=t.name, datatype=t.datatype, shape=list(t.shape))
         data = _tensor_bytes(t)

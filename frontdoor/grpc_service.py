@@ -180,12 +180,14 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             try:
                 call, regions = self._call(request, shm)
                 empty_final = call.parameters.get("triton_enable_empty_final_response") is True
+                # Triton marks every response of a decoupled model's stream with triton_final_response
+                flag_final = empty_final or await self.bridge.is_decoupled(call.model, call.version)
                 async for reply in self.bridge.stream(call):
                     if reply.final and not reply.outputs and not empty_final:
                         continue
                     reply = await classify_reply(self.bridge, self.door.labels, reply, call.class_counts)
                     response = convert.infer_response(reply, regions, shm)
-                    if empty_final:
+                    if flag_final:
                         response.parameters["triton_final_response"].bool_param = reply.final
                     await queue.put(service_pb2.ModelStreamInferResponse(infer_response=response))
                 self.door.counters.record("grpc", True)

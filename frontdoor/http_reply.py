@@ -100,5 +100,7 @@ def encode_infer_reply(
         head["id"] = reply.request_id or request.request_id
     head["model_name"] = reply.model
     head["model_version"] = reply.version
+    if reply.parameters:
+        head["parameters"] = dict(reply.parameters)
     head["outputs"] = outputs
     return EncodedReply(json.dumps(head, separators=(",", ":"), allow_nan=False).encode(), tuple(parts))

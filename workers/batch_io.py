@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from zinfer.modelconfig.signature import Signature
 from .device import CPU, Device
 from .model import Alloc, Array, no_alloc
 from .regions import RegionCache
+
+log = logging.getLogger(__name__)
 
 
 class BatchRequest(NamedTuple):
@@ -116,27 +119,71 @@ def check_output(
     """A model's output as an array, checked against the config: dtype, batch size and dims.
 
     ``per_request``: the output of one request of a Triton python model. Triton passes such an output on
-    with the shape the model gave it, so, as there, a request of one row may get its output without the
-    batch dimension (``dims`` alone, as Triton's qa ``sequence_py`` returns ``[1]`` for ``dims: [ 1 ]``);
-    it goes to the client as it is."""
-    spec = sig.outputs[name]
+    as the model made it, whatever its dtype, batch size or shape (Triton's own examples return INT64 for
+    a TYPE_INT32 output), so no check refuses it here: :func:`passed_output` does that one, and says once
+    per model and output what differs from the config."""
     try:
         arr = device.as_output(value)
     except Exception as exc:
         raise InternalError(f"output {name!r} is not an array ({type(value).__name__}: {exc})") from None
+    problem = _mismatch(name, arr, sig, total_rows, per_request)
+    if problem is None:
+        return arr
+    if per_request:
+        if dtypes_of_output(arr) is None:
+            raise InternalError(f"output {name!r} has dtype {arr.dtype}, which no tensor type can carry")
+        _note_once(sig.name, name, problem)
+        return arr
+    raise InternalError(problem)
+
+
+_NOTED: set[tuple[str, str]] = set()
+
+
+def _note_once(model: str, output: str, problem: str) -> None:
+    """Log, once per model and output, that an output went to the client unlike its config says."""
+    if (model, output) in _NOTED:
+        return
+    _NOTED.add((model, output))
+    log.warning("event=output_unlike_config model=%s output=%s detail=%r (passed on as Triton does)",
+                model, output, problem)  # fmt: skip
+
+
+def dtypes_of_output(arr: Array) -> str | None:
+    """The wire type of an output array, or None when it has none."""
+    try:
+        return dtypes.numpy_to_wire(arr.dtype)
+    except ServerError:
+        return None
+
+
+def output_wire(name: str, arr: Array, sig: Signature) -> str:
+    """The wire type an output goes out as: the config's, or the array's own when it differs (a Triton
+    python model's output passed on as it is)."""
+    wire = sig.outputs[name].wire
+    if wire == dtypes.BYTES:
+        return wire if arr.dtype.kind in "OSU" else dtypes_of_output(arr) or wire
+    if arr.dtype == sig.outputs[name].dtype:
+        return wire
+    return dtypes_of_output(arr) or wire
+
+
+def _mismatch(name: str, arr: Array, sig: Signature, total_rows: int, per_request: bool) -> str | None:
+    """What about ``arr`` differs from the config's output ``name`` (None when nothing does)."""
+    spec = sig.outputs[name]
     if spec.wire == dtypes.BYTES:
         if arr.dtype.kind not in "OSU" or not isinstance(arr, np.ndarray):
-            raise InternalError(f"output {name!r} must hold bytes or strings, got {arr.dtype}")
+            return f"output {name!r} must hold bytes or strings, got {arr.dtype}"
     elif arr.dtype != spec.dtype:
-        raise InternalError(f"output {name!r} has dtype {arr.dtype}, the config says {spec.config_type}")
+        return f"output {name!r} has dtype {arr.dtype}, the config says {spec.config_type}"
     dims = spec.dims
     if per_request and sig.batching and total_rows == 1 and _fits(dims, arr.shape):
         if not (arr.ndim and arr.shape[0] == 1 and _fits(dims, arr.shape[1:])):
-            return arr  # the batch dimension of one row left out
+            return None  # the batch dimension of one row left out (Triton's qa sequence_py does this)
     if sig.batching:
         if arr.ndim == 0 or arr.shape[0] != total_rows:
             got = arr.shape[0] if arr.ndim else "no batch dimension"
-            raise InternalError(
+            return (
                 f"output {name!r} has batch size {got}, the inputs had {total_rows}: "
                 "a model must return one output row per input row"
             )
@@ -144,8 +191,8 @@ def check_output(
     else:
         body = arr.shape
     if not _fits(dims, body):
-        raise InternalError(f"output {name!r} has shape {list(arr.shape)}, the config says dims {list(dims)}")
-    return arr
+        return f"output {name!r} has shape {list(arr.shape)}, the config says dims {list(dims)}"
+    return None
 
 
 def slot_alloc(req: BatchRequest, regions: RegionCache) -> Alloc:
@@ -209,7 +256,11 @@ def fail_all(requests: Sequence[BatchRequest], exc: ServerError, out: BatchOutco
     out.results = [error_result(r.id, exc) for r in requests]
 
 
-def model_failure(exc: BaseException) -> InternalError:
-    """The error a model's own exception becomes (it fails the requests it touched)."""
+def model_failure(exc: BaseException, model: str = "") -> InternalError:
+    """The error a model's own exception becomes (it fails the requests it touched). ``model`` named: a
+    Triton python model's, with Triton's text (clients match on its start)."""
     text = str(exc)
-    return InternalError(f"model raised {type(exc).__name__}" + (f": {text}" if text else ""))
+    what = type(exc).__name__ + (f": {text}" if text else "")
+    if model:
+        return InternalError(f"Failed to process the request(s) for model '{model}', message: {what}")
+    return InternalError(f"model raised {what}")

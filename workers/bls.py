@@ -66,10 +66,22 @@ def infer(
 ) -> dict[str, npt.NDArray[Any]]:
     """Run ``model`` on ``inputs`` through the server and return its outputs (raises zinfer errors).
     ``options`` go to ``Client.infer`` (``parameters``, ``sequence_id``, ``sequence_start``, ...)."""
+    return infer_with_parameters(model, inputs, outputs, model_version, timeout_s, **options)[0]
+
+
+def infer_with_parameters(
+    model: str,
+    inputs: Mapping[str, npt.ArrayLike],
+    outputs: Sequence[str] | None = None,
+    model_version: int = 0,
+    timeout_s: float = BLS_TIMEOUT_S,
+    **options: Any,
+) -> tuple[dict[str, npt.NDArray[Any]], dict[str, Any]]:
+    """``infer``, with the response's parameters (a Triton model's) beside its outputs."""
     _check_self_call(model)
     result = _connection().infer(model, inputs, outputs=outputs, model_version=model_version,
                                  client_timeout=timeout_s, **options)  # fmt: skip
-    return {name: np.array(result.as_numpy(name)) for name in result.output_names}
+    return {name: np.array(result.as_numpy(name)) for name in result.output_names}, dict(result.parameters)
 
 
 def stream(
@@ -79,13 +91,23 @@ def stream(
     model_version: int = 0,
     timeout_s: float = BLS_TIMEOUT_S,
     parameters: Mapping[str, Any] | None = None,
-) -> Iterator[tuple[dict[str, npt.NDArray[Any]], bool]]:
-    """The responses of a decoupled ``model`` to one request, as they come: ``(outputs, final)`` each;
-    ``timeout_s`` bounds the wait for each response (raises zinfer errors)."""
+    request_id: str | None = None,
+) -> Iterator[tuple[dict[str, npt.NDArray[Any]], bool, dict[str, Any]]]:
+    """The responses of a decoupled ``model`` to one request, as they come: ``(outputs, final,
+    parameters)`` each; ``timeout_s`` bounds the wait for each response (raises zinfer errors).
+    ``request_id`` lets :func:`cancel` reach the request while it streams."""
     _check_self_call(model)
     for result in _connection().stream(model, inputs, outputs=outputs, model_version=model_version,
-                                       client_timeout=timeout_s, parameters=parameters):  # fmt: skip
-        yield {name: np.array(result.as_numpy(name)) for name in result.output_names}, result.final
+                                       client_timeout=timeout_s, parameters=parameters,
+                                       request_id=request_id):  # fmt: skip
+        outs = {name: np.array(result.as_numpy(name)) for name in result.output_names}
+        yield outs, result.final, dict(result.parameters)
+
+
+def cancel(request_id: str) -> bool:
+    """Cancel the call in flight with this ``request_id`` (the model it calls sees ``is_cancelled()``);
+    False when none is."""
+    return _connection().cancel(request_id)
 
 
 async def infer_async(

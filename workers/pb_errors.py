@@ -12,6 +12,7 @@ from zinfer.client.errors import (
     RequestTimeout,
     ServerError,
     Unavailable,
+    UnknownError,
     Unsupported,
 )
 
@@ -56,6 +57,7 @@ class TritonError(Exception):
 
 
 _ERROR_BY_CODE: dict[int, type[ServerError]] = {
+    TritonError.UNKNOWN: UnknownError,
     TritonError.NOT_FOUND: NotFound,
     TritonError.INVALID_ARG: InvalidArgument,
     TritonError.UNAVAILABLE: Unavailable,
@@ -63,12 +65,13 @@ _ERROR_BY_CODE: dict[int, type[ServerError]] = {
     TritonError.ALREADY_EXISTS: AlreadyExists,
     TritonError.CANCELLED: Cancelled,
 }
-_CODE_BY_ERROR = {cls: code for code, cls in _ERROR_BY_CODE.items()}
+_CODE_BY_ERROR = {cls: code for code, cls in _ERROR_BY_CODE.items()}  # UnknownError before InternalError
 
 
 def server_error(error: object) -> ServerError:
     """The zinfer error (status and message) a ``TritonError``, or anything given as an error, becomes:
-    UNKNOWN and INTERNAL are InternalError, the others their namesakes."""
+    INTERNAL is InternalError, UNKNOWN UnknownError (gRPC UNKNOWN at the front door), the others their
+    namesakes."""
     if isinstance(error, TritonError):
         return _ERROR_BY_CODE.get(error.code(), InternalError)(error.message())
     message = getattr(error, "message", None)

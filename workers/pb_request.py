@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
 class InferenceResponse:
     """The answer to one request: output tensors, or an error for that request alone; ``parameters``
-    (a dict of str to bool, int, float or str, or its JSON text) go to the client with the response."""
+    (a dict of str to bool, int or str, or its JSON text) go to the client with the response."""
 
     def __init__(
         self,
@@ -62,6 +63,8 @@ class InferenceResponse:
 
 
 def _parameters(value: Mapping[str, Any] | str | None, where: str) -> dict[str, Any]:
+    """Parameters a model sets, with Triton's checks and texts: a dict (or its JSON text) of str names to
+    bool, int or str values (Triton refuses floats too), within zinfer's bounds."""
     if value is None:
         return {}
     if isinstance(value, str):
@@ -69,19 +72,25 @@ def _parameters(value: Mapping[str, Any] | str | None, where: str) -> dict[str, 
             value = json.loads(value)
         except ValueError:
             raise TritonModelException(f"{where}: parameters must be a dict or its JSON text") from None
-    if not isinstance(value, Mapping) or len(value) > MAX_TENSORS:
+    if not isinstance(value, Mapping):
+        raise TritonModelException(f"Expect None or {dict!r}, got {type(value)!r}")
+    if len(value) > MAX_TENSORS:
         raise TritonModelException(f"{where}: parameters must be a dict of at most {MAX_TENSORS} entries")
     for k, v in value.items():
-        if not isinstance(k, str) or not 0 < len(k) <= MAX_NAME:
+        if not isinstance(k, str):
+            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(k)!r}")
+        if not isinstance(v, bool | int | str):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type {type(v)!r}"
+            )
+        if not 0 < len(k) <= MAX_NAME:
             raise TritonModelException(f"{where}: parameter names must be 1 to {MAX_NAME} characters")
-        if isinstance(v, bool | float) or (isinstance(v, int) and -(1 << 63) <= v < (1 << 64)):
-            continue
-        if isinstance(v, str) and len(v) <= MAX_PARAMETER_TEXT:
-            continue
-        raise TritonModelException(
-            f"{where}: parameter {k!r} must be a bool, a 64-bit int, a float or a str of at most "
-            f"{MAX_PARAMETER_TEXT} characters"
-        )
+        if isinstance(v, int) and not isinstance(v, bool) and not -(1 << 63) <= v < (1 << 64):
+            raise TritonModelException(f"{where}: parameter {k!r} must be a bool, a 64-bit int or a str")
+        if isinstance(v, str) and len(v) > MAX_PARAMETER_TEXT:
+            raise TritonModelException(
+                f"{where}: parameter {k!r} must be a str of at most {MAX_PARAMETER_TEXT} characters"
+            )
     return dict(value)
 
 
@@ -285,11 +294,17 @@ class InferenceRequest:
 
         try:
             version = max(self._model_version, 0)
-            outputs = bls.infer(self.model_name, self._arrays(), self._outputs or None, version,
-                                self._timeout_s(), **self._options())  # fmt: skip
+            outputs, parameters = bls.infer_with_parameters(
+                self.model_name,
+                self._arrays(),
+                self._outputs or None,
+                version,
+                self._timeout_s(),
+                **self._options(),
+            )
         except Exception as exc:
             return InferenceResponse(error=triton_error(exc))
-        return InferenceResponse(output_tensors=[Tensor(name, value) for name, value in outputs.items()])
+        return InferenceResponse([Tensor(name, value) for name, value in outputs.items()], None, parameters)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """``exec`` without blocking the event loop: several may be awaited at once. With
@@ -334,13 +349,17 @@ _END = object()
 
 class ResponseIterator:
     """The responses of a BLS call to a decoupled model, as they come, for ``for`` and ``async for``.
-    The stream starts on the first ``next``; an error ends it as a last response that carries it."""
+    The stream starts on the first ``next``; an error ends it as a last response that carries it.
+    ``cancel()`` asks the called model to stop (its ``request.is_cancelled()`` turns true); the responses
+    it still sends, usually a CANCELLED error, keep coming until its final one, as in Triton."""
 
     def __init__(self, request: InferenceRequest) -> None:
         self._request = request
-        self._stream: Iterator[tuple[dict[str, Any], bool]] | None = None
+        self._stream: Iterator[tuple[dict[str, Any], bool, dict[str, Any]]] | None = None
         self._done = False
         self._lock = threading.Lock()
+        self._call_id = request._request_id or f"bls-{uuid.uuid4().hex}"
+        self._cancelled = False
 
     def __iter__(self) -> ResponseIterator:
         return self
@@ -362,6 +381,15 @@ class ResponseIterator:
         assert isinstance(item, InferenceResponse)
         return item
 
+    def cancel(self) -> None:
+        """Cancel the call (from the loop over its responses or from another thread); a no-op once it
+        ended. Before the first response is asked for, the call is not made at all."""
+        from . import bls
+
+        self._cancelled = True
+        if self._stream is not None and not self._done:
+            bls.cancel(self._call_id)
+
     def _next(self) -> object:
         from . import bls
 
@@ -371,10 +399,15 @@ class ResponseIterator:
             r = self._request
             try:
                 if self._stream is None:
+                    if self._cancelled:
+                        self._done = True
+                        return InferenceResponse(
+                            error=TritonError("Request was cancelled", TritonError.CANCELLED)
+                        )
                     version = max(r._model_version, 0)
                     self._stream = bls.stream(r.model_name, r._arrays(), r._outputs or None, version,
-                                              r._timeout_s(), r._parameters)  # fmt: skip
-                outputs, final = next(self._stream)
+                                              r._timeout_s(), r._parameters, self._call_id)  # fmt: skip
+                outputs, final, parameters = next(self._stream)
             except StopIteration:
                 self._done = True
                 return _END
@@ -382,4 +415,6 @@ class ResponseIterator:
                 self._done = True
                 return InferenceResponse(error=triton_error(exc))
             self._done = final
-            return InferenceResponse(output_tensors=[Tensor(name, value) for name, value in outputs.items()])
+            return InferenceResponse(
+                [Tensor(name, value) for name, value in outputs.items()], None, parameters
+            )

@@ -27,6 +27,7 @@ from .batch_io import (
     error_result,
     model_failure,
     ok_result,
+    output_wire,
     request_arrays,
     request_rows,
 )
@@ -61,7 +62,8 @@ def _answer(
         tensors = []
         for want in req.outputs:
             arr = check_output(want.name, result[want.name], sig, rows, device, per_request=True)
-            tensors.append(emit(want.name, arr, want.slot, sig.outputs[want.name].wire, regions, own, device))
+            wire = output_wire(want.name, arr, sig)
+            tensors.append(emit(want.name, arr, want.slot, wire, regions, own, device))
     except ServerError as exc:
         return error_result(req.id, exc)
     base = len(frames)
@@ -145,7 +147,7 @@ def _execute(model: RequestModel, inputs: list[RequestInputs], name: str) -> lis
         raise
     except Exception as exc:
         log.warning("event=model_failed model=%s error=%r", name, exc, exc_info=True)
-        raise model_failure(exc) from exc
+        raise model_failure(exc, name) from exc
     if len(results) != len(inputs):
         raise InternalError(f"model returned {len(results)} results for {len(inputs)} requests")
     return results

@@ -39,6 +39,7 @@ from .batch_io import (
     emit,
     error_result,
     model_failure,
+    output_wire,
     request_arrays,
 )
 from .model import RequestInputs
@@ -118,7 +119,7 @@ class _Streams:
                 for want in req.outputs:
                     if want.name in by_name:
                         arr = check_output(want.name, by_name[want.name], self.sig, rows, per_request=True)
-                        tensors.append(emit(want.name, arr, None, self.sig.outputs[want.name].wire,
+                        tensors.append(emit(want.name, arr, None, output_wire(want.name, arr, self.sig),
                                             self.regions, frames))  # fmt: skip
             except ServerError as exc:
                 self.end(rid, exc)
@@ -182,11 +183,12 @@ def run_triton_stream(
             exc = future.exception()
             if exc is not None:
                 log.warning("event=model_failed model=%s error=%r", sig.name, exc)
-                streams.end_all(exc if isinstance(exc, ServerError) else model_failure(exc))
+                streams.end_all(exc if isinstance(exc, ServerError) else model_failure(exc, sig.name))
             elif future.result() is not None:
                 streams.end_all(InternalError(
-                    "TritonPythonModel.execute of a decoupled model must return None and answer through "
-                    f"request.get_response_sender(); it returned {type(future.result()).__name__}"
+                    f"Python model '{sig.name}' is using the decoupled mode and the execute function must "
+                    f"return None (it returned {type(future.result()).__name__}; answer through "
+                    "request.get_response_sender())"
                 ))  # fmt: skip
             for rid in released:
                 streams.response(rid, _RELEASED, True)

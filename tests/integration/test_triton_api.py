@@ -69,7 +69,7 @@ class TritonPythonModel:
                 "request_id": request.request_id(),
             }
             info = pb_utils.Tensor("INFO", np.array([json.dumps(seen).encode()], dtype=np.object_))
-            parameters = {"scale": SCALE, "tag": "probe"}
+            parameters = {"scale": int(SCALE), "tag": "probe"}
             responses.append(pb_utils.InferenceResponse([y, info], parameters=parameters))
         return responses
 """
@@ -211,8 +211,8 @@ def test_request_and_response_api(server: ServerProcess) -> None:
         "name": "X",
         "request_id": "r-7",
     }
-    assert result.parameters == {"scale": 3.0, "tag": "probe"}
-    assert result.get_response()["parameters"] == {"scale": 3.0, "tag": "probe"}
+    assert result.parameters == {"scale": 3, "tag": "probe"}
+    assert result.get_response()["parameters"] == {"scale": 3, "tag": "probe"}
 
 
 def test_logger_levels_reach_the_log(server: ServerProcess) -> None:

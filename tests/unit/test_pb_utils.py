@@ -19,7 +19,9 @@ from zinfer.client.errors import (
     InvalidArgument,
     NotFound,
     Unavailable,
+    UnknownError,
     Unsupported,
+    from_status,
 )
 from zinfer.modelconfig.instances import InstanceGroup
 from zinfer.modelconfig.model_config import ModelConfig
@@ -79,7 +81,7 @@ def test_sender_of_a_model_that_is_not_decoupled_sends_one_response() -> None:
 
 def test_triton_error_codes_and_the_statuses_they_become() -> None:
     expected = {
-        pb.TritonError.UNKNOWN: InternalError,
+        pb.TritonError.UNKNOWN: UnknownError,  # an InternalError that the front door answers as UNKNOWN
         pb.TritonError.INTERNAL: InternalError,
         pb.TritonError.NOT_FOUND: NotFound,
         pb.TritonError.INVALID_ARG: InvalidArgument,
@@ -93,6 +95,8 @@ def test_triton_error_codes_and_the_statuses_they_become() -> None:
         error = pb.TritonError("why", code)
         assert error.code() == code and error.message() == "why"
         assert type(server_error(error)) is cls and str(server_error(error)) == "why"
+    assert issubclass(UnknownError, InternalError)
+    assert type(from_status(InternalError.status, UnknownError("w").wire_text())) is UnknownError
     assert pb.TritonError("default").code() == pb.TritonError.INTERNAL  # as Triton
     with pytest.raises(pb.TritonModelException, match="unknown error code 9"):
         pb.TritonError("bad", 9)
@@ -136,7 +140,9 @@ def test_model_names_as_bytes_and_request_fields() -> None:
         pb.InferenceRequest(model_name=b"\xff")
     with pytest.raises(pb.TritonModelException, match="model_name must be a str"):
         pb.InferenceRequest(model_name=5)  # type: ignore[arg-type]
-    with pytest.raises(pb.TritonModelException, match="parameter 'x' must be a bool"):
+    with pytest.raises(
+        pb.TritonModelException, match="values to have type bool/int/str, found type <class 'list'>"
+    ):
         pb.InferenceRequest(parameters={"x": [1]})
     with pytest.raises(pb.TritonModelException, match="only a request given to execute has a response"):
         r.get_response_sender()
@@ -150,6 +156,14 @@ def test_response_parameters() -> None:
         pb.InferenceResponse([], parameters="{not json")
     with pytest.raises(pb.TritonModelException, match="must be a bool, a 64-bit int"):
         pb.InferenceResponse([], parameters={"big": 1 << 70})
+    # Triton's checks and texts (its qa response_parameters_test matches on them)
+    with pytest.raises(pb.TritonModelException, match=r"^Expect None or <class 'dict'>, got <class 'list'>$"):
+        pb.InferenceResponse([], parameters=[])  # type: ignore[arg-type]
+    with pytest.raises(pb.TritonModelException, match="keys to have type str, found type <class 'int'>"):
+        pb.InferenceResponse([], parameters={1: "int key"})  # type: ignore[dict-item]
+    for bad, kind in ((0.5, "float"), (None, "NoneType"), (["v"], "list")):
+        with pytest.raises(pb.TritonModelException, match=f"bool/int/str, found type <class '{kind}'>"):
+            pb.InferenceResponse([], parameters={"ok": 1, "bad": bad})
     with pytest.raises(pb.TritonModelException, match="output_tensors must be a list of pb_utils.Tensor"):
         pb.InferenceResponse([np.ones(1)])
 

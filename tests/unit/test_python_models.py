@@ -346,7 +346,7 @@ def test_triton_response_errors_reach_only_their_request(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     "value, message",
     [
-        (9.0, "model raised TritonModelException: nine breaks everything"),
+        (9.0, "Failed to process the request(s) for model 'm', message: TritonModelException: nine breaks"),
         (
             10.0,
             "returned 1 responses for 2 requests: it must return exactly one InferenceResponse per request",
