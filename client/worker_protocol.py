@@ -50,10 +50,14 @@ _STATUS_BY_INT = {int(s): s for s in Status}
 # ---------------------------------------------------------------------------------------------- W_READY
 
 
+MAX_SLOT = 64
+
+
 @dataclass(frozen=True)
 class WorkerReady:
     """W_READY: the worker loaded its model and takes batches. ``slot`` 2 asks for a second place among
-    the model's idle instances (GPU look-ahead: the next batch may come while one runs)."""
+    the model's idle instances (GPU look-ahead: the next batch may come while one runs); slots up to
+    ``MAX_SLOT`` for a model whose batches run side by side (a decoupled ``async def execute``)."""
 
     model: str
     version: int
@@ -78,7 +82,7 @@ def ready_from_wire(h: Mapping[str, Any]) -> WorkerReady:
         instance=_int(h, "instance"),
         device=_name(h, "device"),
         pid=_int(h, "pid"),
-        slot=_int(h, "slot", 1, lo=1, hi=2),
+        slot=_int(h, "slot", 1, lo=1, hi=MAX_SLOT),
     )
 
 

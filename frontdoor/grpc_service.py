@@ -23,7 +23,7 @@ from . import grpc_convert as convert
 from .bridge_records import InferCall
 from .classification import classify_reply
 from .door import FrontDoor, grpc_peer_uid
-from .errors import FrontDoorError, triton_error
+from .errors import FrontDoorError, TritonError, triton_error
 from .sysshm import CallerShm
 
 log = logging.getLogger(__name__)
@@ -169,8 +169,13 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
         """Requests run as they come (a sequence's requests one after the other); responses, a decoupled
         model's several per request, go back as they are ready; an error is a response's error_message."""
-        queue: asyncio.Queue[service_pb2.ModelStreamInferResponse | None] = asyncio.Queue(_STREAM_QUEUE)
+        queue: asyncio.Queue[service_pb2.ModelStreamInferResponse | TritonError | None] = asyncio.Queue(
+            _STREAM_QUEUE
+        )
         tasks: set[asyncio.Task[None]] = set()
+        # Triton's "triton_grpc_error: true" header: the first error ends the stream with its gRPC status
+        # (instead of a response whose error_message carries it, the stream going on)
+        grpc_error = _grpc_error_mode(context)
         last_of_sequence: dict[int | str, asyncio.Task[None]] = {}
         shm = self._shm(context)
 
@@ -195,6 +200,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                 raise
             except Exception as exc:
                 self.door.counters.record("grpc", False)
+                if grpc_error:
+                    await queue.put(triton_error(exc))
+                    return
                 error = triton_error(exc).message
                 response = service_pb2.ModelInferResponse(
                     model_name=request.model_name, model_version=request.model_version, id=request.id
@@ -225,6 +233,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                 item = await queue.get()
                 if item is None:
                     break
+                if isinstance(item, TritonError):
+                    await context.abort(getattr(grpc.StatusCode, item.grpc_code), item.message)
                 yield item
         finally:
             reader.cancel()
@@ -304,3 +314,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             grpc.StatusCode.UNIMPLEMENTED,
             "log settings are not supported by zinfer: use zinfer serve --log-level",
         )
+
+
+def _grpc_error_mode(context: Any) -> bool:
+    """Whether the stream's client sent Triton's ``triton_grpc_error: true`` header."""
+    try:
+        metadata = context.invocation_metadata() or ()
+    except Exception:  # noqa: BLE001 - a context without metadata (tests' stand-ins)
+        return False
+    return any(k == "triton_grpc_error" and str(v).lower() == "true" for k, v in metadata)

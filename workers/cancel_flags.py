@@ -18,13 +18,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-__all__ = ["CancelFlag", "begin_batch", "cancel", "cancel_flag", "set_poll"]
+__all__ = ["CancelFlag", "begin_batch", "cancel", "cancel_flag", "end_batch", "keep_batch", "set_poll"]
 
 _lock = threading.Lock()
 _flags: dict[int, CancelFlag] = {}
 _running: frozenset[int] = frozenset()
 _batch: int | None = None
 _early: set[tuple[int, int]] = set()  # (batch, request) cancelled before its batch began
+_kept: dict[int, dict[int, CancelFlag]] = {}  # batches that run on beside the next (``keep_batch``)
 MAX_EARLY = 1024
 _poll: Callable[[], None] | None = None
 _main = threading.main_thread().ident
@@ -69,6 +70,20 @@ def begin_batch(batch: int, ids: Iterable[int]) -> None:
                         _flag(r).set()
 
 
+def keep_batch(batch: int) -> None:
+    """The running ``batch`` runs on after the next begins (a decoupled model's ``async def execute``):
+    its requests' flags stay settable until :func:`end_batch`."""
+    with _lock:
+        if batch == _batch:
+            _kept[batch] = {r: _flag(r) for r in _running}
+
+
+def end_batch(batch: int) -> None:
+    """A batch kept by :func:`keep_batch` has ended."""
+    with _lock:
+        _kept.pop(batch, None)
+
+
 def _flag(request: int) -> CancelFlag:
     """The flag of ``request``, made now if nobody asked before (``_lock`` held)."""
     flag = _flags.get(request)
@@ -91,8 +106,12 @@ def cancel(batch: int, request: int) -> bool:
                 return False
             _early.add((batch, request))
             return True
-        if batch != _batch or request not in _running:
+        kept = _kept.get(batch, {}).get(request)
+        if kept is not None:
+            flag = kept
+        elif batch != _batch or request not in _running:
             return False
-        flag = _flag(request)
+        else:
+            flag = _flag(request)
     flag.set()
     return True

@@ -109,6 +109,13 @@ class ModelLoop:
         future.add_done_callback(lambda _: WAKE.set())
         return future
 
+    def start_coroutine(self, coroutine: Any) -> concurrent.futures.Future[Any]:
+        """Run an awaitable on the loop without waiting for it (a decoupled model's ``async def execute``
+        called already: its batches run side by side); ``WAKE`` is set when it is done."""
+        future = asyncio.run_coroutine_threadsafe(_awaited(coroutine), self._loop)
+        future.add_done_callback(lambda _: WAKE.set())
+        return future
+
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         result = fn(*args)
         if inspect.isawaitable(result):

@@ -309,8 +309,10 @@ class InferenceRequest:
     async def async_exec(self, decoupled: bool = False) -> Any:
         """``exec`` without blocking the event loop: several may be awaited at once. With
         ``decoupled=True`` the result iterates both ways (``for`` and ``async for``)."""
-        if decoupled:
-            return ResponseIterator(self)
+        if decoupled:  # awaited until the first response is in, as in Triton (a plain ``for`` then waits
+            iterator = ResponseIterator(self)  # only for the rest, not for the call itself)
+            await asyncio.to_thread(iterator._prefetch)
+            return iterator
         return await asyncio.to_thread(self.exec)
 
     def _options(self) -> dict[str, Any]:
@@ -360,12 +362,13 @@ class ResponseIterator:
         self._lock = threading.Lock()
         self._call_id = request._request_id or f"bls-{uuid.uuid4().hex}"
         self._cancelled = False
+        self._first: object = None  # the response ``_prefetch`` took, not yet handed out
 
     def __iter__(self) -> ResponseIterator:
         return self
 
     def __next__(self) -> InferenceResponse:
-        item = self._next()
+        item = self._take()
         if item is _END:
             raise StopIteration
         assert isinstance(item, InferenceResponse)
@@ -375,7 +378,8 @@ class ResponseIterator:
         return self
 
     async def __anext__(self) -> InferenceResponse:
-        item = await asyncio.to_thread(self._next)
+        item = self._first if self._first is not None else await asyncio.to_thread(self._take)
+        self._first = None
         if item is _END:
             raise StopAsyncIteration
         assert isinstance(item, InferenceResponse)
@@ -389,6 +393,13 @@ class ResponseIterator:
         self._cancelled = True
         if self._stream is not None and not self._done:
             bls.cancel(self._call_id)
+
+    def _prefetch(self) -> None:
+        self._first = self._next()
+
+    def _take(self) -> object:
+        item, self._first = self._first, None
+        return item if item is not None else self._next()
 
     def _next(self) -> object:
         from . import bls

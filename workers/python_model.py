@@ -173,8 +173,9 @@ def load_python_model(
     if triton_style:
         from .triton_model import TritonModel, initialize_args
 
-        call_hook(path, obj, "initialize", initialize_args(config, version_dir, device, instance))
-        return TritonModel(obj, path, config)
+        args = initialize_args(config, version_dir, device, instance)
+        call_hook(path, obj, "initialize", args)
+        return TritonModel(obj, path, config, args["model_instance_name"])
     if not callable(getattr(obj, "execute", None)):
         raise ConfigError(f"{path}: class {cls.__name__} has no execute method")
     call_hook(path, obj, "initialize", native_config(config, version_dir, device, instance))

@@ -162,10 +162,11 @@ class _Senders:
 
 
 class TritonModel(RequestModel):
-    def __init__(self, instance: Any, path: Path, config: ModelConfig) -> None:
+    def __init__(self, instance: Any, path: Path, config: ModelConfig, instance_name: str = "") -> None:
         self.instance = instance
         self.path = path
         self.name = config.name
+        self.instance_name = instance_name or f"{config.name}_0_0"  # Triton's, for its error texts
         self.decoupled = config.decoupled
 
     def execute_requests(self, requests: Sequence[RequestInputs], /) -> Sequence[RequestResult]:

@@ -17,13 +17,14 @@ end at an error); what that request's sender sends later is dropped.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from zinfer.client.errors import InternalError, ServerError
 from zinfer.client.protocol import Frame
@@ -139,12 +140,86 @@ def run_triton_stream(
     send_partial: SendPartial,
 ) -> BatchOutcome:
     """Run one batch of a decoupled Triton-style model; every request ends through ``send_partial``."""
+    run = start_triton_stream(model, sig, requests, frames, regions, send_partial)
+    if not model_loop.pump(run.step):
+        run.streams.end_all(InternalError("the worker is stopping"))
+    return run.finish()
+
+
+def runs_concurrently(model: Any) -> TypeGuard[TritonModel]:
+    """Whether the batches of ``model`` run side by side, as Triton runs a decoupled model's ``async def
+    execute``: each batch's coroutine on the worker's event loop while the next batch starts."""
+    return isinstance(model, TritonModel) and model.decoupled and inspect.iscoroutinefunction(
+        getattr(model.instance, "execute", None)
+    )
+
+
+class StreamRun:
+    """One batch of a decoupled Triton-style model in flight: :meth:`step` sends what its senders queued
+    and says whether every request has ended; :meth:`finish` is its outcome."""
+
+    def __init__(self, sig: Signature, streams: _Streams, queue: _Queue, out: BatchOutcome, t0: int) -> None:
+        self.sig = sig
+        self.instance_name = sig.name
+        self.streams = streams
+        self.queue = queue
+        self.out = out
+        self.t0 = t0
+        self.future: Any = None
+        self.returned = False
+        self.released: list[int] = []  # senders gone while execute ran: judged once it is known how it ended
+
+    def step(self) -> bool:
+        if self.future is None:
+            return True
+        streams, sig = self.streams, self.sig
+        for rid, response, final in self.queue.take():
+            if response is _RELEASED and not self.returned:
+                self.released.append(rid)
+            else:
+                streams.response(rid, response, final)
+        if self.future.done() and not self.returned:
+            self.returned = True
+            for rid, response, final in self.queue.take():  # sent before execute returned
+                if response is _RELEASED:
+                    self.released.append(rid)
+                else:
+                    streams.response(rid, response, final)
+            exc = self.future.exception()
+            if exc is not None:
+                log.warning("event=model_failed model=%s error=%r", sig.name, exc, exc_info=exc)
+                streams.end_all(exc if isinstance(exc, ServerError) else model_failure(exc, sig.name))
+            elif self.future.result() is not None:
+                streams.end_all(InternalError(  # Triton's text, clients match on it
+                    f"Python model '{self.instance_name}' is using the decoupled mode and the execute "
+                    "function must return None."
+                ))  # fmt: skip
+            for rid in self.released:
+                streams.response(rid, _RELEASED, True)
+        return self.returned and not streams.open
+
+    def finish(self) -> BatchOutcome:
+        self.out.infer_ns = time.perf_counter_ns() - self.t0
+        return self.out
+
+
+def start_triton_stream(
+    model: TritonModel,
+    sig: Signature,
+    requests: Sequence[BatchRequest],
+    frames: Sequence[Frame],
+    regions: RegionCache,
+    send_partial: SendPartial,
+) -> StreamRun:
+    """Start one batch of a decoupled Triton-style model: its ``execute`` runs on the model thread or the
+    event loop; the caller steps the returned run until it says every request has ended."""
     out = BatchOutcome()
     regions.begin_batch()
     streams = _Streams(sig, regions, send_partial, sig.name)
     queue = _Queue()
     pb_requests: list[pb.InferenceRequest] = []
-    t0 = time.perf_counter_ns()
+    run = StreamRun(sig, streams, queue, out, time.perf_counter_ns())
+    run.instance_name = model.instance_name
     for req in requests:
         try:
             arrays = request_arrays(req, frames, regions)
@@ -160,41 +235,10 @@ def run_triton_stream(
         pb_requests.append(request)
         streams.open[req.id] = (req, rows)
     if not pb_requests:
-        return out
-    future = model_loop.get().submit(call_with, model.instance.execute, pb_requests)
+        return run
+    if runs_concurrently(model):  # the coroutine is made here and runs on the loop, not on the model thread
+        run.future = model_loop.get().start_coroutine(call_with(model.instance.execute, pb_requests))
+    else:
+        run.future = model_loop.get().submit(call_with, model.instance.execute, pb_requests)
     del pb_requests, request  # the model alone holds the requests (and their senders) now
-    returned = False
-    released: list[int] = []  # senders gone while execute ran: judged once it is known how it ended
-
-    def step() -> bool:
-        nonlocal returned
-        for rid, response, final in queue.take():
-            if response is _RELEASED and not returned:
-                released.append(rid)
-            else:
-                streams.response(rid, response, final)
-        if future.done() and not returned:
-            returned = True
-            for rid, response, final in queue.take():  # sent before execute returned
-                if response is _RELEASED:
-                    released.append(rid)
-                else:
-                    streams.response(rid, response, final)
-            exc = future.exception()
-            if exc is not None:
-                log.warning("event=model_failed model=%s error=%r", sig.name, exc)
-                streams.end_all(exc if isinstance(exc, ServerError) else model_failure(exc, sig.name))
-            elif future.result() is not None:
-                streams.end_all(InternalError(
-                    f"Python model '{sig.name}' is using the decoupled mode and the execute function must "
-                    f"return None (it returned {type(future.result()).__name__}; answer through "
-                    "request.get_response_sender())"
-                ))  # fmt: skip
-            for rid in released:
-                streams.response(rid, _RELEASED, True)
-        return returned and not streams.open
-
-    if not model_loop.pump(step):
-        streams.end_all(InternalError("the worker is stopping"))
-    out.infer_ns = time.perf_counter_ns() - t0
-    return out
+    return run

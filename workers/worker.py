@@ -31,6 +31,7 @@ from zinfer.client.gc_tuning import tune_for_serving
 from zinfer.client.protocol import Command, Frame, Message
 from zinfer.client.transport import send_frames
 from zinfer.client.worker_protocol import (
+    MAX_SLOT,
     CancelRequest,
     Execute,
     LoadFailed,
@@ -59,12 +60,14 @@ from .regions import RegionCache
 from .sequence_state import ImplicitStates, state_specs
 from .stream import run_stream
 from .triton_model import TritonModel
-from .triton_stream import run_triton_stream
+from .triton_stream import StreamRun, run_triton_stream, runs_concurrently, start_triton_stream
 from .warmup import run_warmup
 
 log = logging.getLogger(__name__)
 
 POLL_MS = 500
+CONCURRENT_PLACES = MAX_SLOT
+"""Batches of a decoupled model's ``async def execute`` one instance runs at once (its broker places)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ class Worker:
         self._pending: deque[Message] = deque()  # received, not yet handled, in order
         self._staged_batch: object = None  # the batch id last looked at for staging
         self._stop = False
+        self._background: dict[int, StreamRun] = {}  # batches of an async decoupled model still running
         self.tune_gc = tune_gc  # tune the collector once loaded (gc_tuning): only where this is the process
         self._ctx = zmq.Context()
         self.sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
@@ -161,6 +165,10 @@ class Worker:
         a = self.args
         ready = WorkerReady(a.model, a.version, a.instance, a.device, os.getpid())
         self.send(Command.W_READY, ready_to_wire(ready))
+        if runs_concurrently(model):  # Triton runs an async decoupled execute's batches side by side
+            for slot in range(2, CONCURRENT_PLACES + 1):
+                self.send(Command.W_READY, ready_to_wire(replace(ready, slot=slot)))
+            log.info("event=async_execute model=%s places=%d", a.model, CONCURRENT_PLACES)
         if self.prefetch:
             self.device.on_wait = self._look_ahead
             self.send(Command.W_READY, ready_to_wire(replace(ready, slot=2)))  # a second idle place
@@ -176,8 +184,15 @@ class Worker:
         )
         try:
             while not self._stop:
+                if self._background:
+                    self._step_background()
                 if self._pending:
                     msg = self._pending.popleft()
+                elif self._background and not self._wait_background():  # also woken by the batches
+                    if os.getppid() != a.parent:
+                        log.warning("event=broker_gone model=%s", a.model)
+                        break
+                    continue
                 else:
                     try:
                         received = self._receive()  # waits up to POLL_MS (RCVTIMEO)
@@ -273,7 +288,14 @@ class Worker:
             def partial(result: RequestResult, out_frames: list[Frame]) -> None:
                 self.send_result(WorkerResult(batch_id, (result,), partial=True), out_frames)
 
-            if isinstance(model, TritonModel):
+            if runs_concurrently(model):
+                run = start_triton_stream(model, sig, requests, frames, self.regions, partial)
+                if not run.step():  # runs on beside the next batches: answered when its requests end
+                    cancel_flags.keep_batch(batch_id)
+                    self._background[batch_id] = run
+                    return
+                outcome = run.finish()
+            elif isinstance(model, TritonModel):
                 outcome = run_triton_stream(model, sig, requests, frames, self.regions, partial)
             else:
                 outcome = run_stream(model, sig, requests, frames, self.regions, partial)
@@ -283,6 +305,27 @@ class Worker:
             outcome = run_batch(model, sig, requests, frames, self.regions, self.device, self.states)
         timings = (outcome.input_ns, outcome.infer_ns, outcome.output_ns)
         self.send_result(WorkerResult(batch_id, tuple(outcome.results), timings=timings), outcome.frames)
+
+    def _step_background(self) -> None:
+        """Send what the running batches of an async decoupled model queued; answer those that ended."""
+        for batch_id, run in list(self._background.items()):
+            if run.step():
+                del self._background[batch_id]
+                cancel_flags.end_batch(batch_id)
+                outcome = run.finish()
+                timings = (outcome.input_ns, outcome.infer_ns, outcome.output_ns)
+                result = WorkerResult(batch_id, tuple(outcome.results), timings=timings)
+                self.send_result(result, outcome.frames)
+
+    def _wait_background(self) -> bool:
+        """Wait for a message or a wake-up while batches run in the background; True when a message came."""
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(model_loop.WAKE.fd, zmq.POLLIN)
+        events = dict(poller.poll(POLL_MS))
+        if model_loop.WAKE.fd in events:
+            model_loop.WAKE.clear()
+        return self.sock in events
 
     def _cancel(self, cancel: CancelRequest) -> None:
         if cancel_flags.cancel(cancel.batch, cancel.id):
@@ -298,6 +341,8 @@ class Worker:
         while not done():
             if self._stop:
                 return False
+            if self._background:
+                self._step_background()
             events = dict(poller.poll(POLL_MS))
             if model_loop.WAKE.fd in events:
                 model_loop.WAKE.clear()
