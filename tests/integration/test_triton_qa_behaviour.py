@@ -1,0 +1,349 @@
+"""What Triton's python-backend qa tests check, with zinfer's own models, over the real tritonclient.
+
+``test_triton_qa`` runs Triton's tests themselves where a copy of Triton's repository is at hand; this module
+needs none (CI has no network): each test here exercises one behaviour those tests found missing, through
+both front doors and the native client: outputs unlike the config passed on, response parameters and
+Triton's checks of them, async decoupled batches side by side, error codes and texts, the
+``triton_grpc_error`` stream header and ``ResponseIterator.cancel()``.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import ServerProcess, start_server, stop_all, wait_for
+
+pytestmark = pytest.mark.integration
+grpcclient = pytest.importorskip("tritonclient.grpc")
+httpclient = pytest.importorskip("tritonclient.http")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from tests.frontdoor_helpers import free_port, wait_grpc, wait_http  # noqa: E402
+from zinfer.client import Client  # noqa: E402
+
+PASS_THROUGH = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            # INT64 for a TYPE_INT32 output, and one value more than the config's dims say
+            y = np.concatenate([x.reshape(-1), [7]]).astype(np.int64)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return out
+"""
+
+PARAMETERS = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "P").as_numpy().reshape(-1)[0].decode()
+            params = json.loads(text)
+            if isinstance(params, dict):
+                params = {int(k) if k.isdigit() else k: v for k, v in params.items()}
+            try:
+                y = pb_utils.Tensor("Y", np.array([[1]], np.int32))
+                out.append(pb_utils.InferenceResponse([y], parameters=params))
+            except Exception as exc:
+                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+                out.append(pb_utils.InferenceResponse(error=error))
+        return out
+"""
+
+ASYNC_SLEEP = """
+import asyncio
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        senders = [r.get_response_sender() for r in requests]
+        await asyncio.sleep(1.0)
+        for sender in senders:
+            y = pb_utils.Tensor("Y", np.array([[1]], np.int32))
+            sender.send(pb_utils.InferenceResponse([y]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+ERRORS = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        kind = int(pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy().reshape(-1)[0])
+        if kind == 0:
+            error = pb_utils.TritonError("unknown kind", pb_utils.TritonError.UNKNOWN)
+            return [pb_utils.InferenceResponse(error=error) for _ in requests]
+        if kind == 1:
+            undefined_name_here
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([[kind]], np.int32))])
+                for _ in requests]
+"""
+
+DECOUPLED_ERRORS = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        kind = int(pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy().reshape(-1)[0])
+        if kind == 0:
+            return [pb_utils.InferenceResponse([])]  # a decoupled model must return None
+        for r in requests:
+            sender = r.get_response_sender()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([[1]], np.int32))]))
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("second one fails")),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+UNTIL_CANCELLED = """
+import threading
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self.run, args=(request,), daemon=True).start()
+        return None
+
+    def run(self, request):
+        sender = request.get_response_sender()
+        for _ in range(200):  # 10 s at most
+            if request.is_cancelled():
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("stopped", 7)),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([[1]], np.int32))]))
+            time.sleep(0.05)
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+CANCELLER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X")
+            stream = pb_utils.InferenceRequest(model_name="until_cancelled", inputs=[x],
+                                               requested_output_names=["Y"]).exec(decoupled=True)
+            total, cancelled = 0, False
+            for response in stream:
+                if response.has_error():
+                    cancelled = response.error().code() == pb_utils.TritonError.CANCELLED
+                    break
+                if not response.output_tensors():
+                    break
+                total += int(pb_utils.get_output_tensor_by_name(response, "Y").as_numpy().sum())
+                if total >= 5:
+                    stream.cancel()
+            y = np.array([[total * 10 + int(cancelled)]], np.int32)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return out
+"""
+
+IO = """
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+PARAMS_IO = IO.replace('name: "X" data_type: TYPE_INT32', 'name: "P" data_type: TYPE_STRING')
+DECOUPLED = "model_transaction_policy { decoupled: true }\n"
+
+MODELS = {
+    "pass_through": (PASS_THROUGH, IO),
+    "parameters": (PARAMETERS, PARAMS_IO),
+    "async_sleep": (ASYNC_SLEEP, IO + DECOUPLED),
+    "errors": (ERRORS, IO),
+    "decoupled_errors": (DECOUPLED_ERRORS, IO + DECOUPLED),
+    "until_cancelled": (UNTIL_CANCELLED, IO + DECOUPLED),
+    "canceller": (CANCELLER, IO),
+}
+
+
+Served = tuple[ServerProcess, str, str]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    repo: Path = tmp_path_factory.mktemp("qa") / "models"
+    for name, (code, io) in MODELS.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "python"\n{io}')
+        (repo / name / "1" / "model.py").write_text(code)
+    http_url, grpc_url = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    server = start_server(repo, "--http", http_url, "--grpc", grpc_url)
+    try:
+        wait_http(http_url)
+        wait_grpc(grpc_url).close()
+        yield server, http_url, grpc_url
+    finally:
+        stop_all([server])
+
+
+def _x(value: int, module: Any = grpcclient) -> list[Any]:
+    x = module.InferInput("X", [1, 1], "INT32")
+    x.set_data_from_numpy(np.array([[value]], np.int32))
+    return [x]
+
+
+def _p(params: Any, module: Any = grpcclient) -> list[Any]:
+    p = module.InferInput("P", [1, 1], "BYTES")
+    p.set_data_from_numpy(np.array([[json.dumps(params).encode()]], dtype=np.object_))
+    return [p]
+
+
+def _grpc_params(result: Any) -> dict[str, Any]:
+    out = {}
+    for key, value in result.get_response().parameters.items():
+        out[key] = getattr(value, value.WhichOneof("parameter_choice"))
+    return out
+
+
+def test_an_output_unlike_its_config_is_passed_on_and_logged_once(served: Served) -> None:
+    server, http_url, grpc_url = served
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        for value in (3, 4):
+            result = client.infer("pass_through", _x(value))
+            y = result.as_numpy("Y")
+            assert y.dtype == np.int64 and y.tolist() == [value, 7]  # as the model made it
+            assert result.get_output("Y").datatype == "INT64"
+    result = httpclient.InferenceServerClient(http_url).infer("pass_through", _x(5, httpclient))
+    assert result.as_numpy("Y").tolist() == [5, 7]
+    wait_for(lambda: "event=output_unlike_config model=pass_through" in server.log(), 10, "the log line")
+    assert server.log().count("event=output_unlike_config model=pass_through") == 1
+
+
+def test_response_parameters_reach_every_client(served: Served) -> None:
+    server, http_url, grpc_url = served
+    params = {"bool": True, "str": "Hello World!", "int": 1024, "neg": -3}
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        assert _grpc_params(client.infer("parameters", _p(params))) == params
+        assert _grpc_params(client.infer("parameters", _p({}))) == {}
+    result = httpclient.InferenceServerClient(http_url).infer("parameters", _p(params, httpclient))
+    assert result.get_response()["parameters"] == params
+    with Client(f"ipc://{server.runtime_dir}/zinfer.sock") as native:
+        text = np.array([[json.dumps(params).encode()]], dtype=np.object_)
+        assert native.infer("parameters", {"P": text}).parameters == params
+
+
+@pytest.mark.parametrize(
+    "params, text",
+    [
+        ([], "Expect None or <class 'dict'>, got <class 'list'>"),
+        ({"1": "int key"}, "Expect parameters keys to have type str, found type <class 'int'>"),
+        ({"int": 2, "float": 0.5}, "values to have type bool/int/str, found type <class 'float'>"),
+        ({"null": None}, "values to have type bool/int/str, found type <class 'NoneType'>"),
+        ({"list": ["v"]}, "values to have type bool/int/str, found type <class 'list'>"),
+    ],
+)
+def test_bad_response_parameters_get_tritons_texts(
+    served: Served, params: Any, text: str
+) -> None:
+    _, _, grpc_url = served
+    with grpcclient.InferenceServerClient(grpc_url) as client, pytest.raises(InferenceServerException) as err:
+        client.infer("parameters", _p(params))
+    assert "[StatusCode.INVALID_ARGUMENT] " in str(err.value) and text in str(err.value)
+
+
+def test_async_decoupled_batches_run_side_by_side(served: Served) -> None:
+    """Four 1 s requests end together, not one after another (4 s)."""
+    _, _, grpc_url = served
+    done: queue.Queue[tuple[float, Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    client.start_stream(lambda result, error: done.put((time.monotonic(), result, error)))
+    try:
+        start = time.monotonic()
+        for _ in range(4):
+            client.async_stream_infer("async_sleep", _x(1))
+        ends = [done.get(timeout=30) for _ in range(4)]
+    finally:
+        client.stop_stream()
+        client.close()
+    assert all(error is None and result.as_numpy("Y").tolist() == [[1]] for _, result, error in ends)
+    assert max(t for t, _, _ in ends) - start < 2.5, [t - start for t, _, _ in ends]
+
+
+def test_error_codes_and_texts_as_triton_answers_them(served: Served) -> None:
+    _, http_url, grpc_url = served
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("errors", _x(0))
+        assert str(err.value) == "[StatusCode.UNKNOWN] unknown kind"
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("errors", _x(1))
+        assert err.value.status() == "StatusCode.INTERNAL"
+        assert err.value.message().startswith("Failed to process the request(s) for model 'errors', message:")
+        assert "NameError" in err.value.message()
+        assert client.infer("errors", _x(2)).as_numpy("Y").tolist() == [[2]]
+    with pytest.raises(InferenceServerException) as err:
+        httpclient.InferenceServerClient(http_url).infer("errors", _x(1, httpclient))
+    assert err.value.message().startswith("Failed to process the request(s) for model ")
+
+
+def _stream(grpc_url: str, model: str, value: int, headers: dict[str, str] | None = None) -> list[Any]:
+    """What a stream's callback got for one request (results and errors), until it went quiet."""
+    got: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    client.start_stream(lambda result, error: got.put(result if error is None else error), headers=headers)
+    try:
+        client.async_stream_infer(model, _x(value))
+        items = [got.get(timeout=30)]
+        while True:
+            try:
+                items.append(got.get(timeout=1.0))
+            except queue.Empty:
+                return items
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_a_decoupled_model_that_returns_responses_gets_tritons_text(served: Served) -> None:
+    _, _, grpc_url = served
+    (error,) = _stream(grpc_url, "decoupled_errors", 0)
+    assert isinstance(error, InferenceServerException)
+    expected = "Python model 'decoupled_errors_0_0' is using the decoupled mode and the execute function "
+    assert expected + "must return None." in error.message()
+
+
+def test_triton_grpc_error_header_ends_the_stream_with_the_status(served: Served) -> None:
+    _, _, grpc_url = served
+    plain = _stream(grpc_url, "decoupled_errors", 1)
+    assert plain[0].as_numpy("Y").tolist() == [[1]]
+    assert isinstance(plain[1], InferenceServerException) and "second one fails" in plain[1].message()
+    headed = _stream(grpc_url, "decoupled_errors", 1, {"triton_grpc_error": "true"})
+    assert headed[0].as_numpy("Y").tolist() == [[1]]
+    assert isinstance(headed[1], InferenceServerException)
+    assert headed[1].status() == "StatusCode.INTERNAL" and "second one fails" in headed[1].message()
+
+
+def test_response_iterator_cancel_reaches_the_called_model(served: Served) -> None:
+    """The caller cancels once its sum reaches 5: the called model sees is_cancelled() and ends with a
+    CANCELLED error (sum 5 and the cancelled flag: 51); without cancel() it would send 200 responses."""
+    _, _, grpc_url = served
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        assert client.infer("canceller", _x(1)).as_numpy("Y").tolist() == [[51]]
