@@ -121,7 +121,7 @@ class Controls:
         regions: RegionTable,
         intake: Callable[[], RegionIntake | None],
         drop_region: Callable[[Region], None],
-        load: Callable[[str, float, bytes | None, str], None],
+        load: Callable[..., None],
         unload: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -146,7 +146,7 @@ class Controls:
             return None
         if command == Command.LOAD:
             change = protocol.model_change_from_wire(header)
-            self.load(change.model, self.clock(), identity, change.request_id)
+            self.load(change.model, self.clock(), identity, change.request_id, change.config, change.files)
             return LATER
         if command == Command.UNLOAD:
             change = protocol.model_change_from_wire(header)

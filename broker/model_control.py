@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from zinfer.client.worker_protocol import Shutdown, empty_to_wire
 from zinfer.modelconfig.repository import load_model_entry
 
 from .instance_pool import InstancePool
+from .load_override import override_folder
 from .model_state import ModelState
 from .outbox import Outbox
 from .registry import ModelRegistry
@@ -67,14 +68,25 @@ class ModelControl:
         """Load and unload on request: explicit mode, and on-demand mode (``on_demand``) too."""
         return self.options.model_control_mode in ("explicit", "on-demand")
 
-    def load(self, name: str, now: float, client: bytes | None = None, request_id: str = "") -> None:
-        """Start loading ``name``; the reply goes to ``client`` once it is ready or has failed."""
+    def load(
+        self,
+        name: str,
+        now: float,
+        client: bytes | None = None,
+        request_id: str = "",
+        config: str = "",
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        """Start loading ``name``; the reply goes to ``client`` once it is ready or has failed. ``config``
+        and ``files`` are Triton's load overrides (``load_override``)."""
         if client is not None and not self.explicit:
             raise Unsupported("model control is off: start the server with --model-control-mode explicit")
         if not _MODEL_NAME.fullmatch(name) or name in (".", ".."):
             raise InvalidArgument(f"invalid model name {name!r}")
         model_dir = self.options.model_repository / name
-        if not model_dir.is_dir():
+        if config or files:
+            model_dir = override_folder(self.options.runtime_dir, model_dir, name, config, files or {})
+        elif not model_dir.is_dir():
             raise NotFound(f"no model '{name}' in the repository")
         self.registry.known.add(name)
         if any(p.name == name for p in self.pending):

@@ -197,7 +197,9 @@ class Broker:
         for instance, device in enumerate(devices):
             cpus = cpus_for(self.options.cpu_affinity, state.name, instance)
             pinned = ",".join(map(str, sorted(cpus))) if cpus else None
-            spec = WorkerSpec(state.name, state.version, instance, device, self.options.model_repository,
+            # the folder the model loaded from: the repository's, or a load override's (``load_override``)
+            repository = state.version_dir.parent.parent
+            spec = WorkerSpec(state.name, state.version, instance, device, repository,
                               endpoint, state.generation, pinned)  # fmt: skip
             self._spec_state[spec] = state
             self.spawn(spec)

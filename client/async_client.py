@@ -133,9 +133,17 @@ class AsyncClient(_ClientBase):
         body: dict[str, Any] = (await self._call(Command.STATISTICS, header)).body
         return body
 
-    async def load_model(self, name: str, timeout: float | None = None) -> None:
-        """Load or reload ``name`` (see ``Client.load_model``)."""
-        await self._call(Command.LOAD, protocol.model_change_to_wire(ModelChange(name)), timeout=timeout)
+    async def load_model(
+        self,
+        name: str,
+        timeout: float | None = None,
+        *,
+        config: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        """Load or reload ``name`` (see ``Client.load_model``, overrides included)."""
+        change = ModelChange(name, config=config or "", files=dict(files or {}))
+        await self._call(Command.LOAD, protocol.model_change_to_wire(change), timeout=timeout)
         self._forget_model(name)
 
     async def unload_model(self, name: str) -> None:

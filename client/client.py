@@ -126,13 +126,23 @@ class Client(_ClientBase):
         ).body
         return body
 
-    def load_model(self, name: str, timeout: float | None = None) -> None:
+    def load_model(
+        self,
+        name: str,
+        timeout: float | None = None,
+        *,
+        config: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
         """Load or reload ``name`` from the repository (needs ``--model-control-mode explicit``).
 
         Returns once every instance of the new version is ready; requests keep going to the old version until
         then. Raises ``Unavailable`` with the reason if it fails, in which case the old version keeps serving.
+        ``config`` (JSON text) replaces the model's config.pbtxt, and ``files`` (relative path to bytes, with
+        a config) its whole folder, as Triton's load overrides do.
         """
-        self._call(Command.LOAD, protocol.model_change_to_wire(ModelChange(name)), timeout=timeout)
+        change = ModelChange(name, config=config or "", files=dict(files or {}))
+        self._call(Command.LOAD, protocol.model_change_to_wire(change), timeout=timeout)
         self._forget_model(name)
 
     def unload_model(self, name: str) -> None:

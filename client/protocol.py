@@ -616,10 +616,14 @@ class StatisticsQuery:
 
 @dataclass(frozen=True)
 class ModelChange:
-    """LOAD, UNLOAD: a model of the repository, by name."""
+    """LOAD, UNLOAD: a model of the repository, by name. A LOAD may carry Triton's overrides: ``config``
+    (the model config as JSON text, in place of its config.pbtxt) and ``files`` (relative path to bytes,
+    such as ``1/model.py``, the model's whole folder then; they need ``config``)."""
 
     model: str
     request_id: str = ""
+    config: str = ""
+    files: Mapping[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -680,12 +684,25 @@ def statistics_from_wire(d: Mapping[str, Any]) -> StatisticsQuery:
     return StatisticsQuery(_name(d, "model"), _int(d, "version", 0), request_id_of(d))
 
 
+MAX_LOAD_FILES = 256
+
+
 def model_change_to_wire(r: ModelChange) -> dict[str, Any]:
-    return _with_id(r.request_id, {"model": r.model})
+    d: dict[str, Any] = {"model": r.model}
+    if r.config:
+        d["config"] = r.config
+    if r.files:
+        d["files"] = {name: bytes(data) for name, data in r.files.items()}
+    return _with_id(r.request_id, d)
 
 
 def model_change_from_wire(d: Mapping[str, Any]) -> ModelChange:
-    return ModelChange(_name(d, "model"), request_id_of(d))
+    files = _get(d, "files", dict, {})
+    if len(files) > MAX_LOAD_FILES or not all(
+        isinstance(k, str) and 0 < len(k) <= 4 * MAX_NAME and isinstance(v, bytes) for k, v in files.items()
+    ):
+        raise ProtocolError(f"field 'files' must map at most {MAX_LOAD_FILES} paths to bytes")
+    return ModelChange(_name(d, "model"), request_id_of(d), _get(d, "config", str, ""), files)
 
 
 def cancel_command_to_wire(r: CancelCommand) -> dict[str, Any]:

@@ -188,9 +188,10 @@ class Bridge:
         )
         return tuple(m for m in models if m.state == "READY") if ready_only else models
 
-    async def load(self, model: str) -> None:
+    async def load(self, model: str, config: str = "", files: Mapping[str, bytes] | None = None) -> None:
+        """Load ``model``; ``config`` (JSON) and ``files`` are Triton's load overrides."""
         self._forget(model)
-        await self._client.load_model(model)
+        await self._client.load_model(model, config=config or None, files=files)
 
     async def unload(self, model: str) -> None:
         self._forget(model)

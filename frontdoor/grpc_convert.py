@@ -67,6 +67,21 @@ def parameters(entries: Mapping[str, service_pb2.InferParameter]) -> dict[str, b
     return {k: parameter(v) for k, v in entries.items()}
 
 
+def load_overrides(entries: Mapping[str, Any]) -> tuple[str, dict[str, bytes]]:
+    """A RepositoryModelLoad's ``config`` (JSON text) and ``file:<path>`` contents, as Triton takes them."""
+    config = ""
+    files: dict[str, bytes] = {}
+    for key, value in entries.items():
+        kind = value.WhichOneof("parameter_choice")
+        if key == "config" and kind == "string_param":
+            config = value.string_param
+        elif key.startswith("file:") and kind == "bytes_param":
+            files[key[len("file:") :]] = value.bytes_param
+        else:
+            raise InvalidArgument(f"unexpected load parameter '{key}' ({kind})")
+    return config, files
+
+
 def _int(params: Mapping[str, Any], key: str, default: int = 0) -> int:
     value = params.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):

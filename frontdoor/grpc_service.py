@@ -126,9 +126,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         self, request: Any, context: Any
     ) -> service_pb2.RepositoryModelLoadResponse:
         async def run() -> service_pb2.RepositoryModelLoadResponse:
-            if request.parameters:
-                raise InvalidArgument("load parameters (config or file overrides) are not supported")
-            await self.bridge.load(request.model_name)
+            config, files = convert.load_overrides(request.parameters)
+            await self.bridge.load(request.model_name, config, files)
             return service_pb2.RepositoryModelLoadResponse()
 
         return await self._answer(context, run)

@@ -19,6 +19,7 @@ checked in one pass, and splitting them would put the byte accounting of a body 
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -443,3 +444,20 @@ def resolve_inputs(
         data = tensor_from_bytes(spec.name, spec.datatype, spec.shape, raw)
         out.append(Tensor(spec.name, spec.datatype, spec.shape, data))
     return tuple(out)
+
+
+def load_overrides(params: Mapping[str, Any]) -> tuple[str, dict[str, bytes]]:
+    """A load request's ``config`` (JSON text) and ``file:<path>`` contents (base64), as Triton takes them."""
+    config = ""
+    files: dict[str, bytes] = {}
+    for key, value in params.items():
+        if key == "config" and isinstance(value, str):
+            config = value
+        elif key.startswith("file:") and isinstance(value, str):
+            try:
+                files[key[len("file:") :]] = base64.b64decode(value, validate=True)
+            except ValueError:
+                raise InvalidArgument(f"Unable to parse '{key}': the file content must be base64") from None
+        else:
+            raise InvalidArgument(f"Unable to parse '{key}'")
+    return config, files

@@ -43,6 +43,7 @@ from .http_codec import (
     Limits,
     ShmRef,
     decode_infer_request,
+    load_overrides,
     parse_header_length,
     resolve_inputs,
 )
@@ -212,12 +213,8 @@ class HttpFrontDoor:
         if type(params) is not dict:
             raise InvalidArgument("Unable to parse 'parameters'")
         if action == "load":
-            if any(k == "config" or k.startswith("file:") for k in params):
-                raise FrontDoorError(
-                    "UNIMPLEMENTED", 501, "loading a model with a config or files in the request is not "
-                    "supported by zinfer: put them in the model repository",
-                )  # fmt: skip
-            await self.bridge.load(model)
+            config, files = load_overrides(params)
+            await self.bridge.load(model, config, files)
         else:
             if type(params.get("unload_dependents", False)) is not bool:
                 raise InvalidArgument("Unable to parse 'unload_dependents'")

@@ -129,9 +129,10 @@ def close() -> None:
             _client = None
 
 
-def load_model(name: str) -> None:
-    """Load ``name`` in the server (explicit model control), as Triton's ``pb_utils.load_model``."""
-    _connection().load_model(name)
+def load_model(name: str, config: str = "", files: Mapping[str, bytes] | None = None) -> None:
+    """Load ``name`` in the server (explicit model control), as Triton's ``pb_utils.load_model``: with a
+    ``config`` (JSON) and ``files`` to override, if given."""
+    _connection().load_model(name, config=config or None, files=files)
 
 
 def unload_model(name: str) -> None:

@@ -200,16 +200,12 @@ class PreferredMemory:
 
 
 def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
-    """Load a model of the repository (the server must run in explicit model control mode)."""
-    if config or files:
-        raise TritonModelException(
-            "pb_utils.load_model with config or files is not supported by zinfer: a model loads from its "
-            "folder in the repository (write the config and files there, then load_model(name))"
-        )
+    """Load a model of the repository (the server must run in explicit model control mode); ``config``
+    (JSON text) replaces its config.pbtxt, ``files`` (relative path to bytes, with a config) its folder."""
     from . import bls
 
     try:
-        bls.load_model(model_name)
+        bls.load_model(model_name, config, files)
     except Exception as exc:
         raise TritonModelException(
             f"load_model({model_name!r}) failed: {type(exc).__name__}: {exc}"

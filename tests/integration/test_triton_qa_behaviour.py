@@ -347,3 +347,59 @@ def test_response_iterator_cancel_reaches_the_called_model(served: Served) -> No
     _, _, grpc_url = served
     with grpcclient.InferenceServerClient(grpc_url) as client:
         assert client.infer("canceller", _x(1)).as_numpy("Y").tolist() == [[51]]
+
+
+IDENTITY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X")
+                                                            .as_numpy())]) for r in requests]
+"""
+
+
+def _config(name: str, max_batch_size: int) -> str:
+    return json.dumps({
+        "name": name, "backend": "python", "max_batch_size": max_batch_size,
+        "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": ["1"]}],
+        "output": [{"name": "Y", "data_type": "TYPE_INT32", "dims": [1]}],
+        "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+    })  # fmt: skip
+
+
+def test_load_with_a_config_or_files_on_both_doors(tmp_path: Path) -> None:
+    """Triton's load overrides: a config in place of config.pbtxt, or files as the model's folder."""
+    repo = tmp_path / "models"
+    (repo / "ident" / "1").mkdir(parents=True)
+    (repo / "ident" / "config.pbtxt").write_text(f'name: "ident"\nbackend: "python"\n{IO}')
+    (repo / "ident" / "1" / "model.py").write_text(IDENTITY)
+    http_url, grpc_url = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    server = start_server(repo, "--model-control-mode", "explicit", "--http", http_url, "--grpc", grpc_url)
+    try:
+        wait_http(http_url)
+        grpc = wait_grpc(grpc_url)
+        http = httpclient.InferenceServerClient(http_url)
+        grpc.load_model("ident", config=_config("ident", 4))  # the repository's model.py, this config
+        assert grpc.get_model_config("ident", as_json=True)["config"]["max_batch_size"] == 4
+        assert grpc.infer("ident", _x(6)).as_numpy("Y").tolist() == [[6]]
+        # a model that is not in the repository at all: its files and config in the request
+        http.load_model("fresh", config=_config("fresh", 2), files={"file:1/model.py": IDENTITY.encode()})
+        assert http.is_model_ready("fresh")
+        assert http.infer("fresh", _x(7, httpclient)).as_numpy("Y").tolist() == [[7]]
+        assert not (repo / "fresh").exists()  # the repository is left as it was
+        with Client(f"ipc://{server.runtime_dir}/zinfer.sock") as native:
+            native.load_model("ident", config=_config("ident", 3))
+            assert native.model_config("ident")["max_batch_size"] == 3
+        for bad, text in (
+            ({"file:1/model.py": IDENTITY.encode()}, "needs the model's config too"),
+            ({"file:../escape.py": b"x"}, "must be relative"),
+        ):
+            config = None if "config too" in text else _config("other", 2)
+            with pytest.raises(InferenceServerException) as err:
+                grpc.load_model("other", config=config, files=bad)
+            assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and text in err.value.message()
+        assert not grpc.is_model_ready("other")
+        grpc.close()
+    finally:
+        stop_all([server])
