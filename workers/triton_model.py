@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -28,10 +29,13 @@ from zinfer.modelconfig.model_config import ModelConfig
 
 from . import model_loop
 from . import triton_python_backend_utils as pb
+from .batch_io import model_failure
 from .cancel_flags import CancelFlag
 from .device import Device
 from .model import RequestInputs, RequestModel, RequestOutputs, RequestResult
 from .pb_errors import server_error
+
+log = logging.getLogger(__name__)
 
 
 def instance_name(config: ModelConfig, instance: int, gpus: int = 1) -> str:
@@ -153,6 +157,20 @@ class _Senders:
                 for done, taken, ref in zip(self._done, self._taken, self._requests, strict=True)
             )
 
+    def any_taken(self) -> bool:
+        with self._lock:
+            return any(self._taken)
+
+    def taken_done(self) -> bool:
+        """Every sender the model asked for has sent its final flag (or is gone)."""
+        with self._lock:
+            return all(done or not taken for done, taken in zip(self._done, self._taken, strict=True))
+
+    def sent(self) -> list[Any]:
+        """The response each request's sender sent so far (None where none)."""
+        with self._lock:
+            return list(self._responses)
+
     def responses(self) -> list[Any]:
         with self._lock:
             return [
@@ -172,7 +190,15 @@ class TritonModel(RequestModel):
     def execute_requests(self, requests: Sequence[RequestInputs], /) -> Sequence[RequestResult]:
         senders = _Senders(len(requests))
         holder = [senders.attach(i, pb_request(r, self.name)) for i, r in enumerate(requests)]
-        responses = model_loop.run(call_with, self.instance.execute, holder)
+        try:
+            responses = model_loop.run(call_with, self.instance.execute, holder)
+        except Exception as exc:
+            if not senders.used:
+                raise
+            # as Triton: what the senders sent stands; the error reaches only requests without a response
+            log.warning("event=model_failed model=%s error=%r after=sent_responses", self.name, exc)
+            failure = model_failure(exc, self.name)
+            return [self._result(r) if r is not None else failure for r in senders.sent()]
         if responses is None:
             # Triton lets a model that is not decoupled answer through its senders too: one response each,
             # from execute or after it returned; wait until every sender sent its final flag or is gone
@@ -199,6 +225,13 @@ class TritonModel(RequestModel):
                 f"TritonPythonModel.execute returned {len(responses)} responses for {len(requests)} "
                 "requests: it must return exactly one InferenceResponse per request, in order"
             )
+        if senders.any_taken():
+            # requests answered through their senders (None in the list, or a response the closed sender
+            # makes Triton discard): the sent response wins; wait for senders still sending after return
+            if not model_loop.pump(senders.taken_done):
+                raise InternalError("the worker is stopping")
+            sent = senders.sent()
+            responses = [mine if mine is not None else r for mine, r in zip(sent, responses, strict=True)]
         return [self._result(r) for r in responses]
 
     def _result(self, response: Any) -> RequestResult:

@@ -7,10 +7,10 @@ copy and run by pytest in a child process. Without that variable, or without tri
 is skipped (CI has no network: ``tests/integration/test_triton_qa_behaviour.py`` covers the same behaviour
 with zinfer's own models).
 
-The qa tests talk to ``localhost:8000`` (HTTP) and ``localhost:8001`` (gRPC) as in Triton's CI, so the server
-listens there; a suite is skipped when either port is taken. Each test asserts that every qa test case of its
-suite passes except those listed in ``NOT_RUN`` (they need a GPU, torch or Triton's internals; docs/models.md
-says why). Run::
+The qa tests talk to ``localhost:8000`` (HTTP), ``localhost:8001`` (gRPC) and ``localhost:8002`` (metrics) as
+in Triton's CI, so the server listens there; a suite is skipped when one of those ports is taken. Each test
+asserts that every qa test case of its suite passes except those its ``not_run`` lists (they need torch or
+python_backend's examples). Run::
 
     TRITON_SERVER_GIT=/path/to/server/.git .venv/bin/python -m pytest tests/integration/test_triton_qa.py -v
 """
@@ -258,8 +258,8 @@ def qa_server(tmp_path: Path) -> Iterator[list[ServerProcess]]:
 def _run_suite(name: str, tmp_path: Path, servers: list[ServerProcess]) -> tuple[int, int, str]:
     """Assemble, serve, run; (passed, ran, report)."""
     suite = SUITES[name]
-    if not (_port_free(8000) and _port_free(8001)):
-        pytest.skip("ports 8000 and 8001, which Triton's qa tests use, are taken")
+    if not all(_port_free(p) for p in (8000, 8001, 8002)):
+        pytest.skip("ports 8000, 8001 and 8002, which Triton's qa tests use, are taken")
     qa = tmp_path / "qa"
     for path in _tree("qa/common"):
         if path.endswith(".py"):
@@ -274,7 +274,7 @@ def _run_suite(name: str, tmp_path: Path, servers: list[ServerProcess]) -> tuple
     files = [t.split("::")[0] for t in suite.tests]
     for f in files:
         _write(qa / "L0_backend_python" / f, _show(f"{QA}/{f}"))
-    doors = ("--grpc", "127.0.0.1:8001", "--http", "127.0.0.1:8000")
+    doors = ("--grpc", "127.0.0.1:8001", "--http", "127.0.0.1:8000", "--metrics", "127.0.0.1:8002")
     servers.append(start_server(repo, *doors, *suite.server_args, ready_timeout=120))
     cwd = qa / "L0_backend_python" / Path(files[0]).parent
     if suite.log_name:

@@ -164,6 +164,22 @@ class TritonPythonModel:
         return out
 """
 
+SENT_STANDS = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        kind = int(pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy().reshape(-1)[0])
+        sender = requests[0].get_response_sender()
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([[1]], np.int32))]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if kind == 0 else 0)
+        if kind == 0:  # the sender is closed: Triton discards the returned response
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([[2]], np.int32))])]
+        sender.send(pb_utils.InferenceResponse([]))  # a second response: raises, after the first went out
+        return None
+"""
+
 IO = """
 max_batch_size: 8
 input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
@@ -181,6 +197,7 @@ MODELS = {
     "decoupled_errors": (DECOUPLED_ERRORS, IO + DECOUPLED),
     "until_cancelled": (UNTIL_CANCELLED, IO + DECOUPLED),
     "canceller": (CANCELLER, IO),
+    "sent_stands": (SENT_STANDS, IO),
 }
 
 
@@ -302,6 +319,15 @@ def test_error_codes_and_texts_as_triton_answers_them(served: Served) -> None:
     with pytest.raises(InferenceServerException) as err:
         httpclient.InferenceServerClient(http_url).infer("errors", _x(1, httpclient))
     assert err.value.message().startswith("Failed to process the request(s) for model ")
+
+
+def test_a_sent_response_stands_whatever_follows(served: Served) -> None:
+    """A model that is not decoupled sends its response, then returns another (the sender is closed) or
+    raises (a second send): the client gets the sent one, as from Triton."""
+    _, _, grpc_url = served
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        assert client.infer("sent_stands", _x(0)).as_numpy("Y").tolist() == [[1]]
+        assert client.infer("sent_stands", _x(1)).as_numpy("Y").tolist() == [[1]]
 
 
 def _stream(grpc_url: str, model: str, value: int, headers: dict[str, str] | None = None) -> list[Any]:

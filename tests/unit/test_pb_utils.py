@@ -206,7 +206,5 @@ def test_refused_apis_say_so_by_name() -> None:
     with pytest.raises(pb.TritonModelException, match="RELEASE_RESCHEDULE.*not supported"):
         r.set_release_flags(pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
     r.set_release_flags(pb.TRITONSERVER_REQUEST_RELEASE_ALL)
-    with pytest.raises(pb.TritonModelException, match="load_model with config or files is not supported"):
-        pb.load_model("m", config="{}")
     memory = pb.PreferredMemory(pb.TRITONSERVER_MEMORY_GPU, 0)
     assert memory.preferred_memory_type == pb.TRITONSERVER_MEMORY_GPU
