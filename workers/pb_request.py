@@ -160,6 +160,11 @@ class InferenceResponseSender:
     def is_cancelled(self) -> bool:
         return self._cancelled.is_set()
 
+    def _close(self) -> None:
+        """The request was answered otherwise (execute returned its response): later sends raise."""
+        with self._lock:
+            self._closed = True
+
 
 class InferenceRequest:
     """A request: one given to ``execute``, or one a model builds to call another model (BLS)."""

@@ -117,6 +117,7 @@ class _Senders:
         self._done = [False] * n
         self._taken = [False] * n
         self._requests: list[weakref.ref[pb.InferenceRequest]] = []
+        self._senders: dict[int, weakref.ref[pb.InferenceResponseSender]] = {}
         self.used = False
 
     def attach(self, i: int, request: pb.InferenceRequest) -> pb.InferenceRequest:
@@ -139,11 +140,14 @@ class _Senders:
         )
         with self._lock:
             self._taken[i] = True
+            self._senders[i] = weakref.ref(sender)
         weakref.finalize(sender, self._deliver, i, None, True)
         return sender
 
     def _deliver(self, i: int, response: Any, final: bool) -> None:
         with self._lock:
+            if self._done[i]:
+                return  # closed: what came after the request was answered is dropped
             if response is not None:
                 self._responses[i] = response
                 self.used = True
@@ -156,6 +160,15 @@ class _Senders:
                 done or (not taken and ref() is None)
                 for done, taken, ref in zip(self._done, self._taken, self._requests, strict=True)
             )
+
+    def close(self, i: int) -> None:
+        """Request ``i`` is answered by the response execute returned: its sender, if any, takes no more."""
+        with self._lock:
+            self._done[i] = True
+            sender = self._senders.get(i)
+        live = sender() if sender is not None else None
+        if live is not None:
+            live._close()
 
     def any_taken(self) -> bool:
         with self._lock:
@@ -226,8 +239,12 @@ class TritonModel(RequestModel):
                 "requests: it must return exactly one InferenceResponse per request, in order"
             )
         if senders.any_taken():
-            # requests answered through their senders (None in the list, or a response the closed sender
-            # makes Triton discard): the sent response wins; wait for senders still sending after return
+            # as Triton: a response sent before execute returned stands (one returned for it is discarded);
+            # a returned response closes its request's sender; a None entry waits for its sender
+            sent = senders.sent()
+            for i, (mine, returned) in enumerate(zip(sent, responses, strict=True)):
+                if mine is None and returned is not None:
+                    senders.close(i)
             if not model_loop.pump(senders.taken_done):
                 raise InternalError("the worker is stopping")
             sent = senders.sent()

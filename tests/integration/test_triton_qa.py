@@ -230,6 +230,7 @@ def assemble(model: Model, repo: Path) -> None:
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is no owner
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
