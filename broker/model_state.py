@@ -202,6 +202,11 @@ class ModelState:
         self.rate_limited = any(g.rate_limiter is not None for g in config.instance_group)
         self._groups: list[InstanceGroup | None] | None = None
         self.prefetching = False  # an instance has a second place in ``idle`` (GPU look-ahead)
+        # a Triton model's own is_ready(): whether its instances report it, those whose latest answer was
+        # not True, and those asked to call it again (one question in flight each)
+        self.readiness_hook = False
+        self.unready: set[bytes] = set()
+        self.readiness_asked: set[bytes] = set()
         self.runs = False  # its instances take runs of requests, each executed alone (``batching.runs``)
         self.cost = ExecutionCost()  # one execution's time on an instance, from the workers' timings
         self.ensemble: EnsemblePlan | None = None  # an ensemble: no instances, the broker runs its steps

@@ -26,6 +26,7 @@ from zinfer.client.worker_protocol import (
     Shutdown,
     empty_to_wire,
     load_failed_from_wire,
+    readiness_from_wire,
     ready_from_wire,
     result_from_wire,
 )
@@ -123,5 +124,13 @@ class WorkerInbox:
                 )
             elif msg.command == Command.W_RESULT:
                 self.completion.on_result(identity, state, result_from_wire(msg.header), msg.frames)
+            elif msg.command == Command.W_READINESS:
+                answer = readiness_from_wire(msg.header)
+                state.readiness_hook = True
+                state.readiness_asked.discard(identity)
+                if answer.ready:
+                    state.unready.discard(identity)
+                else:
+                    state.unready.add(identity)
         except (ProtocolError, ServerError) as exc:
             log.error("event=bad_worker_message worker=%s error=%r", identity, str(exc))

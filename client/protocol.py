@@ -135,6 +135,8 @@ class Command(IntEnum):
     W_LOAD_FAILED = 0x46
     W_DROP_REGION = 0x47
     W_CANCEL = 0x48
+    W_READINESS = 0x49  # worker -> broker: what its model's own is_ready() answered
+    W_CHECK_READY = 0x4A  # broker -> worker: call the model's is_ready() again
 
 
 HEARTBEAT_SUFFIX = b".hb"
@@ -149,7 +151,9 @@ MAX_BUNDLE = 256
 MAX_BUNDLE_FRAMES = 4 * MAX_TENSORS
 """The most messages one BUNDLE carries, and the most inline frames of all its entries together (each
 entry's own at most MAX_TENSORS)."""
-WORKER_COMMANDS = frozenset({Command.W_READY, Command.W_HEARTBEAT, Command.W_RESULT, Command.W_LOAD_FAILED})
+WORKER_COMMANDS = frozenset(
+    {Command.W_READY, Command.W_HEARTBEAT, Command.W_RESULT, Command.W_LOAD_FAILED, Command.W_READINESS}
+)
 
 _COMMAND_BYTES = {c: bytes([c]) for c in Command}
 _COMMAND_BY_INT = {int(c): c for c in Command}

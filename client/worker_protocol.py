@@ -460,3 +460,19 @@ def result_from_wire(h: Mapping[str, Any]) -> WorkerResult:
         partial=_get(h, "partial", bool, False),
         timings=(timings[0], timings[1], timings[2]),
     )
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """W_READINESS: what the model's own ``is_ready()`` answered (a Triton python model that defines it);
+    False also when it raised, returned something other than a bool, or did not answer in time."""
+
+    ready: bool
+
+
+def readiness_to_wire(r: Readiness) -> dict[str, Any]:
+    return {"ready": r.ready}
+
+
+def readiness_from_wire(d: Mapping[str, Any]) -> Readiness:
+    return Readiness(_get(d, "ready", bool))

@@ -35,6 +35,7 @@ from zinfer.client.worker_protocol import (
     CancelRequest,
     Execute,
     LoadFailed,
+    Readiness,
     RequestResult,
     WorkerReady,
     WorkerResult,
@@ -42,6 +43,7 @@ from zinfer.client.worker_protocol import (
     drop_region_from_wire,
     execute_from_wire,
     load_failed_to_wire,
+    readiness_to_wire,
     ready_to_wire,
     result_to_wire,
 )
@@ -56,6 +58,7 @@ from .device import CPU, Device, DeviceWait, open_device, prefetch_wanted
 from .heartbeat import Heartbeat
 from .loader import load_model
 from .model import AnyModel
+from .readiness import ReadinessCheck
 from .regions import RegionCache
 from .sequence_state import ImplicitStates, state_specs
 from .stream import run_stream
@@ -97,6 +100,7 @@ class Worker:
         self._staged_batch: object = None  # the batch id last looked at for staging
         self._stop = False
         self._background: dict[int, StreamRun] = {}  # batches of an async decoupled model still running
+        self.readiness: ReadinessCheck | None = None
         self.tune_gc = tune_gc  # tune the collector once loaded (gc_tuning): only where this is the process
         self._ctx = zmq.Context()
         self.sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
@@ -165,6 +169,9 @@ class Worker:
         a = self.args
         ready = WorkerReady(a.model, a.version, a.instance, a.device, os.getpid())
         self.send(Command.W_READY, ready_to_wire(ready))
+        self.readiness = ReadinessCheck.of(model, a.model)  # the model's own is_ready(), if it has one
+        if self.readiness is not None:
+            self.readiness.start()
         if runs_concurrently(model):  # Triton runs an async decoupled execute's batches side by side
             for slot in range(2, CONCURRENT_PLACES + 1):
                 self.send(Command.W_READY, ready_to_wire(replace(ready, slot=slot)))
@@ -186,9 +193,11 @@ class Worker:
             while not self._stop:
                 if self._background:
                     self._step_background()
+                if self.readiness is not None:
+                    self._send_readiness()
                 if self._pending:
                     msg = self._pending.popleft()
-                elif self._background and not self._wait_background():  # also woken by the batches
+                elif self._wakes() and not self._wait_background():  # also woken by batches, is_ready
                     if os.getppid() != a.parent:
                         log.warning("event=broker_gone model=%s", a.model)
                         break
@@ -213,6 +222,8 @@ class Worker:
                         self.regions.drop(drop_region_from_wire(msg.header).name)
                     elif msg.command == Command.W_CANCEL:
                         self._cancel(cancel_from_wire(msg.header))
+                    elif msg.command == Command.W_CHECK_READY and self.readiness is not None:
+                        self.readiness.start()
                 except ProtocolError as exc:
                     log.error("event=bad_message command=%s error=%r", msg.command.name, str(exc))
         finally:
@@ -306,6 +317,17 @@ class Worker:
         timings = (outcome.input_ns, outcome.infer_ns, outcome.output_ns)
         self.send_result(WorkerResult(batch_id, tuple(outcome.results), timings=timings), outcome.frames)
 
+    def _wakes(self) -> bool:
+        """Whether something besides the socket wakes the loop (background batches, an is_ready call)."""
+        return bool(self._background) or self.readiness is not None
+
+    def _send_readiness(self) -> None:
+        """What the model's is_ready() answered, to the broker (when there is a new answer)."""
+        assert self.readiness is not None
+        answer = self.readiness.take()
+        if answer is not None:
+            self.send(Command.W_READINESS, readiness_to_wire(Readiness(answer)))
+
     def _step_background(self) -> None:
         """Send what the running batches of an async decoupled model queued; answer those that ended."""
         for batch_id, run in list(self._background.items()):
@@ -343,6 +365,8 @@ class Worker:
                 return False
             if self._background:
                 self._step_background()
+            if self.readiness is not None:
+                self._send_readiness()
             events = dict(poller.poll(POLL_MS))
             if model_loop.WAKE.fd in events:
                 model_loop.WAKE.clear()

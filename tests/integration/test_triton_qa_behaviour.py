@@ -180,6 +180,25 @@ class TritonPythonModel:
         return None
 """
 
+READINESS = """
+import pathlib
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FLAG = pathlib.Path(__file__).parent / "ready_flag"
+
+class TritonPythonModel:
+    def execute(self, requests):
+        y = pb_utils.Tensor("Y", np.array([[3]], np.int32))
+        return [pb_utils.InferenceResponse([y]) for _ in requests]
+
+    def is_ready(self):
+        text = FLAG.read_text().strip() if FLAG.exists() else "false"
+        if text == "raise":
+            raise RuntimeError("not today")
+        return {"true": True, "false": False}.get(text, text)  # anything else: not a bool
+"""
+
 IO = """
 max_batch_size: 8
 input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
@@ -198,15 +217,18 @@ MODELS = {
     "until_cancelled": (UNTIL_CANCELLED, IO + DECOUPLED),
     "canceller": (CANCELLER, IO),
     "sent_stands": (SENT_STANDS, IO),
+    "readiness": (READINESS, IO),
 }
 
 
 Served = tuple[ServerProcess, str, str]
+REPOSITORY: dict[str, Path] = {}  # the served fixture's model repository
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     repo: Path = tmp_path_factory.mktemp("qa") / "models"
+    REPOSITORY["served"] = repo
     for name, (code, io) in MODELS.items():
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "python"\n{io}')
@@ -328,6 +350,21 @@ def test_a_sent_response_stands_whatever_follows(served: Served) -> None:
     with grpcclient.InferenceServerClient(grpc_url) as client:
         assert client.infer("sent_stands", _x(0)).as_numpy("Y").tolist() == [[1]]
         assert client.infer("sent_stands", _x(1)).as_numpy("Y").tolist() == [[1]]
+
+
+def test_the_models_own_is_ready_decides_its_readiness(served: Served) -> None:
+    """Each readiness query calls the model's is_ready() again; the answer is its latest (True only for
+    True: False, an exception or another value is not ready); inference goes on either way."""
+    _, http_url, grpc_url = served
+    grpc = grpcclient.InferenceServerClient(grpc_url)
+    http = httpclient.InferenceServerClient(http_url)
+    flag_file = REPOSITORY["served"] / "readiness" / "1" / "ready_flag"
+    for text, ready in (("false", False), ("true", True), ("raise", False), ("maybe", False), ("true", True)):
+        flag_file.write_text(text)
+        both = lambda r=ready: http.is_model_ready("readiness") is r and grpc.is_model_ready("readiness") is r  # noqa: E731
+        wait_for(both, 20, f"readiness {ready} for is_ready() -> {text}")
+        assert grpc.infer("readiness", _x(1)).as_numpy("Y").tolist() == [[3]]
+    grpc.close()
 
 
 def _stream(grpc_url: str, model: str, value: int, headers: dict[str, str] | None = None) -> list[Any]:
