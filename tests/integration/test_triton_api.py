@@ -23,6 +23,7 @@ from zinfer.client.errors import (
     NotFound,
     ServerError,
     Unavailable,
+    UnknownError,
     Unsupported,
 )
 
@@ -176,7 +177,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 @pytest.mark.parametrize(
     "code, error",
     [
-        (0, InternalError),  # UNKNOWN
+        (0, UnknownError),  # UNKNOWN: an InternalError that the front door answers as gRPC UNKNOWN
         (1, InternalError),  # INTERNAL
         (2, NotFound),
         (3, InvalidArgument),
