@@ -29,6 +29,7 @@ from zinfer.client.errors import ConfigError
 from .model_config import InputConfig, ModelConfig, OutputConfig, TensorConfig
 from .onnx_graph import GraphTensor, OnnxGraph, read_onnx_graph
 from .scheduling import DynamicBatching
+from .sequence_batching import fed_by_batcher
 
 __all__ = [
     "DEFAULT_MAX_BATCH_SIZE",
@@ -116,8 +117,11 @@ def complete_onnx_config(config: ModelConfig, graph: OnnxGraph) -> ModelConfig:
     if max_batch_size == 0 and _can_batch(config, graph):
         max_batch_size = DEFAULT_MAX_BATCH_SIZE
     batching = max_batch_size > 0
-    inputs = config.input or tuple(_input(config, t, batching) for t in graph.inputs)
-    outputs = config.output or tuple(_output(config, t, batching) for t in graph.outputs)
+    fed, taken = fed_by_batcher(config.sequence_batching)  # the sequence batcher's, not the client's
+    inputs = config.input or tuple(_input(config, t, batching) for t in graph.inputs if t.name not in fed)
+    outputs = config.output or tuple(
+        _output(config, t, batching) for t in graph.outputs if t.name not in taken
+    )
     dynamic = config.dynamic_batching
     no_scheduler = dynamic is None and config.sequence_batching is None and config.ensemble_scheduling is None
     if max_batch_size > 1 and no_scheduler:

@@ -259,3 +259,12 @@ def control_value(spec: dict[str, Any], sequence: dict[str, Any]) -> Any:
         return sid
     flag = {"START": sequence.get("start", False), "END": sequence.get("end", False), "READY": True}[kind]
     return spec["values"][1 if flag else 0]
+
+
+def fed_by_batcher(sb: SequenceBatching | None) -> tuple[frozenset[str], frozenset[str]]:
+    """The model inputs the sequence batcher feeds (control inputs and implicit state inputs), and the
+    state outputs it takes back: tensors of the graph that the config's ``input``/``output`` leave out."""
+    if sb is None:
+        return frozenset(), frozenset()
+    inputs = {ci.name for ci in sb.control_input} | {st.input_name for st in sb.state}
+    return frozenset(inputs), frozenset(st.output_name for st in sb.state)

@@ -43,6 +43,7 @@ from zinfer.modelconfig.autocomplete import onnx_model_path
 from zinfer.modelconfig.model_config import ModelConfig, TensorConfig
 from zinfer.modelconfig.onnx_graph import ONNX_TO_CONFIG
 from zinfer.modelconfig.onnx_options import OnnxSessionOptions, onnx_session_options
+from zinfer.modelconfig.sequence_batching import fed_by_batcher
 
 from .device import Device
 from .model import Array
@@ -125,7 +126,8 @@ def check_signature(config: ModelConfig, session: Any) -> None:
                 f"(the graph's inputs: {', '.join(sorted(graph_inputs)) or 'none'})"
             )
         _check_tensor(config, tensor, node, "input")
-    missing = sorted(set(graph_inputs) - {t.name for t in config.input})
+    fed, _ = fed_by_batcher(config.sequence_batching)  # control and state inputs: the sequence batcher's
+    missing = sorted(set(graph_inputs) - {t.name for t in config.input} - fed)
     if missing:
         raise ConfigError(
             f"model {config.name!r}: the graph needs input(s) {', '.join(missing)}, "
@@ -217,7 +219,9 @@ class OnnxModel:
         self.session = session
         self.run_options = run_opts
         self.device = device
-        self.outputs = [t.name for t in config.output]
+        # the config's outputs, and the implicit state outputs the sequence batcher keeps for the next request
+        _, states = fed_by_batcher(config.sequence_batching)
+        self.outputs = [t.name for t in config.output] + sorted(states - {t.name for t in config.output})
         self.string_inputs = frozenset(t.name for t in config.input if t.data_type == "TYPE_STRING")
         self.bound: BoundRun | None = None
         if not device.is_host and not self.string_inputs:  # ONNX Runtime cannot bind string inputs

@@ -466,3 +466,76 @@ def test_load_with_a_config_or_files_on_both_doors(tmp_path: Path) -> None:
         grpc.close()
     finally:
         stop_all([server])
+
+
+SEQUENCE_ONNX_CONFIG = """
+name: "seq_onnx"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+"""
+
+
+def _sequence_graph(path: Path) -> None:
+    """OUTPUT = INPUT + 100 START + 1000 END + 10 READY + CORRID (as int32): every control input counts."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    shape: list[int | str] = ["N", 1]
+    i32 = TensorProto.INT32
+
+    def const(name: str, value: int) -> Any:
+        return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, i32, [], [value]))
+
+    nodes = [
+        const("c100", 100), const("c1000", 1000), const("c10", 10),
+        helper.make_node("Mul", ["START", "c100"], ["s"]),
+        helper.make_node("Mul", ["END", "c1000"], ["e"]),
+        helper.make_node("Mul", ["READY", "c10"], ["r"]),
+        helper.make_node("Cast", ["CORRID"], ["id"], to=i32),
+        helper.make_node("Add", ["INPUT", "s"], ["a1"]),
+        helper.make_node("Add", ["a1", "e"], ["a2"]),
+        helper.make_node("Add", ["a2", "r"], ["a3"]),
+        helper.make_node("Add", ["a3", "id"], ["OUTPUT"]),
+    ]  # fmt: skip
+    inputs = [helper.make_tensor_value_info(n, i32, shape) for n in ("INPUT", "START", "END", "READY")]
+    inputs.append(helper.make_tensor_value_info("CORRID", TensorProto.UINT64, shape))
+    outputs = [helper.make_tensor_value_info("OUTPUT", i32, shape)]
+    graph = helper.make_graph(nodes, "seq", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
+def test_an_onnx_model_with_sequence_control_inputs_is_fed_by_the_batcher(tmp_path: Path) -> None:
+    """The graph takes START, END, READY and CORRID, which config.pbtxt lists only under sequence_batching:
+    it loads, and each request's control values reach it."""
+    pytest.importorskip("onnxruntime")
+    repo = tmp_path / "models"
+    _sequence_graph(repo / "seq_onnx" / "1" / "model.onnx")
+    (repo / "seq_onnx" / "config.pbtxt").write_text(SEQUENCE_ONNX_CONFIG)
+    server = start_server(repo)
+    try:
+        with Client(f"ipc://{server.runtime_dir}/zinfer.sock") as c:
+            x = np.array([[5]], np.int32)
+            first = c.infer("seq_onnx", {"INPUT": x}, sequence_id=7, sequence_start=True)
+            middle = c.infer("seq_onnx", {"INPUT": x}, sequence_id=7)
+            last = c.infer("seq_onnx", {"INPUT": x}, sequence_id=7, sequence_end=True)
+        assert first.as_numpy("OUTPUT").tolist() == [[5 + 100 + 10 + 7]]
+        assert middle.as_numpy("OUTPUT").tolist() == [[5 + 10 + 7]]
+        assert last.as_numpy("OUTPUT").tolist() == [[5 + 1000 + 10 + 7]]
+    finally:
+        stop_all([server])
