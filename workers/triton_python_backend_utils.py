@@ -26,8 +26,8 @@ from .pb_request import (
     InferenceRequest,
     InferenceResponse,
     InferenceResponseSender,
-    ResponseIterator,
 )
+from .pb_response_iterator import ResponseIterator
 from .pb_tensor import (
     Tensor,
     deserialize_bytes_tensor,

@@ -35,7 +35,6 @@ from zinfer.client.worker_protocol import (
     CancelRequest,
     Execute,
     LoadFailed,
-    Readiness,
     RequestResult,
     WorkerReady,
     WorkerResult,
@@ -43,7 +42,6 @@ from zinfer.client.worker_protocol import (
     drop_region_from_wire,
     execute_from_wire,
     load_failed_to_wire,
-    readiness_to_wire,
     ready_to_wire,
     result_to_wire,
 )
@@ -61,9 +59,10 @@ from .model import AnyModel
 from .readiness import ReadinessCheck
 from .regions import RegionCache
 from .sequence_state import ImplicitStates, state_specs
+from .side_work import SideWork
 from .stream import run_stream
 from .triton_model import TritonModel
-from .triton_stream import StreamRun, run_triton_stream, runs_concurrently, start_triton_stream
+from .triton_stream import run_triton_stream, runs_concurrently, start_triton_stream
 from .warmup import run_warmup
 
 log = logging.getLogger(__name__)
@@ -99,8 +98,7 @@ class Worker:
         self._pending: deque[Message] = deque()  # received, not yet handled, in order
         self._staged_batch: object = None  # the batch id last looked at for staging
         self._stop = False
-        self._background: dict[int, StreamRun] = {}  # batches of an async decoupled model still running
-        self.readiness: ReadinessCheck | None = None
+        self.side = SideWork()  # async decoupled batches still running, the model's is_ready() answers
         self.tune_gc = tune_gc  # tune the collector once loaded (gc_tuning): only where this is the process
         self._ctx = zmq.Context()
         self.sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
@@ -169,9 +167,9 @@ class Worker:
         a = self.args
         ready = WorkerReady(a.model, a.version, a.instance, a.device, os.getpid())
         self.send(Command.W_READY, ready_to_wire(ready))
-        self.readiness = ReadinessCheck.of(model, a.model)  # the model's own is_ready(), if it has one
-        if self.readiness is not None:
-            self.readiness.start()
+        self.side.readiness = ReadinessCheck.of(model, a.model)  # the model's own is_ready(), if it has one
+        if self.side.readiness is not None:
+            self.side.readiness.start()
         if runs_concurrently(model):  # Triton runs an async decoupled execute's batches side by side
             for slot in range(2, CONCURRENT_PLACES + 1):
                 self.send(Command.W_READY, ready_to_wire(replace(ready, slot=slot)))
@@ -191,13 +189,11 @@ class Worker:
         )
         try:
             while not self._stop:
-                if self._background:
-                    self._step_background()
-                if self.readiness is not None:
-                    self._send_readiness()
+                if self.side:
+                    self.side.tend(self.send, self.send_result)
                 if self._pending:
                     msg = self._pending.popleft()
-                elif self._wakes() and not self._wait_background():  # also woken by batches, is_ready
+                elif self.side and not self.side.wait(self.sock, POLL_MS):  # also woken by its side work
                     if os.getppid() != a.parent:
                         log.warning("event=broker_gone model=%s", a.model)
                         break
@@ -222,8 +218,8 @@ class Worker:
                         self.regions.drop(drop_region_from_wire(msg.header).name)
                     elif msg.command == Command.W_CANCEL:
                         self._cancel(cancel_from_wire(msg.header))
-                    elif msg.command == Command.W_CHECK_READY and self.readiness is not None:
-                        self.readiness.start()
+                    elif msg.command == Command.W_CHECK_READY and self.side.readiness is not None:
+                        self.side.readiness.start()
                 except ProtocolError as exc:
                     log.error("event=bad_message command=%s error=%r", msg.command.name, str(exc))
         finally:
@@ -302,8 +298,7 @@ class Worker:
             if runs_concurrently(model):
                 run = start_triton_stream(model, sig, requests, frames, self.regions, partial)
                 if not run.step():  # runs on beside the next batches: answered when its requests end
-                    cancel_flags.keep_batch(batch_id)
-                    self._background[batch_id] = run
+                    self.side.keep(batch_id, run)
                     return
                 outcome = run.finish()
             elif isinstance(model, TritonModel):
@@ -316,38 +311,6 @@ class Worker:
             outcome = run_batch(model, sig, requests, frames, self.regions, self.device, self.states)
         timings = (outcome.input_ns, outcome.infer_ns, outcome.output_ns)
         self.send_result(WorkerResult(batch_id, tuple(outcome.results), timings=timings), outcome.frames)
-
-    def _wakes(self) -> bool:
-        """Whether something besides the socket wakes the loop (background batches, an is_ready call)."""
-        return bool(self._background) or self.readiness is not None
-
-    def _send_readiness(self) -> None:
-        """What the model's is_ready() answered, to the broker (when there is a new answer)."""
-        assert self.readiness is not None
-        answer = self.readiness.take()
-        if answer is not None:
-            self.send(Command.W_READINESS, readiness_to_wire(Readiness(answer)))
-
-    def _step_background(self) -> None:
-        """Send what the running batches of an async decoupled model queued; answer those that ended."""
-        for batch_id, run in list(self._background.items()):
-            if run.step():
-                del self._background[batch_id]
-                cancel_flags.end_batch(batch_id)
-                outcome = run.finish()
-                timings = (outcome.input_ns, outcome.infer_ns, outcome.output_ns)
-                result = WorkerResult(batch_id, tuple(outcome.results), timings=timings)
-                self.send_result(result, outcome.frames)
-
-    def _wait_background(self) -> bool:
-        """Wait for a message or a wake-up while batches run in the background; True when a message came."""
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        poller.register(model_loop.WAKE.fd, zmq.POLLIN)
-        events = dict(poller.poll(POLL_MS))
-        if model_loop.WAKE.fd in events:
-            model_loop.WAKE.clear()
-        return self.sock in events
 
     def _cancel(self, cancel: CancelRequest) -> None:
         if cancel_flags.cancel(cancel.batch, cancel.id):
@@ -363,10 +326,8 @@ class Worker:
         while not done():
             if self._stop:
                 return False
-            if self._background:
-                self._step_background()
-            if self.readiness is not None:
-                self._send_readiness()
+            if self.side:
+                self.side.tend(self.send, self.send_result)
             events = dict(poller.poll(POLL_MS))
             if model_loop.WAKE.fd in events:
                 model_loop.WAKE.clear()

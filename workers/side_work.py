@@ -1,0 +1,61 @@
+"""What a worker tends between messages besides its socket: batches of a decoupled model's ``async def
+execute`` still running (``triton_stream.StreamRun``: their responses go out as their senders queue them,
+their RESULT when every request has ended) and the model's own ``is_ready()`` answers
+(``readiness.ReadinessCheck``). Both wake the worker through ``model_loop.WAKE``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from zinfer.client.protocol import Command, Frame
+from zinfer.client.worker_protocol import Readiness, WorkerResult, readiness_to_wire
+
+from . import cancel_flags, model_loop
+from .readiness import ReadinessCheck
+from .triton_stream import StreamRun
+
+SendResult = Callable[[WorkerResult, list[Frame]], None]
+Send = Callable[[Command, dict[str, Any]], None]
+
+
+class SideWork:
+    def __init__(self) -> None:
+        self.runs: dict[int, StreamRun] = {}  # by batch id
+        self.readiness: ReadinessCheck | None = None
+
+    def __bool__(self) -> bool:
+        """Whether anything besides the socket may wake the worker."""
+        return bool(self.runs) or self.readiness is not None
+
+    def keep(self, batch_id: int, run: StreamRun) -> None:
+        """A batch that runs on beside the next ones."""
+        cancel_flags.keep_batch(batch_id)
+        self.runs[batch_id] = run
+
+    def tend(self, send: Send, send_result: SendResult) -> None:
+        """Send what the running batches queued (and the RESULT of those that ended), and a new answer of
+        the model's is_ready()."""
+        for batch_id, run in list(self.runs.items()):
+            if run.step():
+                del self.runs[batch_id]
+                cancel_flags.end_batch(batch_id)
+                outcome = run.finish()
+                timings = (outcome.input_ns, outcome.infer_ns, outcome.output_ns)
+                send_result(WorkerResult(batch_id, tuple(outcome.results), timings=timings), outcome.frames)
+        answer = self.readiness.take() if self.readiness is not None else None
+        if answer is not None:
+            send(Command.W_READINESS, readiness_to_wire(Readiness(answer)))
+
+    @staticmethod
+    def wait(sock: zmq.Socket[bytes], timeout_ms: int) -> bool:
+        """Wait for a message or a wake-up; True when a message came."""
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(model_loop.WAKE.fd, zmq.POLLIN)
+        events = dict(poller.poll(timeout_ms))
+        if model_loop.WAKE.fd in events:
+            model_loop.WAKE.clear()
+        return sock in events
