@@ -52,7 +52,7 @@ class Model:
     config_file: str = ""
     extra: tuple[str, ...] = ()  # more files copied next to model.py
     rename: bool = False
-    replace: tuple[tuple[str, str], ...] = ()
+    replace: tuple[tuple[str, str], ...] = ()  # (regular expression, replacement), line by line
     append: str = ""
 
 
@@ -63,6 +63,7 @@ class Suite:
     server_args: tuple[str, ...] = ()
     not_run: tuple[str, ...] = field(default_factory=tuple)  # "Class::test" deselected (the reason beside)
     log_name: str = ""  # the server log's name in the test's folder, where a test reads it (test.sh's)
+    env: tuple[tuple[str, str], ...] = ()  # for the test process
 
 
 def _m(name: str, src: str = "", **kw: object) -> Model:
@@ -95,6 +96,11 @@ RESPONSE_SENDER = tuple(
 
 
 BATCHING = "dynamic_batching {{ preferred_batch_size: [8], max_queue_delay_microseconds: {} }}\n"
+
+
+def _identity(name: str, data_type: str) -> Model:
+    """test.sh's copy of identity_fp32 with another data type."""
+    return _m(name, f"{MODELS}/identity_fp32", rename=True, replace=(("TYPE_FP32", data_type),))
 
 
 def _readiness(name: str, value: str, delay: str) -> Model:
@@ -179,6 +185,43 @@ SUITES: dict[str, Suite] = {
         ),  # fmt: skip
     ),
     "bls_parameters": Suite(("bls/bls_parameters_test.py",), (_m("bls_parameters"),)),
+    "ensemble": Suite(
+        ("ensemble/ensemble_test.py",),
+        (_m("ensemble"), _m("add_sub_1", f"{MODELS}/add_sub"), _m("add_sub_2", f"{MODELS}/add_sub")),
+        not_run=("EnsembleTest::test_ensemble_gpu",),  # a GPU and libtorch models
+    ),
+    "model_control": Suite(
+        ("model_control/model_control_test.py",),
+        (
+            _m("identity_fp32"),
+            Model("simple_identity_fp32", f"{MODELS}/identity_fp32",
+                  config_file=f"{MODELS}/simple_identity_fp32/config.pbtxt"),
+        ),  # fmt: skip
+        server_args=("--model-control-mode", "explicit"),
+    ),
+    "python_test": Suite(
+        ("python_test.py",),
+        (
+            _m("identity_fp32"),
+            _m("identity_bf16"),
+            _m("identity_uint8", f"{MODELS}/identity_fp32", rename=True, replace=(
+                ("TYPE_FP32", "TYPE_UINT8"), ("^max_batch_size:.*", "max_batch_size: 8"),
+            ), append=BATCHING.format(12000000)),
+            _m("identity_uint8_nobatch", f"{MODELS}/identity_fp32", rename=True,
+               replace=(("TYPE_FP32", "TYPE_UINT8"), ("^max_batch_size:.*", ""))),
+            _identity("identity_uint32", "TYPE_UINT32"),
+            _identity("identity_bool", "TYPE_BOOL"),
+            _m("delayed_model"),
+            _m("init_args", replace=(("TRITON_DIR_PATH", "/opt/tritonserver"),)),
+            _m("optional"),
+            _m("non_contiguous"),
+            _m("string"),
+            _m("string_fixed"),
+        ),  # fmt: skip
+        # Triton's shm pool growth, and torch
+        not_run=("PythonTest::test_growth_error", "PythonTest::test_infer_pytorch"),
+        env=(("TEST_JETSON", "1"),),  # leaves out the GPU and DLPack-on-GPU tests, as on a Jetson
+    ),
 }
 
 
@@ -223,8 +266,8 @@ def assemble(model: Model, repo: Path) -> None:
     config = _show(model.config_file or f"{model.source}/config.pbtxt").decode()
     if model.rename:
         config = re.sub(r"(?m)^name:.*$", f'name: "{model.name}"', config)
-    for old, new in model.replace:
-        config = config.replace(old, new)
+    for pattern, new in model.replace:  # test.sh's sed -i "s/pattern/new/g"
+        config = re.sub(pattern, new, config, flags=re.MULTILINE)
     (folder / "config.pbtxt").write_text(config + ("\n" + model.append if model.append else ""))
 
 
@@ -287,7 +330,8 @@ def _run_suite(name: str, tmp_path: Path, servers: list[ServerProcess]) -> tuple
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
          *selectors, *deselect],
         cwd=cwd, capture_output=True, text=True, timeout=900,
-        env={**os.environ, "PYTHONPATH": str(qa / "common"), "SERVER_LOG": str(servers[0].log_path)},
+        env={**os.environ, "PYTHONPATH": str(qa / "common"), "SERVER_LOG": str(servers[0].log_path),
+             **dict(suite.env)},
     )  # fmt: skip
     root = ET.parse(report).getroot()
     cases = root.iter("testcase")
