@@ -25,7 +25,7 @@ _serial = itertools.count(1)
 
 
 def _relative(path: str) -> PurePosixPath:
-    rel = PurePosixPath(path)
+    rel = PurePosixPath(path[1:] if path.startswith("/") else path)  # Triton's "file:/1/model.py" too
     if rel.is_absolute() or not rel.parts or any(p in ("", ".", "..") for p in rel.parts) or "\\" in path:
         raise InvalidArgument(f"load override: file path {path!r} must be relative, in the model's folder")
     if rel.parts == (CONFIG_FILENAME,):

@@ -82,7 +82,10 @@ class ModelControl:
         if client is not None and not self.explicit:
             raise Unsupported("model control is off: start the server with --model-control-mode explicit")
         if not _MODEL_NAME.fullmatch(name) or name in (".", ".."):
-            raise InvalidArgument(f"invalid model name {name!r}")
+            raise InvalidArgument(  # Triton's text, which clients match on
+                f"failed to load '{name}': Invalid stub name: contains invalid characters (a model name is "
+                "letters, digits, '_', '.' and '-')"
+            )
         model_dir = self.options.model_repository / name
         if config or files:
             model_dir = override_folder(self.options.runtime_dir, model_dir, name, config, files or {})
