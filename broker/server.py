@@ -27,7 +27,6 @@ from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
 from zinfer.client.shm import reap_orphans
 from zinfer.client.worker_protocol import (
     DropRegion,
-    Heartbeat,
     Shutdown,
     drop_region_to_wire,
     empty_to_wire,
@@ -127,19 +126,12 @@ class Broker:
         od = self.on_demand = OnDemand.of(self) if options.model_control_mode == "on-demand" else None
         self.queries = Queries(self.registry, od.status if od else self.observer.status,
                                od.index if od else self.control.index, self.serving_ready,
-                               self.check_readiness)  # fmt: skip
+                               self.worker_inbox.check_readiness)  # fmt: skip
         self.controls = Controls(
             od.cancel if od else self.admission.cancel, self.regions, lambda: self.intake, self.drop_region,
             self.control.load, self.control.unload,
         )  # fmt: skip
         self._spec_state: dict[WorkerSpec, ModelState] = {}
-
-    def check_readiness(self, state: ModelState) -> None:
-        """Ask each instance of ``state`` whose model defines is_ready() to call it again (one question
-        in flight per instance; the answer comes as W_READINESS)."""
-        for worker in state.instances - state.readiness_asked:
-            if self.outbox.send_worker(worker, Command.W_CHECK_READY, empty_to_wire(Heartbeat())):
-                state.readiness_asked.add(worker)
 
     # ------------------------------------------------------------------------------------ start / stop
 

@@ -34,6 +34,7 @@ from zinfer.client.worker_protocol import (
 from .completion import Completion
 from .custom_metrics import CustomMetrics
 from .instance_pool import InstancePool
+from .model_state import ModelState
 from .outbox import Outbox
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,13 @@ class WorkerInbox:
         else:
             self._reported.discard(worker)
         self.custom_metrics.update(worker, state.name, state.version, families)
+
+    def check_readiness(self, state: ModelState) -> None:
+        """Ask each instance of ``state`` whose model defines is_ready() to call it again (one question
+        in flight per instance; the answer comes as W_READINESS)."""
+        for worker in state.instances - state.readiness_asked:
+            if self.outbox.send_worker(worker, Command.W_CHECK_READY, empty_to_wire(Heartbeat())):
+                state.readiness_asked.add(worker)
 
     def on_message(self, identity: bytes, frames: list[Frame]) -> None:
         """One message from the worker socket (``identity`` as the ROUTER names the sender)."""
