@@ -178,14 +178,14 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         last_of_sequence: dict[int | str, asyncio.Task[None]] = {}
         shm = self._shm(context)
 
-        async def one(request: Any, before: asyncio.Task[None] | None) -> None:
+        async def one(request: Any, before: asyncio.Task[None] | None, decoupled: bool) -> None:
             if before is not None:
                 await asyncio.wait([before])
             try:
                 call, regions = self._call(request, shm)
                 empty_final = call.parameters.get("triton_enable_empty_final_response") is True
                 # Triton marks every response of a decoupled model's stream with triton_final_response
-                flag_final = empty_final or await self.bridge.is_decoupled(call.model, call.version)
+                flag_final = empty_final or decoupled
                 async for reply in self.bridge.stream(call):
                     if reply.final and not reply.outputs and not empty_final:
                         continue
@@ -215,7 +215,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                 async for request in request_iterator:
                     sequence = convert.parameters(request.parameters).get("sequence_id") or None
                     before = last_of_sequence.get(sequence) if isinstance(sequence, (int, str)) else None
-                    task = asyncio.create_task(one(request, before))
+                    # asked here, in the stream's order (then cached), so that no request waits for it
+                    # between its arrival and its sending, and the stream's requests stay in order
+                    decoupled = await _is_decoupled(self.bridge, request)
+                    task = asyncio.create_task(one(request, before, decoupled))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                     if isinstance(sequence, (int, str)):
@@ -322,3 +325,12 @@ def _grpc_error_mode(context: Any) -> bool:
     except Exception:  # noqa: BLE001 - a context without metadata (tests' stand-ins)
         return False
     return any(k == "triton_grpc_error" and str(v).lower() == "true" for k, v in metadata)
+
+
+async def _is_decoupled(bridge: Any, request: Any) -> bool:
+    """Whether the stream request's model is decoupled; False when that cannot be told (the request's
+    own answer then says what is wrong)."""
+    try:
+        return bool(await bridge.is_decoupled(request.model_name, request.model_version))
+    except Exception:  # noqa: BLE001 - an unknown model: its request fails with the right error
+        return False

@@ -331,15 +331,16 @@ def _run_suite(name: str, tmp_path: Path, servers: list[ServerProcess]) -> tuple
     if suite.log_name:
         (cwd / suite.log_name).symlink_to(servers[0].log_path)
     report = tmp_path / "report.xml"
-    deselect = [a for n in suite.not_run for a in ("--deselect", f"{Path(files[0]).name}::{n}")]
+    env = {**os.environ, "PYTHONPATH": str(qa / "common"), "SERVER_LOG": str(servers[0].log_path),
+           **dict(suite.env)}  # fmt: skip
     selectors = [t.split("/")[-1] for t in suite.tests]
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-         *selectors, *deselect],
-        cwd=cwd, capture_output=True, text=True, timeout=900,
-        env={**os.environ, "PYTHONPATH": str(qa / "common"), "SERVER_LOG": str(servers[0].log_path),
-             **dict(suite.env)},
-    )  # fmt: skip
+    pytest_cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
+    collected = subprocess.run([*pytest_cmd, "--collect-only", "-q", *selectors], cwd=cwd, capture_output=True,
+                               text=True, timeout=300, env=env).stdout.splitlines()  # fmt: skip
+    skipped = {f"{Path(files[0]).name}::{n}" for n in suite.not_run}  # exact ids (--deselect takes prefixes)
+    ids = [line for line in collected if "::" in line and line not in skipped]
+    proc = subprocess.run([*pytest_cmd, "-q", f"--junitxml={report}", *ids], cwd=cwd, capture_output=True,
+                          text=True, timeout=900, env=env)  # fmt: skip
     root = ET.parse(report).getroot()
     cases = root.iter("testcase")
     ran = passed = 0
@@ -357,5 +358,7 @@ def test_triton_qa_suite(
 ) -> None:
     monkeypatch.setenv("TRITON_DIR", str(tmp_path))  # for the server, and so its workers
     passed, ran, report = _run_suite(name, tmp_path, qa_server)
-    print(f"qa suite {name}: {passed} of {ran} passed")
+    pytest_output = report.split("\n--- server log ---")[0].splitlines()
+    summary = next((line for line in reversed(pytest_output) if " in " in line), "")
+    print(f"qa suite {name}: {passed} of {ran} passed ({summary.strip('= ')})")
     assert ran and passed == ran, report
