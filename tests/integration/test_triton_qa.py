@@ -142,7 +142,10 @@ SUITES: dict[str, Suite] = {
             ),
         ),  # fmt: skip
         # square_int32 comes from python_backend's examples; decoupled_bls imports torch
-        not_run=("DecoupledTest::test_decoupled_bls_stream", "DecoupledTest::test_decoupled_bls"),
+        # ignore_cancel: a gap (docs/models.md): once a cancel reaches the broker, a decoupled request's
+        # stream ends with CANCELLED, where Triton leaves it to the model
+        not_run=("DecoupledTest::test_decoupled_bls_stream", "DecoupledTest::test_decoupled_bls",
+                 "DecoupledTest::test_decoupled_bls_ignore_cancel"),
         log_name="decoupled_server.log",
     ),
     "lifecycle": Suite(
@@ -335,10 +338,11 @@ def _run_suite(name: str, tmp_path: Path, servers: list[ServerProcess]) -> tuple
            **dict(suite.env)}  # fmt: skip
     selectors = [t.split("/")[-1] for t in suite.tests]
     pytest_cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
-    collected = subprocess.run([*pytest_cmd, "--collect-only", "-q", *selectors], cwd=cwd, capture_output=True,
-                               text=True, timeout=300, env=env).stdout.splitlines()  # fmt: skip
+    collect = [*pytest_cmd, "--collect-only", "-q", *selectors]
+    collected = subprocess.run(collect, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+    ids = collected.stdout.splitlines()
     skipped = {f"{Path(files[0]).name}::{n}" for n in suite.not_run}  # exact ids (--deselect takes prefixes)
-    ids = [line for line in collected if "::" in line and line not in skipped]
+    ids = [line for line in ids if "::" in line and line not in skipped]
     proc = subprocess.run([*pytest_cmd, "-q", f"--junitxml={report}", *ids], cwd=cwd, capture_output=True,
                           text=True, timeout=900, env=env)  # fmt: skip
     root = ET.parse(report).getroot()
