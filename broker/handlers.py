@@ -69,14 +69,11 @@ class Queries:
         status: Callable[[], dict[str, Any]],
         index: Callable[[], list[dict[str, Any]]],
         serving_ready: Callable[[], bool],
-        check_readiness: Callable[[ModelState], None] | None = None,
     ) -> None:
         self.registry = registry
         self.status = status  # the status table (``Observer.status``)
         self.index = index  # the repository index (``ModelControl.index``)
         self.serving_ready = serving_ready  # the server's readiness (``Broker.serving_ready``)
-        # asks the instances of a model that defines is_ready() to call it again (``Broker.check_readiness``)
-        self.check_readiness = check_readiness
 
     def answer(self, command: Command, header: dict[str, Any]) -> Any:
         if command == Command.SERVER_LIVE:
@@ -87,11 +84,10 @@ class Queries:
             try:  # anything wrong with the question is a model that is not ready
                 q = protocol.model_query_from_wire(header)
                 state = self.registry.resolve(q.model, q.version)
-                if not state.readiness_hook:
+                if state.ask_ready is None:
                     return state.ready
                 # a Triton model's own is_ready(): its latest answer from every instance, and a fresh call
-                if self.check_readiness is not None:
-                    self.check_readiness(state)
+                state.ask_ready()
                 return state.ready and not (state.unready & state.instances)
             except (ServerError, ProtocolError):
                 return False

@@ -202,9 +202,10 @@ class ModelState:
         self.rate_limited = any(g.rate_limiter is not None for g in config.instance_group)
         self._groups: list[InstanceGroup | None] | None = None
         self.prefetching = False  # an instance has a second place in ``idle`` (GPU look-ahead)
-        # a Triton model's own is_ready(): whether its instances report it, those whose latest answer was
-        # not True, and those asked to call it again (one question in flight each)
-        self.readiness_hook = False
+        # a Triton model's own is_ready(): how to ask its instances to call it again (set once they report
+        # it, ``WorkerInbox.check_readiness``), those whose latest answer was not True, and those asked
+        # (one question in flight each)
+        self.ask_ready: Callable[[], None] | None = None
         self.unready: set[bytes] = set()
         self.readiness_asked: set[bytes] = set()
         self.runs = False  # its instances take runs of requests, each executed alone (``batching.runs``)

@@ -125,8 +125,7 @@ class Broker:
         )
         od = self.on_demand = OnDemand.of(self) if options.model_control_mode == "on-demand" else None
         self.queries = Queries(self.registry, od.status if od else self.observer.status,
-                               od.index if od else self.control.index, self.serving_ready,
-                               self.worker_inbox.check_readiness)  # fmt: skip
+                               od.index if od else self.control.index, self.serving_ready)  # fmt: skip
         self.controls = Controls(
             od.cancel if od else self.admission.cancel, self.regions, lambda: self.intake, self.drop_region,
             self.control.load, self.control.unload,
@@ -198,10 +197,8 @@ class Broker:
         for instance, device in enumerate(devices):
             cpus = cpus_for(self.options.cpu_affinity, state.name, instance)
             pinned = ",".join(map(str, sorted(cpus))) if cpus else None
-            # the folder the model loaded from: the repository's, or a load override's (``load_override``)
-            repository = state.version_dir.parent.parent
-            spec = WorkerSpec(state.name, state.version, instance, device, repository,
-                              endpoint, state.generation, pinned)  # fmt: skip
+            spec = WorkerSpec(state.name, state.version, instance, device, state.version_dir.parent.parent,
+                              endpoint, state.generation, pinned)  # fmt: skip (a load override's folder too)
             self._spec_state[spec] = state
             self.spawn(spec)
 

@@ -12,6 +12,7 @@ carries the device memory it holds (``device_bytes``, for on-demand model contro
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -134,7 +135,7 @@ class WorkerInbox:
                 self.completion.on_result(identity, state, result_from_wire(msg.header), msg.frames)
             elif msg.command == Command.W_READINESS:
                 answer = readiness_from_wire(msg.header)
-                state.readiness_hook = True
+                state.ask_ready = functools.partial(self.check_readiness, state)
                 state.readiness_asked.discard(identity)
                 if answer.ready:
                     state.unready.discard(identity)

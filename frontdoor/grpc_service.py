@@ -16,8 +16,6 @@ from typing import Any, TypeVar
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from zinfer.client.errors import InvalidArgument
-
 from . import cudashm
 from . import grpc_convert as convert
 from .bridge_records import InferCall
