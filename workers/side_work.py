@@ -30,6 +30,12 @@ class SideWork:
         """Whether anything besides the socket may wake the worker."""
         return bool(self.runs) or self.readiness is not None
 
+    def watch_readiness(self, model: Any, name: str) -> None:
+        """Call the model's own is_ready() now, if it has one (and again when the broker asks)."""
+        self.readiness = ReadinessCheck.of(model, name)
+        if self.readiness is not None:
+            self.readiness.start()
+
     def keep(self, batch_id: int, run: StreamRun) -> None:
         """A batch that runs on beside the next ones."""
         cancel_flags.keep_batch(batch_id)

@@ -56,7 +56,6 @@ from .device import CPU, Device, DeviceWait, open_device, prefetch_wanted
 from .heartbeat import Heartbeat
 from .loader import load_model
 from .model import AnyModel
-from .readiness import ReadinessCheck
 from .regions import RegionCache
 from .sequence_state import ImplicitStates, state_specs
 from .side_work import SideWork
@@ -167,9 +166,7 @@ class Worker:
         a = self.args
         ready = WorkerReady(a.model, a.version, a.instance, a.device, os.getpid())
         self.send(Command.W_READY, ready_to_wire(ready))
-        self.side.readiness = ReadinessCheck.of(model, a.model)  # the model's own is_ready(), if it has one
-        if self.side.readiness is not None:
-            self.side.readiness.start()
+        self.side.watch_readiness(model, a.model)  # the model's own is_ready(), if it has one
         if runs_concurrently(model):  # Triton runs an async decoupled execute's batches side by side
             for slot in range(2, CONCURRENT_PLACES + 1):
                 self.send(Command.W_READY, ready_to_wire(replace(ready, slot=slot)))
