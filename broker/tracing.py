@@ -1,0 +1,208 @@
+"""Per-request traces: which requests are traced, their timestamps, and where the records go.
+
+The broker's hot path asks one question of a ``Tracer`` when tracing is off: ``tracer.on`` (a plain
+attribute, false unless some settings trace). Admission calls ``start`` for each request while it is on
+(sampling every ``rate``-th request of a model, up to ``count`` traces); completion calls ``batch_done``
+when a traced request's batch returns.
+
+Timestamps are ``CLOCK_MONOTONIC`` nanoseconds, as Triton's (a steady clock). The broker reads its own
+clock only: REQUEST_START when admission begins, QUEUE_START when the request joins its queue,
+REQUEST_END after its reply is sent. The compute timestamps are derived from the batch's send time S and
+receive time R at the broker and the worker's reported compute durations (input, infer, output; together C):
+the time on the wire both ways is ``W = R - S - C``, taken as half each way, so COMPUTE_START = S + W/2,
+COMPUTE_INPUT_END = COMPUTE_START + input, COMPUTE_OUTPUT_START = COMPUTE_INPUT_END + infer, COMPUTE_END =
+COMPUTE_OUTPUT_START + output. No clock of another process is read, so the record stays consistent
+whatever namespace a worker runs in. The requests of a run (several executions in one EXECUTE) share the
+run's timings.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .model_state import InFlight
+from .trace_file import TraceFile
+from .trace_settings import TraceSettings, update
+
+TRACEPARENT = "traceparent"
+"""The request parameter that carries a W3C trace context (set by the front door and the SDK)."""
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
+
+
+def parse_traceparent(value: object) -> tuple[str, str] | None:
+    """``(trace_id, parent_span_id)`` of a W3C ``traceparent``, or None where it is not a valid one (a
+    trace that cannot be continued starts afresh, as the W3C recommendation says)."""
+    if not isinstance(value, str) or len(value) > 512:
+        return None
+    m = _TRACEPARENT.match(value.strip().lower())
+    if m is None or m.group(1) == "ff" or (m.group(1) == "00" and m.group(5)):
+        return None
+    trace_id, span_id = m.group(2), m.group(3)
+    if trace_id == "0" * 32 or span_id == "0" * 16:
+        return None
+    return trace_id, span_id
+
+
+@dataclass(slots=True)
+class Trace:
+    id: int
+    model: str
+    version: int
+    request_id: str
+    request_start_ns: int
+    queue_start_ns: int
+    log_frequency: int
+    parent: tuple[str, str] | None = None  # the W3C trace id and parent span id this trace continues
+
+
+@dataclass
+class _Sampler:
+    settings: TraceSettings
+    seen: int = 0
+
+
+@dataclass
+class Tracer:
+    """The server's trace settings (global and per model) and its trace output."""
+
+    settings: TraceSettings = field(default_factory=TraceSettings)
+    on: bool = False  # whether any settings trace: the only thing the hot path reads when tracing is off
+    _global: _Sampler = field(init=False)
+    _models: dict[str, _Sampler] = field(default_factory=dict)
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    output: TraceFile = field(init=False)
+    collected: int = 0
+    # traced requests not yet finished: ``on`` stays true until they are (one that never finishes, being
+    # cancelled or failed, keeps it true; that costs a look at each batch's requests, nothing more)
+    _open: int = 0
+
+    def __post_init__(self) -> None:
+        self._global = _Sampler(self.settings)
+        self.output = TraceFile(self.settings.file)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.settings = self._global.settings
+        self.on = (
+            self._open > 0 or self.settings.enabled or any(s.settings.enabled for s in self._models.values())
+        )
+
+    # ------------------------------------------------------------------------------------ settings
+
+    def get(self, model: str | None) -> dict[str, str | list[str]]:
+        """The settings in force for ``model`` (its own, else the global ones), in the extension's form."""
+        sampler = self._models.get(model, self._global) if model else self._global
+        return sampler.settings.to_wire()
+
+    def set(self, model: str | None, changes: Mapping[str, object]) -> dict[str, str | list[str]]:
+        """Apply the trace extension's ``changes`` (to ``model``'s settings, which start as a copy of the
+        global ones; for a model, no changes at all removes its own settings) and return the result. A bad
+        change is a ``ValueError`` and changes nothing."""
+        if model:
+            if not changes:
+                self._models.pop(model, None)
+            else:
+                current = self._models.get(model)
+                base = current.settings if current is not None else self._global.settings
+                settings = update(base, changes)
+                if current is None:
+                    self._models[model] = _Sampler(settings)
+                else:
+                    current.settings = settings
+        else:
+            self._global.settings = update(self._global.settings, changes)
+        self._refresh()
+        return self.get(model)
+
+    # ------------------------------------------------------------------------------------ requests
+
+    def start(
+        self, model: str, version: int, request_id: str, parameters: Mapping[str, Any], start_ns: int
+    ) -> Trace | None:
+        """A trace for this request if it is sampled (every ``rate``-th of its model's settings, while
+        ``count`` lasts); QUEUE_START is now."""
+        sampler = self._models.get(model, self._global)
+        s = sampler.settings
+        if not s.enabled:
+            return None
+        sampler.seen += 1
+        if sampler.seen % s.rate:
+            return None
+        self._open += 1
+        if s.count > 0:
+            sampler.settings = replace(s, count=s.count - 1)
+            self._refresh()
+        parent = parse_traceparent(parameters.get(TRACEPARENT)) if TRACEPARENT in parameters else None
+        return Trace(
+            next(self._ids),
+            model,
+            version,
+            request_id,
+            start_ns,
+            time.monotonic_ns(),
+            s.log_frequency,
+            parent,
+        )
+
+    def batch_done(
+        self, batch: InFlight, timings: tuple[int, int, int] | list[int], received_ns: int
+    ) -> None:
+        """The traced requests of a batch that returned (``received_ns``: when its RESULT came): their
+        records, complete, go to the output."""
+        end_ns = time.monotonic_ns()
+        c_in, c_infer, c_out = int(timings[0]), int(timings[1]), int(timings[2])
+        wire = max(0, received_ns - batch.sent_ns - (c_in + c_infer + c_out))
+        compute_start = batch.sent_ns + wire // 2
+        rows = sum(p.batch_size for p in batch.requests)
+        worker = batch.worker.decode(errors="replace")
+        for p in batch.requests:
+            t = p.trace
+            if t is None:
+                continue
+            stamps = (
+                ("REQUEST_START", t.request_start_ns),
+                ("QUEUE_START", t.queue_start_ns),
+                ("COMPUTE_START", compute_start),
+                ("COMPUTE_INPUT_END", compute_start + c_in),
+                ("COMPUTE_OUTPUT_START", compute_start + c_in + c_infer),
+                ("COMPUTE_END", compute_start + c_in + c_infer + c_out),
+                ("REQUEST_END", end_ns),
+            )
+            own: dict[str, Any] = {
+                "batch_id": batch.batch_id,
+                "batch_size": rows,
+                "batch_requests": len(batch.requests),
+                "executions": batch.executions,
+                "worker": worker,
+                "dispatch_ns": batch.sent_ns,
+                "result_ns": received_ns,
+                "wire_ns_each_way": wire // 2,
+            }
+            if t.parent is not None:
+                own["trace_id"], own["parent_span_id"] = t.parent
+            self.collected += 1
+            self._open -= 1
+            self.output.add(
+                [
+                    {
+                        "id": t.id,
+                        "model_name": t.model,
+                        "model_version": t.version,
+                        "request_id": t.request_id,
+                    },
+                    {"id": t.id, "timestamps": [{"name": n, "ns": ns} for n, ns in stamps]},
+                    {"id": t.id, "zinfer": own},
+                ],
+                t.log_frequency,
+            )
+
+        if not self._open:
+            self._refresh()
+
+    def close(self) -> None:
+        self.output.close()

@@ -1,0 +1,95 @@
+"""Per-request traces on a real ``zinfer serve``: Triton's JSON trace file, rate and count."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import MODELS, ServerProcess, wait_for
+from zinfer.client import Client
+
+pytestmark = pytest.mark.integration
+
+ONE = np.ones((1, 1), np.float32)
+ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
+         "COMPUTE_END", "REQUEST_END"]  # fmt: skip
+
+
+def traces(entries: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Triton's documented schema, checked: entries keyed by trace id, merged."""
+    assert isinstance(entries, list)
+    out: dict[int, dict[str, Any]] = {}
+    for e in entries:
+        assert isinstance(e["id"], int)
+        out.setdefault(e["id"], {}).update(e)
+    for t in out.values():
+        assert isinstance(t["model_name"], str) and isinstance(t["model_version"], int)
+        assert isinstance(t["request_id"], str)
+        stamps = t["timestamps"]
+        assert all(set(s) == {"name", "ns"} and isinstance(s["ns"], int) for s in stamps)
+        assert [s["name"] for s in stamps] == ORDER
+        ns = [s["ns"] for s in stamps]
+        assert ns == sorted(ns), stamps
+    return out
+
+
+def test_trace_file_rate_and_count(server_factory: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    server = server_factory(MODELS, "--trace-config", f"triton,file={path}",
+                            "--trace-config", "level=TIMESTAMPS",
+                            "--trace-config", "rate=2", "--trace-config", "count=3")  # fmt: skip
+    with Client(server.url, timeout=30) as c:
+        for i in range(10):
+            c.infer("add", {"INPUT_A": ONE, "INPUT_B": ONE}, request_id=f"r{i}")
+    assert server.stop(signal.SIGTERM) == 0
+    got = traces(json.loads(path.read_text()))
+    assert len(got) == 3  # count=3 of the 5 that rate=2 picks
+    assert sorted(t["request_id"] for t in got.values()) == ["r1", "r3", "r5"]
+    for t in got.values():
+        assert t["model_name"] == "add" and t["model_version"] == 1
+        own = t["zinfer"]
+        assert own["batch_size"] >= 1 and own["batch_requests"] >= 1 and own["worker"]
+        assert own["wire_ns_each_way"] >= 0 and own["dispatch_ns"] <= own["result_ns"]
+        stamps = {s["name"]: s["ns"] for s in t["timestamps"]}
+        # the compute window lies within the broker's send and receive of the batch
+        assert own["dispatch_ns"] <= stamps["COMPUTE_START"] <= stamps["COMPUTE_END"] <= own["result_ns"]
+
+
+def test_log_frequency_writes_as_it_goes(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    path = tmp_path / "t.json"
+    server = server_factory(MODELS, "--trace-config", f"triton,file={path}",
+                            "--trace-config", "triton,log-frequency=2",
+                            "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1")  # fmt: skip
+    with Client(server.url, timeout=30) as c:
+        for i in range(4):
+            c.infer("add", {"INPUT_A": ONE, "INPUT_B": ONE}, request_id=f"q{i}")
+        wait_for(lambda: (tmp_path / "t.json.1").exists(), 20, "the second trace file")
+    first = traces(json.loads((tmp_path / "t.json.0").read_text()))
+    second = traces(json.loads((tmp_path / "t.json.1").read_text()))
+    assert sorted(t["request_id"] for t in first.values()) == ["q0", "q1"]
+    assert sorted(t["request_id"] for t in second.values()) == ["q2", "q3"]
+    assert not path.exists()
+
+
+def test_tracing_off_writes_nothing(server_factory: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    path = tmp_path / "off.json"
+    server = server_factory(MODELS, "--trace-config", f"triton,file={path}", "--trace-config", "rate=1")
+    with Client(server.url, timeout=30) as c:
+        c.infer("add", {"INPUT_A": ONE, "INPUT_B": ONE})
+    assert server.stop(signal.SIGTERM) == 0
+    assert list(tmp_path.iterdir()) == []  # level defaults to OFF, as in Triton
+
+
+def test_bad_trace_config_is_refused(server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory(MODELS, "--trace-config", "rate=0", wait_ready=False)
+    wait_for(lambda: server.proc.poll() is not None, 30, "the server to refuse its flags")
+    assert server.proc.returncode != 0
+    assert "rate: must be at least 1" in server.log()
