@@ -128,7 +128,7 @@ class Broker:
                                od.index if od else self.control.index, self.serving_ready)  # fmt: skip
         self.controls = Controls(
             od.cancel if od else self.admission.cancel, self.regions, lambda: self.intake, self.drop_region,
-            self.control.load, self.control.unload,
+            self.control.load, self.control.unload, self.observer.tracer,
         )  # fmt: skip
         self._spec_state: dict[WorkerSpec, ModelState] = {}
 

@@ -101,8 +101,11 @@ class Tracer:
 
     def set(self, model: str | None, changes: Mapping[str, object]) -> dict[str, str | list[str]]:
         """Apply the trace extension's ``changes`` (to ``model``'s settings, which start as a copy of the
-        global ones; for a model, no changes at all removes its own settings) and return the result. A bad
-        change is a ``ValueError`` and changes nothing."""
+        global ones; for a model, no changes at all removes its own settings; a value None clears it: a
+        model's takes the global value, a global one its default) and return the result. A bad change is a
+        ``ValueError`` and changes nothing."""
+        fallback = (self._global.settings if model else TraceSettings(file=self.settings.file)).to_wire()
+        changes = {k: fallback.get(k, v) if v is None else v for k, v in changes.items()}  # None: cleared
         if model:
             if not changes:
                 self._models.pop(model, None)

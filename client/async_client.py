@@ -143,6 +143,21 @@ class AsyncClient(_ClientBase):
         await self._call(Command.UNLOAD, protocol.model_change_to_wire(ModelChange(name)))
         self._forget_model(name)
 
+    async def get_trace_settings(self, model_name: str | None = None) -> dict[str, Any]:
+        """The trace settings in force (see ``Client.get_trace_settings``)."""
+        header = protocol.trace_setting_to_wire(protocol.TraceSettingChange(model_name or ""))
+        body: dict[str, Any] = (await self._call(Command.TRACE_SETTING, header)).body["settings"]
+        return body
+
+    async def update_trace_settings(
+        self, model_name: str | None = None, settings: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Change trace settings while serving (see ``Client.update_trace_settings``)."""
+        change = protocol.TraceSettingChange(model_name or "", dict(settings or {}))
+        header = protocol.trace_setting_to_wire(change)
+        body: dict[str, Any] = (await self._call(Command.TRACE_SETTING, header)).body
+        return dict(body["settings"])
+
     async def server_status(self) -> dict[str, Any]:
         header = protocol.server_query_to_wire(ServerQuery())
         body: dict[str, Any] = (await self._call(Command.SERVER_STATUS, header)).body

@@ -140,6 +140,23 @@ class Client(_ClientBase):
         self._call(Command.UNLOAD, protocol.model_change_to_wire(ModelChange(name)))
         self._forget_model(name)
 
+    def get_trace_settings(self, model_name: str | None = None) -> dict[str, Any]:
+        """The trace settings in force (``model_name``'s, else the global ones), as Triton's trace
+        extension names them (``trace_level``, ``trace_rate``, ``trace_count``, ...)."""
+        header = protocol.trace_setting_to_wire(protocol.TraceSettingChange(model_name or ""))
+        body: dict[str, Any] = self._call(Command.TRACE_SETTING, header).body["settings"]
+        return body
+
+    def update_trace_settings(
+        self, model_name: str | None = None, settings: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Change trace settings while serving (Triton's names; for a model, ``{}`` drops its own settings
+        and a value None takes the global one) and return those now in force. A bad value raises
+        ``InvalidArgument`` and changes nothing."""
+        change = protocol.TraceSettingChange(model_name or "", dict(settings or {}))
+        body: dict[str, Any] = self._call(Command.TRACE_SETTING, protocol.trace_setting_to_wire(change)).body
+        return dict(body["settings"])
+
     def server_status(self) -> dict[str, Any]:
         """What ``zinfer status`` shows: models, instances (pid, device, state, RSS, CPU), queues, figures."""
         header = protocol.server_query_to_wire(ServerQuery())

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import MODELS, ServerProcess, wait_for
 from zinfer.client import Client
+from zinfer.client.errors import InvalidArgument
 
 pytestmark = pytest.mark.integration
 
@@ -93,3 +94,29 @@ def test_bad_trace_config_is_refused(server_factory: Callable[..., ServerProcess
     wait_for(lambda: server.proc.poll() is not None, 30, "the server to refuse its flags")
     assert server.proc.returncode != 0
     assert "rate: must be at least 1" in server.log()
+
+
+def test_settings_change_live_through_the_sdk(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    path = tmp_path / "live.json"
+    server = server_factory(MODELS, "--trace-config", f"triton,file={path}", "--trace-config", "rate=1")
+    with Client(server.url, timeout=30) as c:
+        assert c.get_trace_settings() == {"trace_file": str(path), "trace_level": ["OFF"], "trace_rate": "1",
+                                          "trace_count": "-1", "log_frequency": "0", "trace_mode": "triton"}  # fmt: skip
+        c.infer("add", {"INPUT_A": ONE, "INPUT_B": ONE}, request_id="before")
+        for bad in ({"trace_rate": "0"}, {"trace_file": "/etc/x"}, {"no_such": "1"}):
+            with pytest.raises(InvalidArgument):
+                c.update_trace_settings(settings=bad)
+        assert c.get_trace_settings()["trace_level"] == ["OFF"]  # the refused changes changed nothing
+        got = c.update_trace_settings("add", {"trace_level": ["TIMESTAMPS"], "trace_count": "2"})
+        assert got["trace_level"] == ["TIMESTAMPS"] and got["trace_count"] == "2" and got["trace_rate"] == "1"
+        assert c.get_trace_settings()["trace_level"] == ["OFF"]  # the global settings stay
+        for i in range(4):
+            c.infer("add", {"INPUT_A": ONE, "INPUT_B": ONE}, request_id=f"on{i}")
+            c.infer("double", {"A": ONE, "B": ONE}, request_id=f"other{i}")
+        assert c.get_trace_settings("add")["trace_count"] == "0"
+        assert c.update_trace_settings("add", {})["trace_level"] == ["OFF"]  # back to the global ones
+    assert server.stop(signal.SIGTERM) == 0
+    got_ids = sorted(t["request_id"] for t in traces(json.loads(path.read_text())).values())
+    assert got_ids == ["on0", "on1"]
