@@ -12,7 +12,7 @@ from zinfer.client.worker_protocol import Execute, ExecuteRequest, SequenceContr
 from .model_state import Pending
 
 RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
-                                 "binary_data_output", "binary_data_size"})  # fmt: skip
+                                 "binary_data_output", "binary_data_size", "traceparent"})  # fmt: skip
 """Request parameters that are fields of the request, not passed on to model code (as in Triton)."""
 
 

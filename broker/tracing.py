@@ -25,12 +25,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from zinfer.client.protocol import TRACEPARENT
+
 from .model_state import InFlight
 from .trace_file import TraceFile
 from .trace_settings import TraceSettings, update
 
-TRACEPARENT = "traceparent"
-"""The request parameter that carries a W3C trace context (set by the front door and the SDK)."""
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 
 

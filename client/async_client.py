@@ -200,11 +200,14 @@ class AsyncClient(_ClientBase):
         sequence_start: bool = False,
         sequence_end: bool = False,
         parameters: Mapping[str, Any] | None = None,
+        trace_context: str | None = None,
     ) -> InferResult:
         """Run ``model`` on ``inputs`` (see ``Client.infer``). When ``client_timeout`` passes, or the task
         awaiting this is cancelled, the request is cancelled in the server too."""
         info = await self._model_info(model, _version(model_version))
         sequence = (sequence_id, sequence_start, sequence_end)
+        if trace_context is not None:  # a W3C traceparent: the server's trace continues the caller's
+            parameters = {**(parameters or {}), protocol.TRACEPARENT: trace_context}
         p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence, parameters)
         try:
             await self._register_new()

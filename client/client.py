@@ -198,6 +198,7 @@ class Client(_ClientBase):
         sequence_start: bool = False,
         sequence_end: bool = False,
         parameters: Mapping[str, Any] | None = None,
+        trace_context: str | None = None,
     ) -> InferResult:
         """Run ``model`` on ``inputs`` and return its outputs (all of them unless ``outputs`` names some).
 
@@ -212,9 +213,13 @@ class Client(_ClientBase):
         request part of a sequence of a stateful model (``sequence_batching``), as Triton's parameters do.
         ``parameters`` (names to bool, int, float or str) are the request's own, which a Triton-style model
         reads with ``request.parameters()``; a response's come back as ``InferResult.parameters``.
+        ``trace_context`` is a W3C ``traceparent``: where the server traces this request (``--trace-config``),
+        its trace record carries that trace id and parent span id.
         """
         info = self._model_info(model, _version(model_version))
         sequence = (sequence_id, sequence_start, sequence_end)
+        if trace_context is not None:  # a W3C traceparent: the server's trace continues the caller's
+            parameters = {**(parameters or {}), protocol.TRACEPARENT: trace_context}
         p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence, parameters)
         try:
             self._conn.check_server()  # nothing sent yet: a missing server frees the slots below

@@ -648,6 +648,9 @@ class UnregisterRegion:
     request_id: str = ""
 
 
+TRACEPARENT = "traceparent"
+"""The request parameter that carries a W3C trace context (``00-<trace id>-<span id>-<flags>``) for the
+server's trace of the request to continue; the door sets it from the ``traceparent`` header or metadata."""
 MAX_TRACE_SETTINGS = 16
 MAX_TRACE_VALUES = 8
 MAX_TRACE_VALUE = 4096

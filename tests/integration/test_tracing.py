@@ -102,8 +102,9 @@ def test_settings_change_live_through_the_sdk(
     path = tmp_path / "live.json"
     server = server_factory(MODELS, "--trace-config", f"triton,file={path}", "--trace-config", "rate=1")
     with Client(server.url, timeout=30) as c:
-        assert c.get_trace_settings() == {"trace_file": str(path), "trace_level": ["OFF"], "trace_rate": "1",
-                                          "trace_count": "-1", "log_frequency": "0", "trace_mode": "triton"}  # fmt: skip
+        want = {"trace_file": str(path), "trace_level": ["OFF"], "trace_rate": "1", "trace_count": "-1",
+                "log_frequency": "0", "trace_mode": "triton"}  # fmt: skip
+        assert c.get_trace_settings() == want
         c.infer("add", {"INPUT_A": ONE, "INPUT_B": ONE}, request_id="before")
         for bad in ({"trace_rate": "0"}, {"trace_file": "/etc/x"}, {"no_such": "1"}):
             with pytest.raises(InvalidArgument):
@@ -120,3 +121,23 @@ def test_settings_change_live_through_the_sdk(
     assert server.stop(signal.SIGTERM) == 0
     got_ids = sorted(t["request_id"] for t in traces(json.loads(path.read_text())).values())
     assert got_ids == ["on0", "on1"]
+
+
+TRACE_ID, SPAN_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+
+
+def test_sdk_trace_context_continues_the_trace(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    path = tmp_path / "ctx.json"
+    server = server_factory(MODELS, "--trace-config", f"triton,file={path}", "--trace-config", "rate=1",
+                            "--trace-config", "level=TIMESTAMPS")  # fmt: skip
+    with Client(server.url, timeout=30) as c:
+        c.infer("add", {"INPUT_A": ONE, "INPUT_B": ONE}, request_id="ctx",
+                trace_context=f"00-{TRACE_ID}-{SPAN_ID}-01")  # fmt: skip
+        c.infer("add", {"INPUT_A": ONE, "INPUT_B": ONE}, request_id="plain")
+        c.infer("add", {"INPUT_A": ONE, "INPUT_B": ONE}, request_id="bad", trace_context="00-nonsense-01")
+    assert server.stop(signal.SIGTERM) == 0
+    by_rid = {t["request_id"]: t["zinfer"] for t in traces(json.loads(path.read_text())).values()}
+    assert by_rid["ctx"]["trace_id"] == TRACE_ID and by_rid["ctx"]["parent_span_id"] == SPAN_ID
+    assert "trace_id" not in by_rid["plain"] and "trace_id" not in by_rid["bad"]  # a bad one starts afresh
