@@ -31,6 +31,7 @@ from .model_state import InFlight
 from .trace_file import TraceFile
 from .trace_settings import TraceSettings, update
 
+MAX_MODEL_SETTINGS = 1024  # models with their own trace settings (each an entry the broker keeps)
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 
 
@@ -106,6 +107,8 @@ class Tracer:
         ``ValueError`` and changes nothing."""
         fallback = (self._global.settings if model else TraceSettings(file=self.settings.file)).to_wire()
         changes = {k: fallback.get(k, v) if v is None else v for k, v in changes.items()}  # None: cleared
+        if model and model not in self._models and changes and len(self._models) >= MAX_MODEL_SETTINGS:
+            raise ValueError(f"trace settings: at most {MAX_MODEL_SETTINGS} models may have their own")
         if model:
             if not changes:
                 self._models.pop(model, None)
