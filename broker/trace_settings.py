@@ -14,6 +14,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .trace_otel import check as check_otel
+
 LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 MODES = ("triton", "opentelemetry")
 OTEL_KEYS = ("url", "resource", "bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size")
@@ -121,6 +123,7 @@ def parse_trace_config(args: Iterable[str]) -> TraceSettings:
     if levels:
         s = dataclasses.replace(s, level=_levels(levels))
     if otel:
+        check_otel(otel)
         s = dataclasses.replace(s, otel=tuple(otel))
     return s
 

@@ -29,6 +29,7 @@ from zinfer.client.protocol import TRACEPARENT
 
 from .model_state import InFlight
 from .trace_file import TraceFile
+from .trace_otel import OtelOutput
 from .trace_settings import TraceSettings, update
 
 MAX_MODEL_SETTINGS = 1024  # models with their own trace settings (each an entry the broker keeps)
@@ -81,10 +82,13 @@ class Tracer:
     # traced requests not yet finished: ``on`` stays true until they are (one that never finishes, being
     # cancelled or failed, keeps it true; that costs a look at each batch's requests, nothing more)
     _open: int = 0
+    otel: OtelOutput | None = field(init=False)
 
     def __post_init__(self) -> None:
         self._global = _Sampler(self.settings)
         self.output = TraceFile(self.settings.file)
+        # mode opentelemetry: spans to an OTLP/HTTP collector instead of the file
+        self.otel = OtelOutput(self.settings.otel) if self.settings.mode == "opentelemetry" else None
         self._refresh()
 
     def _refresh(self) -> None:
@@ -193,6 +197,9 @@ class Tracer:
                 own["trace_id"], own["parent_span_id"] = t.parent
             self.collected += 1
             self._open -= 1
+            if self.otel is not None:
+                self.otel.export(t.model, t.version, t.request_id, t.parent, stamps, own)
+                continue
             self.output.add(
                 [
                     {
@@ -212,3 +219,5 @@ class Tracer:
 
     def close(self) -> None:
         self.output.close()
+        if self.otel is not None:
+            self.otel.close()
