@@ -42,8 +42,9 @@ class TraceFile:
     def _write(self, target: str) -> None:
         tmp = f"{target}.tmp{os.getpid()}"
         try:
+            text = json.dumps(self._entries, separators=(",", ":"))  # the C encoder: json.dump is not
             with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(self._entries, f, separators=(",", ":"))
+                f.write(text)
             os.replace(tmp, target)
         except OSError as exc:
             log.error("event=trace_write_failed file=%s error=%r", target, str(exc))

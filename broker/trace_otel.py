@@ -8,9 +8,10 @@ exports them from its own thread: the broker loop never waits on the collector.
 
 Each trace is a span ``InferRequest`` (REQUEST_START to REQUEST_END; Triton's timestamps as its events,
 zinfer's batch, worker and wire figures as attributes) with a child span ``compute`` (COMPUTE_START to
-COMPUTE_END, the input end and output start as events). A request that carried a W3C ``traceparent``
-becomes a child of the caller's span. The broker's monotonic times are moved onto the wall clock (which
-OpenTelemetry wants) by one offset read when tracing starts.
+COMPUTE_END, the input end and output start as events). An ensemble's steps are ``InferRequest`` spans
+under the ensemble's (begun when its first step is traced, ended when it answers). A request that carried
+a W3C ``traceparent`` becomes a child of the caller's span. The broker's monotonic times are moved onto the
+wall clock (which OpenTelemetry wants) by one offset read when tracing starts.
 """
 
 from __future__ import annotations
@@ -83,6 +84,54 @@ class OtelOutput:
         self.tracer = self.provider.get_tracer("zinfer")
         self.offset_ns = time.time_ns() - time.monotonic_ns()  # monotonic -> wall clock
 
+    def begin(
+        self,
+        model: str,
+        version: int,
+        request_id: str,
+        parent: tuple[str, str] | None,
+        start_ns: int,
+        parent_span: Any,
+    ) -> Any:
+        """A request's ``InferRequest`` span, begun at ``start_ns`` (monotonic): a child of ``parent_span``
+        (an ensemble's), else of the caller's span named by ``parent`` (W3C ids), else a root."""
+        from opentelemetry import trace
+
+        context = None
+        if parent_span is not None:
+            context = trace.set_span_in_context(parent_span)
+        elif parent is not None:
+            remote = trace.SpanContext(
+                int(parent[0], 16), int(parent[1], 16), is_remote=True,
+                trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+            )  # fmt: skip
+            context = trace.set_span_in_context(trace.NonRecordingSpan(remote))
+        attributes: dict[str, str | int] = {"model_name": model, "model_version": version}
+        attributes["request_id"] = request_id
+        return self.tracer.start_span(
+            "InferRequest", context=context, start_time=start_ns + self.offset_ns, attributes=attributes
+        )
+
+    def finish(
+        self,
+        model: str,
+        version: int,
+        request_id: str,
+        parent: tuple[str, str] | None,
+        stamps: Sequence[tuple[str, int]],
+        own: dict[str, Any],
+        span: Any = None,
+        parent_span: Any = None,
+    ) -> None:
+        """End a request's span (begun here if ``span`` is None) with its timestamps as events."""
+        at = dict(stamps)
+        if span is None:
+            span = self.begin(model, version, request_id, parent, at["REQUEST_START"], parent_span)
+        span.set_attributes({f"zinfer.{k}": v for k, v in own.items() if isinstance(v, str | int)})
+        for name, ns in stamps:
+            span.add_event(name, timestamp=ns + self.offset_ns)
+        span.end(end_time=at["REQUEST_END"] + self.offset_ns)
+
     def export(
         self,
         model: str,
@@ -91,26 +140,14 @@ class OtelOutput:
         parent: tuple[str, str] | None,
         stamps: Sequence[tuple[str, int]],
         own: dict[str, Any],
+        parent_span: Any = None,
     ) -> None:
+        """A request that ran on an instance: its span and its ``compute`` child."""
         from opentelemetry import trace
 
-        context = None
-        if parent is not None:
-            remote = trace.SpanContext(
-                int(parent[0], 16), int(parent[1], 16), is_remote=True,
-                trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
-            )  # fmt: skip
-            context = trace.set_span_in_context(trace.NonRecordingSpan(remote))
         at = dict(stamps)
         o = self.offset_ns
-        attributes: dict[str, str | int] = {"model_name": model, "model_version": version}
-        attributes["request_id"] = request_id
-        attributes.update({f"zinfer.{k}": v for k, v in own.items() if isinstance(v, str | int)})
-        span = self.tracer.start_span(
-            "InferRequest", context=context, start_time=at["REQUEST_START"] + o, attributes=attributes
-        )
-        for name, ns in stamps:
-            span.add_event(name, timestamp=ns + o)
+        span = self.begin(model, version, request_id, parent, at["REQUEST_START"], parent_span)
         compute = self.tracer.start_span(
             "compute", context=trace.set_span_in_context(span), start_time=at["COMPUTE_START"] + o,
             attributes={"model_name": model, "model_version": version},
@@ -118,7 +155,7 @@ class OtelOutput:
         for name in ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"):
             compute.add_event(name, timestamp=at[name] + o)
         compute.end(end_time=at["COMPUTE_END"] + o)
-        span.end(end_time=at["REQUEST_END"] + o)
+        self.finish(model, version, request_id, parent, stamps, own, span)
 
     def close(self) -> None:
         """Export what is queued, then stop the exporter's thread."""

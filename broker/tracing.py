@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -60,6 +60,10 @@ class Trace:
     queue_start_ns: int
     log_frequency: int
     parent: tuple[str, str] | None = None  # the W3C trace id and parent span id this trace continues
+    parent_id: int | None = None  # an ensemble step's: the ensemble request's trace
+    parent_trace: Trace | None = None
+    span: Any = None  # opentelemetry mode, an ensemble's: its span, begun when its first step is traced
+    end_ns: int = 0  # an ensemble's: when it answered (its last step's reply came before that)
 
 
 @dataclass
@@ -159,11 +163,53 @@ class Tracer:
             parent,
         )
 
+    def child(self, parent: Trace, model: str, version: int) -> Trace:
+        """The trace of an ensemble step's request, a child of the ensemble request's (``parent_id``); it
+        is not sampled on its own (the ensemble's trace decides) and does not count against ``count``."""
+        now = time.monotonic_ns()
+        self._open += 1
+        if self.otel is not None and parent.span is None:
+            parent.span = self.otel.begin(parent.model, parent.version, parent.request_id, parent.parent,
+                                          parent.request_start_ns, None)  # fmt: skip
+        return Trace(next(self._ids), model, version, parent.request_id, now, now, parent.log_frequency,
+                     parent.parent, parent.id, parent)  # fmt: skip
+
+    def request_done(self, t: Trace) -> None:
+        """A traced request that ran no batch of its own (an ensemble's) has been answered: its record."""
+        self._open -= 1
+        t.end_ns = time.monotonic_ns()
+        stamps = (("REQUEST_START", t.request_start_ns), ("QUEUE_START", t.queue_start_ns),
+                  ("REQUEST_END", t.end_ns))  # fmt: skip
+        own: dict[str, Any] = {}
+        if t.parent is not None:
+            own["trace_id"], own["parent_span_id"] = t.parent
+        self.collected += 1
+        if self.otel is not None:
+            self.otel.finish(t.model, t.version, t.request_id, t.parent, stamps, own, t.span)
+        else:
+            self.output.add(self._entries(t, stamps, own), t.log_frequency)
+        if not self._open:
+            self._refresh()
+
+    @staticmethod
+    def _entries(t: Trace, stamps: Sequence[tuple[str, int]], own: dict[str, Any]) -> list[dict[str, Any]]:
+        head: dict[str, Any] = {"id": t.id, "model_name": t.model, "model_version": t.version,
+                                "request_id": t.request_id}  # fmt: skip
+        if t.parent_id is not None:
+            head["parent_id"] = t.parent_id
+        return [
+            head,
+            {"id": t.id, "timestamps": [{"name": n, "ns": ns} for n, ns in stamps]},
+            {"id": t.id, "zinfer": own},
+        ]
+
     def batch_done(
         self, batch: InFlight, timings: tuple[int, int, int] | list[int], received_ns: int
     ) -> None:
         """The traced requests of a batch that returned (``received_ns``: when its RESULT came): their
         records, complete, go to the output."""
+        if not any(p.trace is not None for p in batch.requests):
+            return  # the usual case while tracing samples: nothing of this batch is traced
         end_ns = time.monotonic_ns()
         c_in, c_infer, c_out = int(timings[0]), int(timings[1]), int(timings[2])
         wire = max(0, received_ns - batch.sent_ns - (c_in + c_infer + c_out))
@@ -181,7 +227,7 @@ class Tracer:
                 ("COMPUTE_INPUT_END", compute_start + c_in),
                 ("COMPUTE_OUTPUT_START", compute_start + c_in + c_infer),
                 ("COMPUTE_END", compute_start + c_in + c_infer + c_out),
-                ("REQUEST_END", end_ns),
+                ("REQUEST_END", _step_end(t, end_ns)),
             )
             own: dict[str, Any] = {
                 "batch_id": batch.batch_id,
@@ -198,21 +244,10 @@ class Tracer:
             self.collected += 1
             self._open -= 1
             if self.otel is not None:
-                self.otel.export(t.model, t.version, t.request_id, t.parent, stamps, own)
+                parent_span = t.parent_trace.span if t.parent_trace is not None else None
+                self.otel.export(t.model, t.version, t.request_id, t.parent, stamps, own, parent_span)
                 continue
-            self.output.add(
-                [
-                    {
-                        "id": t.id,
-                        "model_name": t.model,
-                        "model_version": t.version,
-                        "request_id": t.request_id,
-                    },
-                    {"id": t.id, "timestamps": [{"name": n, "ns": ns} for n, ns in stamps]},
-                    {"id": t.id, "zinfer": own},
-                ],
-                t.log_frequency,
-            )
+            self.output.add(self._entries(t, stamps, own), t.log_frequency)
 
         if not self._open:
             self._refresh()
@@ -221,3 +256,12 @@ class Tracer:
         self.output.close()
         if self.otel is not None:
             self.otel.close()
+
+
+def _step_end(t: Trace, end_ns: int) -> int:
+    """REQUEST_END of a request whose batch's replies were all sent at ``end_ns``; an ensemble step's reply
+    went to its ensemble before that, which may have answered already: its step ended no later."""
+    parent = t.parent_trace
+    if parent is not None and parent.end_ns:
+        return min(end_ns, parent.end_ns)
+    return end_ns

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.integration
 ONE = np.ones((1, 1), np.float32)
 ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
          "COMPUTE_END", "REQUEST_END"]  # fmt: skip
+ENSEMBLE_ORDER = ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
 
 
 def traces(entries: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -34,7 +35,8 @@ def traces(entries: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
         assert isinstance(t["request_id"], str)
         stamps = t["timestamps"]
         assert all(set(s) == {"name", "ns"} and isinstance(s["ns"], int) for s in stamps)
-        assert [s["name"] for s in stamps] == ORDER
+        names = [s["name"] for s in stamps]
+        assert names == ORDER or names == ENSEMBLE_ORDER  # an ensemble's own request runs no batch
         ns = [s["ns"] for s in stamps]
         assert ns == sorted(ns), stamps
     return out
@@ -141,3 +143,23 @@ def test_sdk_trace_context_continues_the_trace(
     by_rid = {t["request_id"]: t["zinfer"] for t in traces(json.loads(path.read_text())).values()}
     assert by_rid["ctx"]["trace_id"] == TRACE_ID and by_rid["ctx"]["parent_span_id"] == SPAN_ID
     assert "trace_id" not in by_rid["plain"] and "trace_id" not in by_rid["bad"]  # a bad one starts afresh
+
+
+def test_ensemble_steps_are_children(server_factory: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    path = tmp_path / "ens.json"
+    server = server_factory(MODELS, "--trace-config", f"triton,file={path}", "--trace-config", "rate=1",
+                            "--trace-config", "level=TIMESTAMPS")  # fmt: skip
+    with Client(server.url, timeout=30) as c:
+        out = c.infer("text_pipeline", {"TEXT": np.array([[b"abc"]], dtype=object)}, request_id="ens")
+        assert out.as_numpy("RESULT")[0, 0] == b"nop"
+    assert server.stop(signal.SIGTERM) == 0
+    got = traces(json.loads(path.read_text()))
+    (ensemble,) = [t for t in got.values() if t["model_name"] == "text_pipeline"]
+    assert "parent_id" not in ensemble
+    steps = sorted((t for t in got.values() if t is not ensemble), key=lambda t: t["timestamps"][0]["ns"])
+    assert [t["model_name"] for t in steps] == ["tokenizer", "rot13", "detokenizer"]
+    assert all(t["parent_id"] == ensemble["id"] and t["request_id"] == "ens" for t in steps)
+    window = {s["name"]: s["ns"] for s in ensemble["timestamps"]}
+    for t in steps:
+        assert window["REQUEST_START"] <= t["timestamps"][0]["ns"] <= t["timestamps"][-1]["ns"]
+        assert t["timestamps"][-1]["ns"] <= window["REQUEST_END"]

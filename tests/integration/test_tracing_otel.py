@@ -118,3 +118,22 @@ def test_bad_otel_settings_stop_the_start(server_factory: Callable[..., ServerPr
                             "opentelemetry,bsp_max_queue_size=lots", wait_ready=False)  # fmt: skip
     wait_for(lambda: server.proc.poll() is not None, 30, "the server to refuse its flags")
     assert server.proc.returncode != 0 and "bsp_max_queue_size" in server.log()
+
+
+def test_ensemble_step_spans_are_children(
+    server_factory: Callable[..., ServerProcess], receiver: Receiver
+) -> None:
+    flags = ("mode=opentelemetry", f"opentelemetry,url={receiver.url}", "level=TIMESTAMPS", "rate=1",
+             "opentelemetry,bsp_schedule_delay=50")  # fmt: skip
+    server = server_factory(MODELS, *[a for f in flags for a in ("--trace-config", f)])
+    with Client(server.url, timeout=30) as c:
+        c.infer("text_pipeline", {"TEXT": np.array([[b"abc"]], dtype=object)}, request_id="ens",
+                trace_context=f"00-{TRACE_ID}-{SPAN_ID}-01")  # fmt: skip
+        wait_for(lambda: len(receiver.named("InferRequest")) >= 4, 30, "the ensemble's spans")
+    spans = [s for _, s in receiver.named("InferRequest")]
+    models = {s.span_id: {a.key: a.value for a in s.attributes}["model_name"].string_value for s in spans}
+    (top,) = [s for s in spans if models[s.span_id] == "text_pipeline"]
+    assert top.trace_id.hex() == TRACE_ID and top.parent_span_id.hex() == SPAN_ID
+    steps = [s for s in spans if s is not top]
+    assert sorted(models[s.span_id] for s in steps) == ["detokenizer", "rot13", "tokenizer"]
+    assert all(s.parent_span_id == top.span_id and s.trace_id == top.trace_id for s in steps)
