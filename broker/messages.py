@@ -72,6 +72,8 @@ def execute_message(
             for k, v in p.request.parameters.items()
             if k not in RESERVED_PARAMETERS and isinstance(v, bool | int | float | str)
         }
+        if p.trace is not None:  # a traced request: its model may pass the context on to a BLS call
+            parameters["traceparent"] = p.trace.context
         requests.append(ExecuteRequest(p.seq, inputs, outputs, p.request.caller_id, sequence, parameters))
     return Execute(batch_id, tuple(requests), table, serial), frames
 

@@ -141,13 +141,16 @@ class OtelOutput:
         stamps: Sequence[tuple[str, int]],
         own: dict[str, Any],
         parent_span: Any = None,
+        span: Any = None,
     ) -> None:
-        """A request that ran on an instance: its span and its ``compute`` child."""
+        """A request that ran on an instance: its span (begun already where a BLS call's span needed it as
+        a parent) and its ``compute`` child."""
         from opentelemetry import trace
 
         at = dict(stamps)
         o = self.offset_ns
-        span = self.begin(model, version, request_id, parent, at["REQUEST_START"], parent_span)
+        if span is None:
+            span = self.begin(model, version, request_id, parent, at["REQUEST_START"], parent_span)
         compute = self.tracer.start_span(
             "compute", context=trace.set_span_in_context(span), start_time=at["COMPUTE_START"] + o,
             attributes={"model_name": model, "model_version": version},

@@ -19,6 +19,7 @@ run's timings.
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,7 @@ from .trace_file import TraceFile
 from .trace_otel import OtelOutput
 from .trace_settings import TraceSettings, update
 
+MAX_ISSUED = 4096  # traced requests whose context a BLS call may name (the running ones, bounded)
 MAX_MODEL_SETTINGS = 1024  # models with their own trace settings (each an entry the broker keeps)
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 
@@ -64,6 +66,7 @@ class Trace:
     parent_trace: Trace | None = None
     span: Any = None  # opentelemetry mode, an ensemble's: its span, begun when its first step is traced
     end_ns: int = 0  # an ensemble's: when it answered (its last step's reply came before that)
+    context: str = ""  # its own W3C traceparent, handed to its model (``Tracer._issue``) for BLS calls
 
 
 @dataclass
@@ -86,6 +89,7 @@ class Tracer:
     # traced requests not yet finished: ``on`` stays true until they are (one that never finishes, being
     # cancelled or failed, keeps it true; that costs a look at each batch's requests, nothing more)
     _open: int = 0
+    _issued: dict[str, Trace] = field(default_factory=dict)  # by the span id of its ``context``
     otel: OtelOutput | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -140,6 +144,9 @@ class Tracer:
     ) -> Trace | None:
         """A trace for this request if it is sampled (every ``rate``-th of its model's settings, while
         ``count`` lasts); QUEUE_START is now."""
+        parent = parse_traceparent(parameters.get(TRACEPARENT)) if TRACEPARENT in parameters else None
+        if parent is not None and parent[1] in self._issued:  # a BLS call of a traced request: its child
+            return self.child(self._issued[parent[1]], model, version, request_id, start_ns)
         sampler = self._models.get(model, self._global)
         s = sampler.settings
         if not s.enabled:
@@ -151,33 +158,46 @@ class Tracer:
         if s.count > 0:
             sampler.settings = replace(s, count=s.count - 1)
             self._refresh()
-        parent = parse_traceparent(parameters.get(TRACEPARENT)) if TRACEPARENT in parameters else None
-        return Trace(
-            next(self._ids),
-            model,
-            version,
-            request_id,
-            start_ns,
-            time.monotonic_ns(),
-            s.log_frequency,
-            parent,
-        )
+        t = Trace(next(self._ids), model, version, request_id, start_ns, time.monotonic_ns(), s.log_frequency,
+                  parent)  # fmt: skip
+        self._issue(t, parent[0] if parent else os.urandom(16).hex())
+        return t
 
-    def child(self, parent: Trace, model: str, version: int) -> Trace:
-        """The trace of an ensemble step's request, a child of the ensemble request's (``parent_id``); it
-        is not sampled on its own (the ensemble's trace decides) and does not count against ``count``."""
+    def _issue(self, t: Trace, trace_id: str) -> None:
+        """Give ``t`` a W3C context of its own in trace ``trace_id``, which its model sees as the
+        ``traceparent`` parameter: a BLS call that passes it on is traced as ``t``'s child."""
+        span_id = os.urandom(8).hex()
+        t.context = f"00-{trace_id}-{span_id}-01"
+        if len(self._issued) >= MAX_ISSUED:
+            self._issued.pop(next(iter(self._issued)))
+        self._issued[span_id] = t
+
+    def child(
+        self, parent: Trace, model: str, version: int, request_id: str | None = None, start_ns: int = 0
+    ) -> Trace:
+        """The trace of an ensemble step's request or of a BLS call, a child of the ensemble's or caller's
+        (``parent_id``); it is not sampled on its own (the parent's trace decides) and does not count
+        against ``count``."""
         now = time.monotonic_ns()
+        start_ns = start_ns or now
+        own_context = parent.context.split("-") if request_id is not None and parent.context else None
         self._open += 1
         if self.otel is not None and parent.span is None:
             parent.span = self.otel.begin(parent.model, parent.version, parent.request_id, parent.parent,
                                           parent.request_start_ns, None)  # fmt: skip
-        return Trace(next(self._ids), model, version, parent.request_id, now, now, parent.log_frequency,
-                     parent.parent, parent.id, parent)  # fmt: skip
+        w3c = (own_context[1], own_context[2]) if own_context else parent.parent  # a BLS call's: the caller
+        rid = parent.request_id if request_id is None else request_id
+        t = Trace(next(self._ids), model, version, rid, start_ns, now, parent.log_frequency, w3c, parent.id,
+                  parent)  # fmt: skip
+        self._issue(t, parent.context[3:35] if parent.context else os.urandom(16).hex())
+        return t
 
     def request_done(self, t: Trace) -> None:
         """A traced request that ran no batch of its own (an ensemble's) has been answered: its record."""
         self._open -= 1
         t.end_ns = time.monotonic_ns()
+        if t.context:
+            self._issued.pop(t.context[36:52], None)
         stamps = (("REQUEST_START", t.request_start_ns), ("QUEUE_START", t.queue_start_ns),
                   ("REQUEST_END", t.end_ns))  # fmt: skip
         own: dict[str, Any] = {}
@@ -243,9 +263,11 @@ class Tracer:
                 own["trace_id"], own["parent_span_id"] = t.parent
             self.collected += 1
             self._open -= 1
+            if t.context:
+                self._issued.pop(t.context[36:52], None)
             if self.otel is not None:
                 parent_span = t.parent_trace.span if t.parent_trace is not None else None
-                self.otel.export(t.model, t.version, t.request_id, t.parent, stamps, own, parent_span)
+                self.otel.export(t.model, t.version, t.request_id, t.parent, stamps, own, parent_span, t.span)
                 continue
             self.output.add(self._entries(t, stamps, own), t.log_frequency)
 

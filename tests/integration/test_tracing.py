@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -163,3 +164,32 @@ def test_ensemble_steps_are_children(server_factory: Callable[..., ServerProcess
     for t in steps:
         assert window["REQUEST_START"] <= t["timestamps"][0]["ns"] <= t["timestamps"][-1]["ns"]
         assert t["timestamps"][-1]["ns"] <= window["REQUEST_END"]
+
+
+def test_bls_calls_are_children(server_factory: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    for name in ("bls_router", "identity", "double"):
+        shutil.copytree(MODELS / name, repo / name)
+    code = repo / "bls_router" / "1" / "model.py"
+    text = code.read_text()
+    assert text.count("pb_utils.InferenceRequest(") == 2
+    traced = text.replace("pb_utils.InferenceRequest(", "pb_utils.InferenceRequest(trace=request.trace(),")
+    code.write_text(traced)
+    path = tmp_path / "bls.json"
+    server = server_factory(repo, "--trace-config", f"triton,file={path}", "--trace-config", "rate=1",
+                            "--trace-config", "level=TIMESTAMPS", "--trace-config", "count=1")  # fmt: skip
+    with Client(server.url, timeout=30) as c:
+        for rid in ("traced", "past-count"):
+            out = c.infer("bls_router", {"X": np.ones(2, np.float32)}, request_id=rid)
+            assert out.as_numpy("Y").tolist() == [1.0, 1.0]
+    assert server.stop(signal.SIGTERM) == 0
+    got = traces(json.loads(path.read_text()))
+    assert len(got) == 2  # the traced request and its BLS call; nothing of the request past count
+    (caller,) = [t for t in got.values() if t["model_name"] == "bls_router"]
+    (call,) = [t for t in got.values() if t["model_name"] == "identity"]
+    assert caller["request_id"] == "traced" and call["parent_id"] == caller["id"]
+    stamps = {s["name"]: s["ns"] for s in caller["timestamps"]}
+    call_stamps = {s["name"]: s["ns"] for s in call["timestamps"]}
+    # the call ran while the caller's batch was out (broker clock only: the compute window is derived)
+    assert caller["zinfer"]["dispatch_ns"] <= call_stamps["REQUEST_START"] <= call_stamps["REQUEST_END"]
+    assert call_stamps["REQUEST_END"] <= caller["zinfer"]["result_ns"] <= stamps["REQUEST_END"]
