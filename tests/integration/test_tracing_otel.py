@@ -4,9 +4,11 @@ which decodes them with opentelemetry-proto."""
 from __future__ import annotations
 
 import gzip
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -137,3 +139,27 @@ def test_ensemble_step_spans_are_children(
     steps = [s for s in spans if s is not top]
     assert sorted(models[s.span_id] for s in steps) == ["detokenizer", "rot13", "tokenizer"]
     assert all(s.parent_span_id == top.span_id and s.trace_id == top.trace_id for s in steps)
+
+
+def test_bls_call_span_is_a_child(
+    server_factory: Callable[..., ServerProcess], receiver: Receiver, tmp_path: Path
+) -> None:
+    repo = tmp_path / "models"
+    for name in ("bls_router", "identity", "double"):
+        shutil.copytree(MODELS / name, repo / name)
+    code = repo / "bls_router" / "1" / "model.py"
+    call = "pb_utils.InferenceRequest("
+    traced = code.read_text().replace(call, call + "trace=request.trace(),")
+    code.write_text(traced)
+    flags = ("mode=opentelemetry", f"opentelemetry,url={receiver.url}", "level=TIMESTAMPS", "rate=1",
+             "opentelemetry,bsp_schedule_delay=50")  # fmt: skip
+    server = server_factory(repo, *[a for f in flags for a in ("--trace-config", f)])
+    with Client(server.url, timeout=30) as c:
+        c.infer("bls_router", {"X": np.ones(2, np.float32)}, trace_context=f"00-{TRACE_ID}-{SPAN_ID}-01")
+        wait_for(lambda: len(receiver.named("InferRequest")) >= 2, 30, "the caller's and the call's spans")
+    spans = [s for _, s in receiver.named("InferRequest")]
+    models = {s.span_id: {a.key: a.value for a in s.attributes}["model_name"].string_value for s in spans}
+    (caller,) = [s for s in spans if models[s.span_id] == "bls_router"]
+    (call,) = [s for s in spans if models[s.span_id] == "identity"]
+    assert caller.trace_id.hex() == TRACE_ID and caller.parent_span_id.hex() == SPAN_ID
+    assert call.trace_id == caller.trace_id and call.parent_span_id == caller.span_id
