@@ -41,6 +41,7 @@ from .instance_pool import InstancePool
 from .model_state import ModelState, Pending
 from .regions import RegionTable
 from .registry import ModelRegistry
+from .tracing import Tracer
 from .validation import check_request
 
 log = logging.getLogger(__name__)
@@ -76,11 +77,13 @@ class Admission:
         self.on_batch_ready: Callable[[ModelState], None] | None = None
         self._seq = itertools.count(1)
         self._next_prune = 0.0
+        self.tracer = Tracer()  # the server's (shared with completion); off by default
 
     def admit(self, identity: bytes, header: dict[str, Any], frames: list[Frame]) -> None:
         """Check a request and queue it; raises a ServerError (answered at once) when it cannot go in."""
         if self.draining():
             raise Unavailable("the server is shutting down")
+        start_ns = time.monotonic_ns() if self.tracer.on else 0
         req = protocol.infer_from_wire(header)
         state = self.registry.resolve(req.model, req.version)
         if not state.ready:
@@ -103,6 +106,8 @@ class Admission:
             next(self._seq), identity, req, frames, checked.outputs, checked.batch_size, now,
             input_bytes=checked.input_bytes,
         )  # fmt: skip
+        if start_ns:
+            p.trace = self.tracer.start(state.name, state.version, req.caller_id, req.parameters, start_ns)
         self.enqueue(state, p, checked.shape_key, now)
         state.metrics.bytes(checked.input_bytes, 0)
         # a batch may go now, not after the rest of this turn's messages; a model that executes each

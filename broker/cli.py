@@ -32,6 +32,8 @@ from .sd_notify import Notifier
 from .server import Broker
 from .server_config import FILE_ONLY_KEYS, KEYS, ConfigFileError, flag_defaults, load_config
 from .server_options import ServerOptions
+from .trace_otel import missing as otel_missing
+from .trace_settings import parse_trace_config
 
 log = logging.getLogger("zinfer.serve")
 
@@ -99,6 +101,13 @@ def server_options(args: argparse.Namespace, repo: Path) -> ServerOptions:
         if getattr(args, flag, None) is not None:
             extra[name] = getattr(args, flag)
     extra.update(_on_demand_options(args))
+    if getattr(args, "trace_config", None):
+        try:
+            extra["trace"] = parse_trace_config(args.trace_config)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if extra["trace"].mode == "opentelemetry" and (problem := otel_missing()) is not None:
+            raise ConfigError(problem)
     if getattr(args, "cli_rate_limits", None):
         extra["rate_limit_resources"] = tuple(_resource(text) for text in args.cli_rate_limits)
     if "rate_limit_resources" in extra:

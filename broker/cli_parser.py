@@ -187,6 +187,14 @@ def parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentPar
         metavar="NAME",
         help="with --model-control-mode explicit: a model to load at start (repeatable; '*' loads all)",
     )
+    s.add_argument(
+        "--trace-config",
+        action="append",
+        default=None,
+        metavar="[MODE,]SETTING=VALUE",
+        help="per-request tracing, Triton's syntax (repeatable): rate=N, level=OFF|TIMESTAMPS, count=N, "
+        "mode=triton, triton,file=PATH, triton,log-frequency=N",
+    )
     _limit_flags(s)
     _frontdoor_flags(s)
     if serve_defaults:

@@ -26,6 +26,7 @@ from .instance_pool import InstancePool
 from .messages import client_outputs
 from .model_state import InFlight, ModelState, Pending
 from .outbox import Outbox
+from .tracing import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class Completion:
         self.states = states  # every model state that may still have work (``registry.states``)
         # called with a model whose instance just became free (``RequestPath.dispatch_freed``)
         self.on_free: Callable[[ModelState], None] | None = None
+        self.tracer = Tracer()  # the server's (shared with admission); off by default
 
     def on_result(
         self, identity: bytes, state: ModelState, result: WorkerResult, frames: list[Frame]
@@ -104,6 +106,8 @@ class Completion:
         if on_free is None:
             self.pool.give_back(state, identity)
         self._account(state, batch, result, now_ns, ok, failed, cancelled, len(forgotten))
+        if self.tracer.on:
+            self.tracer.batch_done(batch, result.timings, now_ns)
 
     @staticmethod
     def _account(

@@ -143,6 +143,8 @@ class EnsemblePath:
                                     self.admission.max_tensor_bytes)  # fmt: skip
             sp = Pending(self.admission.new_seq(), p.client, req, frames, checked.outputs, checked.batch_size,
                          now, input_bytes=checked.input_bytes)  # fmt: skip
+            if p.trace is not None:  # the ensemble's trace: its steps' are its children
+                sp.trace = self.admission.tracer.child(p.trace, target.name, target.version)
             sp.on_done = lambda reply, out_frames: self._step_done(run, i, reply, out_frames)
             sp.on_outputs = lambda res, out_frames: self._step_outputs(run, i, res, out_frames)
             run.outstanding[i] = (target, sp)
@@ -324,6 +326,8 @@ class EnsemblePath:
         state.stats.last_inference_ms = int(time.time() * 1000)
         state.metrics.success(duration / 1000, 0.0, p.batch_size)
         state.window.record(now_ns / 1e9, duration / 1e9)
+        if p.trace is not None:
+            self.admission.tracer.request_done(p.trace)
         self._release(run)
 
     def _read(self, shm: list[Any] | None) -> bytes:

@@ -3,8 +3,9 @@
 ``Queries`` answers from the server's state and changes nothing: liveness and readiness, a model's
 readiness, metadata and config, statistics, the repository index and the status table. ``Controls`` changes
 something for its caller: a request cancelled, a region registered or unregistered, a model loaded or
-unloaded. Each reads its header through the command's record in ``zinfer.client.protocol``; a malformed
-field raises ``ProtocolError`` and a refusal a ``ServerError``, which the server answers.
+unloaded, the trace settings changed. Each reads its header through the command's record in
+``zinfer.client.protocol``; a malformed field raises ``ProtocolError`` and a refusal a ``ServerError``, which
+the server answers.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from zinfer.modelconfig.model_config import ModelConfig
 
 from .model_state import ModelState
 from .outbox import Outbox
+from .tracing import Tracer
 
 if TYPE_CHECKING:
     from .region_intake import RegionIntake
@@ -30,7 +32,9 @@ QUERIES = frozenset({
     Command.SERVER_LIVE, Command.SERVER_READY, Command.MODEL_READY, Command.MODEL_METADATA,
     Command.MODEL_CONFIG, Command.STATISTICS, Command.REPOSITORY_INDEX, Command.SERVER_STATUS,
 })  # fmt: skip
-CONTROLS = frozenset({Command.CANCEL, Command.REGISTER, Command.UNREGISTER, Command.LOAD, Command.UNLOAD})
+CONTROLS = frozenset({
+    Command.CANCEL, Command.REGISTER, Command.UNREGISTER, Command.LOAD, Command.UNLOAD, Command.TRACE_SETTING,
+})  # fmt: skip
 
 LATER: Final = object()
 """What ``Controls.handle`` returns for a command answered later (LOAD: once the model is ready or failed)."""
@@ -128,6 +132,7 @@ class Controls:
         drop_region: Callable[[Region], None],
         load: Callable[..., None],
         unload: Callable[[str], None],
+        trace: Tracer | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cancel = cancel  # a caller's request out of its queue (``Admission.cancel``)
@@ -136,6 +141,7 @@ class Controls:
         self.drop_region = drop_region  # a region is gone: workers unmap it (``Broker.drop_region``)
         self.load = load  # ``ModelControl.load``: the answer goes out once the model is ready or failed
         self.unload = unload  # ``ModelControl.unload``
+        self.trace = trace or Tracer()  # the server's trace settings (``Observer.tracer``)
         self.clock = clock
 
     def handle(self, identity: bytes, command: Command, header: dict[str, Any]) -> Any:
@@ -157,7 +163,19 @@ class Controls:
             change = protocol.model_change_from_wire(header)
             self.unload(change.model)
             return {"model": change.model}
+        if command == Command.TRACE_SETTING:
+            return self._trace_setting(protocol.trace_setting_from_wire(header))
         raise InvalidArgument(f"command {command.name} is not supported")
+
+    def _trace_setting(self, change: protocol.TraceSettingChange) -> dict[str, Any]:
+        """Triton's trace extension: the settings in force (for ``change.model``, or the global ones),
+        after the change if there is one; a bad change is refused whole."""
+        if change.settings is None:
+            return {"settings": self.trace.get(change.model or None)}
+        try:
+            return {"settings": self.trace.set(change.model or None, change.settings)}
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
 
     def _register(self, identity: bytes, header: dict[str, Any]) -> dict[str, Any]:
         """Claim a segment handed over on the region socket (see ``region_intake``) for this connection."""

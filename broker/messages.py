@@ -12,7 +12,7 @@ from zinfer.client.worker_protocol import Execute, ExecuteRequest, SequenceContr
 from .model_state import Pending
 
 RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
-                                 "binary_data_output", "binary_data_size"})  # fmt: skip
+                                 "binary_data_output", "binary_data_size", "traceparent"})  # fmt: skip
 """Request parameters that are fields of the request, not passed on to model code (as in Triton)."""
 
 
@@ -72,6 +72,8 @@ def execute_message(
             for k, v in p.request.parameters.items()
             if k not in RESERVED_PARAMETERS and isinstance(v, bool | int | float | str)
         }
+        if p.trace is not None:  # a traced request: its model may pass the context on to a BLS call
+            parameters["traceparent"] = p.trace.context
         requests.append(ExecuteRequest(p.seq, inputs, outputs, p.request.caller_id, sequence, parameters))
     return Execute(batch_id, tuple(requests), table, serial), frames
 

@@ -26,6 +26,7 @@ from .metrics import ModelMetrics
 
 if TYPE_CHECKING:
     from .ensemble_plan import EnsemblePlan
+    from .tracing import Trace
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Pending:
     # and its success as the worker sent it (no client reply built), where no ordering or cache needs one
     on_outputs: Callable[[RequestResult, list[Frame]], None] | None = None
     input_bytes: int = 0  # counted against the server's max_batch_bytes
+    trace: Trace | None = None  # sampled for tracing (``tracing.Tracer.start``)
 
 
 @dataclass

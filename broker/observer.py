@@ -1,4 +1,4 @@
-"""What the broker shows the outside: Prometheus metrics and health over HTTP, and ``zinfer status``.
+"""What the broker shows the outside: Prometheus metrics and health over HTTP, ``zinfer status``, traces.
 
 The HTTP endpoints run on their own thread and never touch broker state: the broker loop publishes an
 immutable health snapshot and a tuple of worker records every ``PUBLISH_INTERVAL_S``, and the metric
@@ -26,6 +26,8 @@ from .model_state import ModelState
 from .regions import RegionTable
 from .registry import ModelRegistry
 from .supervisor import Supervisor
+from .trace_settings import TraceSettings
+from .tracing import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,7 @@ class Observer:
         pool: InstancePool,
         supervisor: Supervisor,
         serving_ready: Callable[[], bool],
+        trace: TraceSettings | None = None,
     ) -> None:
         self.registry = registry
         self.regions = regions
@@ -57,6 +60,7 @@ class Observer:
         self._next_publish = 0.0
         # the front-door processes (``frontdoor_procs.FrontDoorProcs.snapshot``), when zinfer serve runs any
         self.frontdoors: Callable[[], list[dict[str, Any]]] | None = None
+        self.tracer = Tracer(trace or TraceSettings())  # per-request traces and their settings
 
     def start_http(self, address: str) -> None:
         """Serve the metrics and health endpoints on ``address``; a ``ConfigError`` naming the address and
@@ -161,6 +165,7 @@ class Observer:
         if self.http is not None:
             self.http.stop()
         self.metrics.close()
+        self.tracer.close()  # what is left of the trace file is written now
 
 
 def _process_figures(pid: int) -> dict[str, Any]:

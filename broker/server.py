@@ -116,9 +116,9 @@ class Broker:
         self.frontend: zmq.Socket[bytes] | None = None
         self.tcp: TcpFrontend | None = None
         self.backend: zmq.Socket[bytes] | None = None
-        self.observer = Observer(
-            self.registry, self.regions, self.caching, self.pool, self.supervisor, self.serving_ready
-        )
+        self.observer = Observer(self.registry, self.regions, self.caching, self.pool, self.supervisor,
+                                 self.serving_ready, options.trace)  # fmt: skip
+        self.completion.tracer = self.admission.tracer = self.observer.tracer  # per-request traces
         self.worker_inbox.custom_metrics = self.observer.metrics.custom
         self.control = ModelControl(
             options, self.registry, self.pool, self.outbox, self.observer.attach, self.start_instances
@@ -128,7 +128,7 @@ class Broker:
                                od.index if od else self.control.index, self.serving_ready)  # fmt: skip
         self.controls = Controls(
             od.cancel if od else self.admission.cancel, self.regions, lambda: self.intake, self.drop_region,
-            self.control.load, self.control.unload,
+            self.control.load, self.control.unload, self.observer.tracer,
         )  # fmt: skip
         self._spec_state: dict[WorkerSpec, ModelState] = {}
 

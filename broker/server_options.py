@@ -10,6 +10,7 @@ from pathlib import Path
 from .memory_budget import MemoryBudget
 from .regions import default_limits
 from .reply_backlog import DEFAULT_MAX_UNREAD_REPLY_BYTES
+from .trace_settings import TraceSettings
 from .validation import DEFAULT_MAX_TENSOR_BYTES
 
 __all__ = ["ServerOptions"]
@@ -48,3 +49,4 @@ class ServerOptions:
     cache_bytes: int = 0  # size of the response cache in bytes; 0 = no cache
     # rate limiter pool sizes: (resource, count, device "cpu"/"gpu:N" or None for every device and global)
     rate_limit_resources: tuple[tuple[str, int, str | None], ...] = ()
+    trace: TraceSettings = field(default_factory=TraceSettings)  # --trace-config (Triton's settings)

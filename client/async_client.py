@@ -151,6 +151,21 @@ class AsyncClient(_ClientBase):
         await self._call(Command.UNLOAD, protocol.model_change_to_wire(ModelChange(name)))
         self._forget_model(name)
 
+    async def get_trace_settings(self, model_name: str | None = None) -> dict[str, Any]:
+        """The trace settings in force (see ``Client.get_trace_settings``)."""
+        header = protocol.trace_setting_to_wire(protocol.TraceSettingChange(model_name or ""))
+        body: dict[str, Any] = (await self._call(Command.TRACE_SETTING, header)).body["settings"]
+        return body
+
+    async def update_trace_settings(
+        self, model_name: str | None = None, settings: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Change trace settings while serving (see ``Client.update_trace_settings``)."""
+        change = protocol.TraceSettingChange(model_name or "", dict(settings or {}))
+        header = protocol.trace_setting_to_wire(change)
+        body: dict[str, Any] = (await self._call(Command.TRACE_SETTING, header)).body
+        return dict(body["settings"])
+
     async def server_status(self) -> dict[str, Any]:
         header = protocol.server_query_to_wire(ServerQuery())
         body: dict[str, Any] = (await self._call(Command.SERVER_STATUS, header)).body
@@ -193,11 +208,14 @@ class AsyncClient(_ClientBase):
         sequence_start: bool = False,
         sequence_end: bool = False,
         parameters: Mapping[str, Any] | None = None,
+        trace_context: str | None = None,
     ) -> InferResult:
         """Run ``model`` on ``inputs`` (see ``Client.infer``). When ``client_timeout`` passes, or the task
         awaiting this is cancelled, the request is cancelled in the server too."""
         info = await self._model_info(model, _version(model_version))
         sequence = (sequence_id, sequence_start, sequence_end)
+        if trace_context is not None:  # a W3C traceparent: the server's trace continues the caller's
+            parameters = {**(parameters or {}), protocol.TRACEPARENT: trace_context}
         p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence, parameters)
         try:
             await self._register_new()

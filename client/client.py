@@ -150,6 +150,23 @@ class Client(_ClientBase):
         self._call(Command.UNLOAD, protocol.model_change_to_wire(ModelChange(name)))
         self._forget_model(name)
 
+    def get_trace_settings(self, model_name: str | None = None) -> dict[str, Any]:
+        """The trace settings in force (``model_name``'s, else the global ones), as Triton's trace
+        extension names them (``trace_level``, ``trace_rate``, ``trace_count``, ...)."""
+        header = protocol.trace_setting_to_wire(protocol.TraceSettingChange(model_name or ""))
+        body: dict[str, Any] = self._call(Command.TRACE_SETTING, header).body["settings"]
+        return body
+
+    def update_trace_settings(
+        self, model_name: str | None = None, settings: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Change trace settings while serving (Triton's names; for a model, ``{}`` drops its own settings
+        and a value None takes the global one) and return those now in force. A bad value raises
+        ``InvalidArgument`` and changes nothing."""
+        change = protocol.TraceSettingChange(model_name or "", dict(settings or {}))
+        body: dict[str, Any] = self._call(Command.TRACE_SETTING, protocol.trace_setting_to_wire(change)).body
+        return dict(body["settings"])
+
     def server_status(self) -> dict[str, Any]:
         """What ``zinfer status`` shows: models, instances (pid, device, state, RSS, CPU), queues, figures."""
         header = protocol.server_query_to_wire(ServerQuery())
@@ -191,6 +208,7 @@ class Client(_ClientBase):
         sequence_start: bool = False,
         sequence_end: bool = False,
         parameters: Mapping[str, Any] | None = None,
+        trace_context: str | None = None,
     ) -> InferResult:
         """Run ``model`` on ``inputs`` and return its outputs (all of them unless ``outputs`` names some).
 
@@ -205,9 +223,13 @@ class Client(_ClientBase):
         request part of a sequence of a stateful model (``sequence_batching``), as Triton's parameters do.
         ``parameters`` (names to bool, int, float or str) are the request's own, which a Triton-style model
         reads with ``request.parameters()``; a response's come back as ``InferResult.parameters``.
+        ``trace_context`` is a W3C ``traceparent``: where the server traces this request (``--trace-config``),
+        its trace record carries that trace id and parent span id.
         """
         info = self._model_info(model, _version(model_version))
         sequence = (sequence_id, sequence_start, sequence_end)
+        if trace_context is not None:  # a W3C traceparent: the server's trace continues the caller's
+            parameters = {**(parameters or {}), protocol.TRACEPARENT: trace_context}
         p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence, parameters)
         try:
             self._conn.check_server()  # nothing sent yet: a missing server frees the slots below

@@ -124,6 +124,7 @@ class Command(IntEnum):
     UNLOAD = 0x0D
     SERVER_STATUS = 0x0E
     BUNDLE = 0x0F  # several messages in one, either way between a client and the broker
+    TRACE_SETTING = 0x10  # read or change the trace settings (Triton's trace extension)
     # broker -> client
     REPLY = 0x20
     # worker <-> broker
@@ -653,6 +654,55 @@ class UnregisterRegion:
 
     name: str
     request_id: str = ""
+
+
+TRACEPARENT = "traceparent"
+"""The request parameter that carries a W3C trace context (``00-<trace id>-<span id>-<flags>``) for the
+server's trace of the request to continue; the door sets it from the ``traceparent`` header or metadata."""
+MAX_TRACE_SETTINGS = 16
+MAX_TRACE_VALUES = 8
+MAX_TRACE_VALUE = 4096
+
+
+@dataclass(frozen=True)
+class TraceSettingChange:
+    """TRACE_SETTING: a model's trace settings (``model`` "": the global ones); ``settings`` None reads
+    them, else changes them (Triton's names; each value a string, a list of strings, or None to clear a
+    model's own value; a model given an empty mapping drops its own settings)."""
+
+    model: str = ""
+    settings: Mapping[str, str | list[str] | None] | None = None
+    request_id: str = ""
+
+
+def trace_setting_to_wire(r: TraceSettingChange) -> dict[str, Any]:
+    d: dict[str, Any] = {"model": r.model}
+    if r.settings is not None:
+        d["settings"] = dict(r.settings)
+    return _with_id(r.request_id, d)
+
+
+def trace_setting_from_wire(d: Mapping[str, Any]) -> TraceSettingChange:
+    model: str = _get(d, "model", str, "")
+    if len(model) > MAX_NAME:
+        raise ProtocolError(f"field 'model' must be at most {MAX_NAME} characters")
+    raw = _get(d, "settings", dict, None)
+    if raw is None:
+        return TraceSettingChange(model, None, request_id_of(d))
+    if len(raw) > MAX_TRACE_SETTINGS:
+        raise ProtocolError(f"field 'settings' holds at most {MAX_TRACE_SETTINGS} settings")
+    settings: dict[str, str | list[str] | None] = {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or not 0 < len(key) <= MAX_NAME:
+            raise ProtocolError("field 'settings': each name must be a string of 1 to 256 characters")
+        values = value if isinstance(value, list) else [value]
+        if value is not None and (
+            len(values) > MAX_TRACE_VALUES
+            or not all(isinstance(v, str) and len(v) <= MAX_TRACE_VALUE for v in values)
+        ):
+            raise ProtocolError(f"field 'settings': {key!r} must be a string, a list of strings, or null")
+        settings[key] = value
+    return TraceSettingChange(model, settings, request_id_of(d))
 
 
 def _with_id(request_id: str, d: dict[str, Any]) -> dict[str, Any]:

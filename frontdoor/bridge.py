@@ -27,6 +27,7 @@ import numpy.typing as npt
 from zinfer.client import AsyncClient, InferResult
 from zinfer.client.dtypes import numpy_to_wire
 from zinfer.client.errors import ConnectionFailed, NotFound, RequestTimeout
+from zinfer.client.protocol import TRACEPARENT
 
 from .bridge_records import (
     BatchStat,
@@ -54,6 +55,7 @@ EXTENSIONS = (
     "statistics",
     "sequence",
     "classification",
+    "trace",
 )
 """Triton's protocol extensions the front door answers (server metadata lists them)."""
 
@@ -188,6 +190,15 @@ class Bridge:
         )
         return tuple(m for m in models if m.state == "READY") if ready_only else models
 
+    async def trace_settings(
+        self, model: str, settings: Mapping[str, Any] | None = None
+    ) -> dict[str, str | list[str]]:
+        """Triton's trace extension: the settings in force for ``model`` ("": the global ones), after
+        ``settings`` are applied when given (refused whole with ``InvalidArgument`` if one is bad)."""
+        if settings is None:
+            return await self._client.get_trace_settings(model or None)
+        return await self._client.update_trace_settings(model or None, settings)
+
     async def load(self, model: str, config: str = "", files: Mapping[str, bytes] | None = None) -> None:
         """Load ``model``; ``config`` (JSON) and ``files`` are Triton's load overrides."""
         self._forget(model)
@@ -215,6 +226,7 @@ class Bridge:
             sequence_id=call.sequence_id,
             sequence_start=call.sequence_start,
             sequence_end=call.sequence_end,
+            trace_context=call.traceparent or None,
         )
         return _reply(result, call.request_id)
 
@@ -233,6 +245,7 @@ class Bridge:
             sequence_id=call.sequence_id,
             sequence_start=call.sequence_start,
             sequence_end=call.sequence_end,
+            parameters={TRACEPARENT: call.traceparent} if call.traceparent else None,
         )
         try:
             async for result in responses:

@@ -111,6 +111,7 @@ class InferCall:
     parameters: Mapping[str, Any] = field(default_factory=_empty)  # the other parameters, for the layers
     # outputs asked for as their top classes (Triton's classification extension): {output: class count}
     class_counts: Mapping[str, int] = field(default_factory=_empty)
+    traceparent: str = ""  # the caller's W3C trace context (header or metadata), for the server's trace
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,14 @@
 
 Every method answers any failure with Triton's status code and text (``errors.triton_error``) and never
 lets an exception leave the process's loop. CUDA shared memory answers as a Triton built without GPUs
-(``cudashm``); trace and log settings answer UNIMPLEMENTED with what zinfer offers instead.
+(``cudashm``); TraceSetting is Triton's trace extension; log settings answer UNIMPLEMENTED with what zinfer
+offers instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,6 +17,8 @@ from typing import Any, TypeVar
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from zinfer.client.errors import InvalidArgument
 
 from . import cudashm
 from . import grpc_convert as convert
@@ -144,7 +148,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     async def ModelInfer(self, request: Any, context: Any) -> service_pb2.ModelInferResponse:
         async def run() -> service_pb2.ModelInferResponse:
             shm = self._shm(context)
-            call, regions = self._call(request, shm)
+            call, regions = self._call(request, shm, _traceparent(context))
             if await self.bridge.is_decoupled(call.model, call.version):
                 raise FrontDoorError(
                     "UNIMPLEMENTED",
@@ -157,9 +161,14 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
         return await self._answer(context, run)
 
-    def _call(self, request: Any, shm: CallerShm) -> tuple[InferCall, dict[str, tuple[str, int, int]]]:
+    def _call(
+        self, request: Any, shm: CallerShm, traceparent: str = ""
+    ) -> tuple[InferCall, dict[str, tuple[str, int, int]]]:
         alloc = self.bridge.empty if self.bridge.uses_shm else None
-        return convert.infer_call(request, shm, alloc), convert.output_regions(request)
+        call = convert.infer_call(request, shm, alloc)
+        if traceparent:  # the caller's W3C trace context, from the call's metadata
+            call = dataclasses.replace(call, traceparent=traceparent)
+        return call, convert.output_regions(request)
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[Any], context: Any
@@ -175,12 +184,13 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         grpc_error = _grpc_error_mode(context)
         last_of_sequence: dict[int | str, asyncio.Task[None]] = {}
         shm = self._shm(context)
+        traceparent = _traceparent(context)
 
         async def one(request: Any, before: asyncio.Task[None] | None, decoupled: bool) -> None:
             if before is not None:
                 await asyncio.wait([before])
             try:
-                call, regions = self._call(request, shm)
+                call, regions = self._call(request, shm, traceparent)
                 empty_final = call.parameters.get("triton_enable_empty_final_response") is True
                 # Triton marks every response of a decoupled model's stream with triton_final_response
                 flag_final = empty_final or decoupled
@@ -303,11 +313,26 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
         return await self._answer(context, run)
 
-    async def TraceSetting(self, request: Any, context: Any) -> Any:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "trace settings are not supported by zinfer: see zinfer status and /metrics",
-        )
+    async def TraceSetting(self, request: Any, context: Any) -> service_pb2.TraceSettingResponse:
+        """Triton's trace extension: no settings reads them; each given setting is changed (an empty value
+        list clears a model's own value, which then follows the global one)."""
+
+        async def run() -> service_pb2.TraceSettingResponse:
+            changes: dict[str, str | list[str] | None] | None = None
+            if request.settings:
+                changes = {}
+                for name, v in request.settings.items():
+                    values = list(v.value)
+                    changes[name] = None if not values else values if name == "trace_level" else values[0]
+                    if len(values) > 1 and name != "trace_level":
+                        raise InvalidArgument(f"trace setting {name}: expected one value, got {len(values)}")
+            got = await self.bridge.trace_settings(request.model_name, changes)
+            response = service_pb2.TraceSettingResponse()
+            for name, value in got.items():
+                response.settings[name].value.extend(value if isinstance(value, list) else [value])
+            return response
+
+        return await self._answer(context, run)
 
     async def LogSettings(self, request: Any, context: Any) -> Any:
         await context.abort(
@@ -332,3 +357,11 @@ async def _is_decoupled(bridge: Any, request: Any) -> bool:
         return bool(await bridge.is_decoupled(request.model_name, request.model_version))
     except Exception:  # noqa: BLE001 - an unknown model: its request fails with the right error
         return False
+
+
+def _traceparent(context: Any) -> str:
+    """The W3C ``traceparent`` of a call's metadata ("" when it has none)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent" and isinstance(value, str):
+            return value
+    return ""

@@ -12,7 +12,8 @@ shares the port; TLS when the options carry a certificate) until ``stop`` is set
 - ``GET|POST /v2/systemsharedmemory[/region/{r}]/status|register|unregister``: system shared memory
 
 CUDA shared memory answers as a Triton built without GPUs (``cudashm``: no regions, register refused
-with the reason); trace and log settings answer 501. Errors are ``{"error": "..."}`` with Triton's HTTP
+with the reason); ``GET|POST /v2[/models/{m}]/trace/setting`` is Triton's trace extension; log settings
+answer 501. Errors are ``{"error": "..."}`` with Triton's HTTP
 status (400, 404, 503, 501, 500) and text. The request body is bounded (``Limits.max_body_bytes`` for an
 infer, ``CONTROL_BODY_BYTES`` else) and must arrive within ``http_wire.REQUEST_TIMEOUT_S``, its line and
 headers within ``--http-header-timeout``; open connections are bounded by ``MAX_CONNECTIONS`` in all and
@@ -81,7 +82,7 @@ _MODEL = re.compile(
 _CONTROL = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
 _SYSSHM = re.compile(r"/v2/systemsharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
 _CUDASHM = re.compile(r"/v2/cudasharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
-_UNSUPPORTED = re.compile(r"/v2/(?:trace/setting|logging)")
+_UNSUPPORTED = re.compile(r"/v2/logging")
 
 # Triton's HTTP statuses by error kind (HttpCodeFromError): a full queue or an expired queue timeout is
 # Triton's UNAVAILABLE; whatever Triton has no code for is 400
@@ -166,8 +167,10 @@ class HttpFrontDoor:
                 cudashm.register(region)
             cudashm.unregister(region)
             return _OK_JSON
+        if path == "/v2/trace/setting":
+            return await self._trace(request, "")
         if _UNSUPPORTED.fullmatch(path):
-            raise FrontDoorError("UNIMPLEMENTED", 501, "trace and log settings are not supported by zinfer")
+            raise FrontDoorError("UNIMPLEMENTED", 501, "log settings are not supported by zinfer")
         return _error(400, "Not Found")
 
     async def _index_or_none(self) -> tuple[RepositoryModel, ...] | None:
@@ -182,6 +185,8 @@ class HttpFrontDoor:
         method = request.method
         if kind == "infer":
             return await self._infer(request, model, version) if method == "POST" else _not_allowed()
+        if kind == "trace/setting":
+            return await self._trace(request, model)
         if method != "GET":
             return _not_allowed()
         if kind == "" and model == "stats" and not version:
@@ -194,9 +199,15 @@ class HttpFrontDoor:
             return _error(400, "Model version not ready")
         if kind == "config":
             return _json(dict(await self.bridge.model_config(model, version)))
-        if kind == "stats":
-            return _json(statistics(await self.bridge.statistics(model, version)))
-        raise FrontDoorError("UNIMPLEMENTED", 501, "trace settings are not supported by zinfer")
+        return _json(statistics(await self.bridge.statistics(model, version)))  # kind "stats", the last left
+
+    async def _trace(self, request: HttpRequest, model: str) -> HttpResponse:
+        """Triton's trace extension: GET the settings, POST changes (a model's, without any: drop its own)."""
+        if request.method == "GET":
+            return _json(await self.bridge.trace_settings(model))
+        if request.method != "POST":
+            return _not_allowed()
+        return _json(await self.bridge.trace_settings(model, optional_json(request.body)))
 
     async def _repository(
         self, request: HttpRequest, repository: str | None, model: str, action: str
@@ -259,6 +270,7 @@ class HttpFrontDoor:
             sequence_start=parsed.sequence_start,
             sequence_end=parsed.sequence_end,
             parameters=parsed.parameters,
+            traceparent=request.headers.get("traceparent", ""),
         )
         reply = await self.bridge.infer(call)
         counts = {o.name: o.class_count for o in parsed.outputs if o.class_count}

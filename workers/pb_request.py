@@ -21,6 +21,7 @@ from zinfer.client.worker_protocol import MAX_PARAMETER_TEXT
 from .cancel_flags import CancelFlag
 from .pb_errors import TritonError, TritonModelException, triton_error
 from .pb_tensor import Tensor
+from .pb_trace import NO_TRACE, InferenceTrace
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
@@ -187,8 +188,11 @@ class InferenceRequest:
             raise TritonModelException("InferenceRequest: inputs must be a list of pb_utils.Tensor")
         outputs = [_text(n, "requested_output_names") for n in requested_output_names]
         name = _ModelName(_text(model_name, "model_name"))
+        params = _parameters(parameters, "InferenceRequest")
+        if isinstance(trace, InferenceTrace) and trace.get_context():  # the server traces it as a child
+            params["traceparent"] = trace.get_context()
         self._fill(tensors, request_id, outputs, name, int(model_version), correlation_id, int(flags),
-                   int(timeout), _parameters(parameters, "InferenceRequest"), CancelFlag())  # fmt: skip
+                   int(timeout), params, CancelFlag())  # fmt: skip
 
     def _fill(
         self,
@@ -206,6 +210,7 @@ class InferenceRequest:
         """Every attribute of a request, from values already checked (``__init__`` or ``_served``)."""
         self._inputs = inputs
         self._by_name = {t.name(): t for t in inputs}
+        self._trace = NO_TRACE
         self._request_id = request_id
         self._outputs = outputs
         self.model_name = model_name
@@ -235,10 +240,19 @@ class InferenceRequest:
         worker gives was checked on its way in (tensors, names, parameters), so the object is filled in
         without the checks ``__init__`` makes of a model's own (BLS) requests: this runs per request."""
         request = cls.__new__(cls)
+        params = dict(parameters) if parameters else {}
+        context = params.pop("traceparent", None)  # a traced request's: ``trace()``, not a parameter
         request._fill(list(inputs), request_id, list(requested_output_names), _served_name(model_name), -1,
-                      correlation_id, flags, 0, dict(parameters) if parameters else {},
+                      correlation_id, flags, 0, params,
                       cancelled if cancelled is not None else CancelFlag())  # fmt: skip
+        if isinstance(context, str):
+            request._trace = InferenceTrace(context)
         return request
+
+    def trace(self) -> InferenceTrace:
+        """The request's trace, for a BLS call to continue (``InferenceRequest(..., trace=request.trace())``,
+        as in Triton); an untraced request's is empty and a call given it is not traced for it."""
+        return self._trace
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)

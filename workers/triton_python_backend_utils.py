@@ -35,6 +35,7 @@ from .pb_tensor import (
     serialize_byte_tensor,
     triton_to_numpy_type,
 )
+from .pb_trace import InferenceTrace
 
 __all__ = [
     "TRITONSERVER_MEMORY_CPU",
@@ -48,6 +49,7 @@ __all__ = [
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
+    "InferenceTrace",
     "LogLevel",
     "Logger",
     "PreferredMemory",
