@@ -12,7 +12,6 @@ The broker imports nothing of ``zinfer.frontdoor``: it starts a command line.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import os
@@ -31,27 +30,6 @@ from .supervisor import CRASH_WINDOW_S, RESTART_BACKOFF_S
 log = logging.getLogger(__name__)
 
 FOLDER_NAME = "frontdoor"
-
-
-def _is_loopback(address: str) -> bool:
-    host = address.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def listen_problem(address: str, tls: bool, insecure_remote: bool) -> str | None:
-    """Why the front door may not listen on ``address``, or None: a non-loopback address needs TLS or an
-    explicit ``--insecure-remote`` (the front-door process checks the same again)."""
-    if _is_loopback(address) or tls or insecure_remote:
-        return None
-    return (
-        f"{address} is not a loopback address: give --tls-cert and --tls-key (and --tls-client-ca for mutual "
-        "TLS), or --insecure-remote to serve it without encryption"
-    )
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,6 @@ QUERIES = frozenset({
     Command.SERVER_LIVE, Command.SERVER_READY, Command.MODEL_READY, Command.MODEL_METADATA,
     Command.MODEL_CONFIG, Command.STATISTICS, Command.REPOSITORY_INDEX, Command.SERVER_STATUS,
 })  # fmt: skip
-CONTROLS = frozenset({
-    Command.CANCEL, Command.REGISTER, Command.UNREGISTER, Command.LOAD, Command.UNLOAD, Command.TRACE_SETTING,
-})  # fmt: skip
 
 LATER: Final = object()
 """What ``Controls.handle`` returns for a command answered later (LOAD: once the model is ready or failed)."""

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 ModelKey = tuple[str, int, int]  # (name, version, generation): the unit that takes turns at resources
 
 
-def _model_key(state: ModelState) -> ModelKey:
+def model_key(state: ModelState) -> ModelKey:
     return (state.name, state.version, state.generation)
 
 
@@ -57,7 +57,7 @@ class LimitedDispatch:
             for worker in state.idle:
                 if not limiter.known(worker):
                     self._register(state, worker)
-        by_key = {_model_key(s): s for s in states if s.error is None}
+        by_key = {model_key(s): s for s in states if s.error is None}
         while by_key:
             for key in limiter.turn_order(by_key):
                 state = by_key[key]
@@ -94,7 +94,7 @@ class LimitedDispatch:
         wp = self.supervisor.get(worker)
         instance, device = (wp.spec.instance, wp.spec.device) if wp is not None else (-1, "cpu")
         needs, priority = needs_of(state.group_of(instance))
-        error = self.limiter.add(worker, _model_key(state), device, needs, priority)
+        error = self.limiter.add(worker, model_key(state), device, needs, priority)
         if error is not None and state.error is None:
             state.error = error
             log.error("event=model_failed model=%s version=%d error=%r", state.name, state.version, error)

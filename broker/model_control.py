@@ -20,7 +20,9 @@ from zinfer.client.protocol import Command, Reply
 from zinfer.client.worker_protocol import Shutdown, empty_to_wire
 from zinfer.modelconfig.repository import load_model_entry
 
+from .batching.rate_limiter import RateLimiter
 from .instance_pool import InstancePool
+from .limited_dispatch import ModelKey, model_key
 from .load_override import override_folder
 from .model_state import ModelState
 from .outbox import Outbox
@@ -53,6 +55,7 @@ class ModelControl:
         outbox: Outbox,
         attach: Callable[[ModelState], None],
         start_instances: Callable[[ModelState, list[str]], None],
+        limiter: RateLimiter[bytes, ModelKey],
     ) -> None:
         self.options = options
         self.registry = registry
@@ -60,6 +63,7 @@ class ModelControl:
         self.outbox = outbox
         self.attach = attach  # a new state's metric series (``Observer.attach``)
         self.start_instances = start_instances  # a worker per device (``Broker.start_instances``)
+        self.limiter = limiter  # a retired generation's turns at the resources are dropped with it
         self.pending: list[PendingLoad] = []
         self._stopping: set[int] = set()  # ids of retiring states whose workers were told to stop
 
@@ -158,6 +162,7 @@ class ModelControl:
                     self.outbox.send_worker(identity, Command.W_SHUTDOWN, empty_to_wire(Shutdown()))
             if not self.pool.workers_of(state):
                 registry.drop_retired(state)
+                self.limiter.forget_model(model_key(state))
                 self._stopping.discard(id(state))
 
     def index(self) -> list[dict[str, Any]]:

@@ -62,7 +62,6 @@ from .worker_watch import WorkerWatch
 
 log = logging.getLogger(__name__)
 
-MAX_POLL_MS = 100
 REAP_INTERVAL_S = 0.05
 REGION_REAP_INTERVAL_S = 2.0
 _POLLIN, _EVENTS = int(zmq.POLLIN), int(zmq.EVENTS)  # ints: no enum conversions per message
@@ -121,7 +120,8 @@ class Broker:
         self.completion.tracer = self.admission.tracer = self.observer.tracer  # per-request traces
         self.worker_inbox.custom_metrics = self.observer.metrics.custom
         self.control = ModelControl(
-            options, self.registry, self.pool, self.outbox, self.observer.attach, self.start_instances
+            options, self.registry, self.pool, self.outbox, self.observer.attach, self.start_instances,
+            self.limiter,
         )
         od = self.on_demand = OnDemand.of(self) if options.model_control_mode == "on-demand" else None
         self.queries = Queries(self.registry, od.status if od else self.observer.status,

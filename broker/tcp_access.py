@@ -7,7 +7,6 @@ pyzmq's ZAP authenticator thread; the broker loop never sees a client that faile
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from pathlib import Path
 from typing import Any
@@ -16,18 +15,10 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from zinfer.client.addresses import is_loopback
 from zinfer.client.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class TcpFrontend:
@@ -41,8 +32,7 @@ class TcpFrontend:
         allow_dir: Path | None,
         max_frame_bytes: int = -1,
     ) -> None:
-        host = address.rpartition(":")[0]
-        if secret_cert is None and not is_loopback(host):
+        if secret_cert is None and not is_loopback(address):
             raise ConfigError(
                 f"refusing to accept clients on {address} without CURVE: bind a loopback address, "
                 "or give --curve-secret-key and --curve-allow"

@@ -31,7 +31,6 @@ CLIENT_PREFIX = "zinfer-c"
 """Labels of client segments: ``zinfer-c<random>``."""
 RESERVED_PREFIX = "zinfer-s"
 """Segments created by the server; a client may never register a name with this prefix."""
-MAX_NAME_LEN = 200
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 
 

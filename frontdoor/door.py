@@ -25,8 +25,6 @@ __all__ = [
     "FrontDoor",
     "FrontDoorOptions",
     "grpc_peer_uid",
-    "is_loopback",
-    "listen_problem",
 ]
 
 HEADER_TIMEOUT_S = 10.0  # an HTTP request's line and headers must arrive within this of its first byte
@@ -59,27 +57,6 @@ class FrontDoorOptions:
     def message_limit(self) -> int:
         """The largest request or response message: one tensor's limit plus room for the rest."""
         return min(self.max_tensor_bytes + (1 << 20), (1 << 31) - 1)
-
-
-def is_loopback(address: str) -> bool:
-    host = address.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def listen_problem(address: str, tls: bool, insecure_remote: bool) -> str | None:
-    """Why the front door may not listen on ``address``, or None: a non-loopback address needs TLS or an
-    explicit ``--insecure-remote``."""
-    if is_loopback(address) or tls or insecure_remote:
-        return None
-    return (
-        f"{address} is not a loopback address: give --tls-cert and --tls-key (and --tls-client-ca for mutual "
-        "TLS), or --insecure-remote to serve it without encryption"
-    )
 
 
 def grpc_peer_uid(peer: str, listening: str | None) -> int | None:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import grpc
 from tritonclient.grpc import service_pb2_grpc
 
+from zinfer.client.addresses import listen_problem
 from zinfer.client.errors import ConfigError
 
-from .door import FrontDoor, listen_problem
+from .door import FrontDoor
 from .grpc_service import InferenceService
 
 __all__ = ["start_grpc"]

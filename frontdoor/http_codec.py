@@ -56,9 +56,6 @@ NO_JSON = frozenset({"FP16", "BF16"})  # Triton takes and gives these only as bi
 _RESERVED_PREFIX = "triton_"
 _SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
 _TOO_BIG = "failed to parse the request JSON buffer: Number too big to be stored in double."
-_KNOWN_PARAMETERS = frozenset(
-    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
-)
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,6 @@ class TensorSpec:
     reshape: tuple[int, ...] | None = None  # the shape the model sees instead of dims (config "reshape")
     optional: bool = False  # an input a request may leave out (config "optional")
 
-    @property
-    def fixed_size(self) -> bool:
-        return self.wire != dtypes.BYTES and all(d >= 0 for d in self.dims)
-
 
 @dataclass(frozen=True)
 class Signature:

@@ -14,15 +14,13 @@ from pathlib import Path
 
 from zinfer.client.errors import ConfigError
 from zinfer.modelconfig.autocomplete import is_onnx
-from zinfer.modelconfig.backends import SUPPORTED_BACKENDS, unsupported_backend
+from zinfer.modelconfig.backends import unsupported_backend
 from zinfer.modelconfig.model_config import ModelConfig
 
 from .device import CPU, Device
 from .kernels import load_kernel
 from .model import AnyModel
 from .python_model import load_python_model
-
-BACKENDS = SUPPORTED_BACKENDS
 
 
 def load_model(config: ModelConfig, version_dir: Path, device: Device = CPU, instance: int = 0) -> AnyModel:

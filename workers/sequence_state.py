@@ -166,6 +166,3 @@ class ImplicitStates:
             self._store.move_to_end(sid)
         while len(self._store) > self.capacity:
             self._store.popitem(last=False)
-
-    def state_outputs(self) -> set[str]:
-        return {s.output_name for s in self.specs}

@@ -237,4 +237,9 @@ class RateLimiter(Generic[K, M]):
         return inst.priority if inst is not None else 1
 
     def forget_model(self, model: M) -> None:
+        """``model`` is gone for good (a retired load generation): its turns are no longer kept."""
         self._passes.pop(model, None)
+
+    def models(self) -> set[M]:
+        """The models whose turns are kept."""
+        return set(self._passes)

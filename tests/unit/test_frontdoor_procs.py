@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-from zinfer.broker.frontdoor_procs import FrontDoorConfig, FrontDoorProcs, listen_problem
+from zinfer.broker.frontdoor_procs import FrontDoorConfig, FrontDoorProcs
 from zinfer.broker.supervisor import RESTART_BACKOFF_S
+from zinfer.client.addresses import listen_problem
 
 
 class _Clock:
