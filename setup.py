@@ -26,8 +26,8 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 PACKAGES = ("client", "modelconfig", "broker", "workers", "tools", "frontdoor")  # zinfer.<name> = <name>/
-# the list lives in the package (zinfer.client.compiled): the broker reads it back to log what runs compiled
-COMPILED = runpy.run_path(str(ROOT / "client" / "compiled.py"))["COMPILED"]
+# the list lives in the package (zinfer.broker.compiled): the broker reads it back to log what runs compiled
+COMPILED = runpy.run_path(str(ROOT / "broker" / "compiled.py"))["COMPILED"]
 _YES, _NO = ("1", "yes", "true", "on"), ("0", "no", "false", "off")
 
 

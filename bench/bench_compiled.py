@@ -72,7 +72,7 @@ def child(model: str, in_flight: int, seconds: float) -> None:
     import vs_triton_repo
     import zinfer_side as z
 
-    from zinfer.client.compiled import compiled_here
+    from zinfer.broker.compiled import compiled_here
 
     with tempfile.TemporaryDirectory(prefix="zbc-") as d:
         repo = vs_triton_repo.write(Path(d) / "repo", zinfer_only=True)
@@ -125,7 +125,7 @@ def main() -> int:
     if a.child:
         child(a.child[0], int(a.child[1]), float(a.child[2]))
         return 0
-    from zinfer.client.compiled import COMPILED
+    from zinfer.broker.compiled import COMPILED
 
     work = Path(tempfile.mkdtemp(prefix="zbc-build-"))
     try:

@@ -40,7 +40,7 @@ import vs_triton_repo  # noqa: E402
 import zinfer_side as z  # noqa: E402
 from bench_serving import ROOT, bare_frames, machine, pct  # noqa: E402
 
-from zinfer.client.compiled import COMPILED, compiled_here  # noqa: E402
+from zinfer.broker.compiled import COMPILED, compiled_here  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "bench_vs_triton.json"
 COMPILED_ENV = "ZINFER_BENCH_COMPILED"  # set in the child of --compiled, whose zinfer is the compiled build

@@ -17,7 +17,6 @@ from typing import Any
 import zmq
 
 from zinfer.client.addresses import listen_problem
-from zinfer.client.compiled import COMPILED, compiled_here
 from zinfer.client.errors import ConfigError, ZinferError
 from zinfer.client.gc_tuning import tune_for_serving
 from zinfer.client.paths import client_endpoint, default_runtime_dir
@@ -25,6 +24,7 @@ from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
 
 from .batching.rate_limiter import normalize_resources
 from .cli_parser import parser as _parser
+from .compiled import COMPILED, compiled_here
 from .frontdoor_procs import FrontDoorConfig, FrontDoorProcs, missing_extra
 from .memory_budget import parse_budget
 from .regions import default_limits

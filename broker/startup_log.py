@@ -7,8 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from zinfer.client.compiled import COMPILED, compiled_here
-
+from .compiled import COMPILED, compiled_here
 from .model_state import ModelState
 
 __all__ = ["PROGRESS_S", "StartupLog", "build_name"]

@@ -1,6 +1,8 @@
 """The cyclic garbage collector of zinfer's own long-running processes: the broker, each model worker and
 each front-door process call ``tune_for_serving`` once they are set up. The client classes never call it: a
-process that uses ``Client`` or ``AsyncClient`` keeps whatever collector settings it has.
+process that uses ``Client`` or ``AsyncClient`` keeps whatever collector settings it has. It sits in
+``client/`` only because the broker, the workers and the front doors all call it and ``client`` is the one
+package all three may import (the import rules); the SDK does not export it or load it.
 
 Two changes, both measured (``add0`` with 128 in flight, ``bench/results`` and the issue 15 note):
 

@@ -10,6 +10,9 @@ heartbeat of its worker carries a snapshot of all of them under the key ``"metri
 ``counts`` holds one count per bucket plus the ``+Inf`` one (not cumulative). The broker takes nothing a
 worker says on trust (it runs user code): ``families_from_wire`` checks every field, the names against
 Prometheus's rules, and the sizes against the bounds below, and raises ``ProtocolError`` otherwise.
+
+Part of the worker protocol (beside ``worker_protocol``), so in ``client/`` with the rest of the wire: the
+workers write it and the broker reads it; the SDK's clients do not use it.
 """
 
 from __future__ import annotations

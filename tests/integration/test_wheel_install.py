@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import MODELS, ROOT, wait_for
+from zinfer.broker.compiled import COMPILED
 from zinfer.client import Client
-from zinfer.client.compiled import COMPILED
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]  # compiling takes minutes on 2 cores
 BUILD_TIMEOUT_S = 900
@@ -107,9 +107,9 @@ def test_the_wheel_holds_every_bundled_model_folder(installed: Path) -> None:
 
 
 def test_the_wheel_runs_its_hot_modules_compiled(installed: Path) -> None:
-    """With a compiler here, every module of zinfer.client.compiled.COMPILED imports from an extension module
+    """With a compiler here, every module of zinfer.broker.compiled.COMPILED imports from an extension module
     in the fresh venv (not from a .py, not from the checkout); the .py files are shipped beside them."""
-    code = "from zinfer.client import compiled as c; print(len(c.compiled_here()), len(c.COMPILED))"
+    code = "from zinfer.broker import compiled as c; print(len(c.compiled_here()), len(c.COMPILED))"
     assert _run(installed / "python", code) == (
         f"{len(COMPILED)} {len(COMPILED)}" if _can_compile() else f"0 {len(COMPILED)}"
     )

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
-from zinfer.client.compiled import COMPILED, compiled_here
+from zinfer.broker.compiled import COMPILED, compiled_here
 
 
 @pytest.fixture()
@@ -51,7 +51,7 @@ def test_when_a_build_compiles(
 
 
 def test_the_compiled_modules_are_files_of_the_package(setup_py: dict[str, Any]) -> None:
-    """setup.py compiles exactly zinfer.client.compiled.COMPILED, each a module file of a package folder."""
+    """setup.py compiles exactly zinfer.broker.compiled.COMPILED, each a module file of a package folder."""
     assert tuple(setup_py["COMPILED"]) == COMPILED
     assert len(set(COMPILED)) == len(COMPILED)
     for name in COMPILED:

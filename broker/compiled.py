@@ -1,7 +1,8 @@
 """Which modules a wheel compiles with mypyc, and which of them run compiled in this process.
 
 ``setup.py`` reads ``COMPILED`` (this file imports nothing of zinfer, so the build can run it alone); the
-broker logs ``compiled_here()`` when it starts, and the benchmarks record it beside their figures.
+broker logs ``compiled_here()`` when it starts, and the benchmarks record it beside their figures. The list
+names client modules too (the wheel compiles them for every installed client), but only the broker reads it.
 """
 
 from __future__ import annotations
