@@ -1,59 +1,9 @@
 """A GPU worker's device: CuPy on one GPU, a compute and a copy stream per instance, page-locked regions.
 
-Imported only by a worker started with ``--device gpu:N``; nothing else in zinfer imports CuPy.
-
-- Streams: the model and every output copy run on the instance's compute stream, so a model's own CuPy
-  calls land there too; input copies run on a copy stream of its own. Each batch array's copies end in a
-  CUDA event the compute stream waits on, so compute never reads an input before it has landed, and the
-  copies never wait for compute. CuPy's current stream is per thread, and ``Stream.use()`` does not push
-  on CuPy's stream stack: leaving any ``with stream:`` block (ours around input allocations, a model's,
-  CuPy's own ``get()`` of a non-contiguous array) makes the top of that stack current. So the compute
-  stream is *pushed* once (entered, never left) when the device opens, is made current again at each
-  batch's start, and ``synchronize`` checks that it is still current after the model ran: a model that
-  left another stream current fails its batch (its kernels were not ordered with the copies), and the
-  compute stream is current again for the next one. The compute stream is a *blocking* stream: work a
-  model or a library issues on the legacy null stream (from another thread, say, where CuPy's current
-  stream is the null stream) is ordered with it both ways; the copy stream is non-blocking, so it overlaps.
-- Inputs: each request's rows are copied host-to-device straight from the mapped region (or the inline
-  frame) into one device buffer per input, so the host never concatenates. The buffers are allocated
-  while the copy stream is current, from its arena of CuPy's memory pool (a block compute freed is never
-  reused for a copy), and held until the batch's ``synchronize``: at most two sets are alive, the running
-  batch's and the staged next one's. *A model must not keep an input array past its ``execute``* (copy
-  it, ``x.copy()``, if it needs it later): CuPy returns a freed block to the arena of the stream that
-  allocated it, so an input dropped during a later batch goes back to the copy stream's arena at once,
-  and the next batch's staged copy can overwrite it while a kernel of the current batch still reads it.
-- Outputs: each request's piece is copied device-to-host straight into the request's output slot on the
-  compute stream (after the compute that produced it); ``synchronize`` waits for them before the reply.
-- Client regions are registered with ``cudaHostRegister`` when first mapped (unregistered before they are
-  unmapped, once both streams are idle), which makes those copies real DMA that can run beside compute;
-  a region that cannot be registered is used pageable (its copy still overlaps compute, but the host
-  waits for it).
-- Data types CuPy has no kernels for (``BYTES`` as object arrays, ``BF16``) stay NumPy arrays on the host.
-- Outputs of other libraries: a CUDA array with ``__dlpack__`` (taken with the compute stream as the
-  consumer stream, so the producer orders its work before it) or ``__cuda_array_interface__`` (a
-  zero-copy view) is used in place; anything else goes through NumPy.
-- Device: a worker the supervisor started sees only its own GPU (``CUDA_VISIBLE_DEVICES`` set to it, and
-  ``ZINFER_DEVICE`` to its spec), which is then CUDA device 0 in the process; ``id`` stays the server's
-  number for it. A warm-up at open runs a GEMM (cuBLAS) and an elementwise kernel (compiled by NVRTC) and
-  checks the result, so missing or mismatched CUDA libraries fail the load, not the first request.
-
-What overlaps, and when. The batch runner runs one batch to the end: gather (H2D copies), model, wait,
-scatter (D2H copies), wait, reply. ``synchronize`` runs the ``on_wait`` hook before each wait, that is
-once the batch's compute, and later its copies back, are enqueued. A worker with ``gpu_prefetch`` (see
-``zinfer.workers.worker``) uses the hook to read its socket: when the next batch's EXECUTE is there (the
-broker sends it early because the instance asked for a second place in its idle list), the worker maps
-its inputs and calls :meth:`GpuDevice.stage`, so that batch's H2D copies run on the copy stream while the
-current batch computes, and while its outputs are copied back (H2D and D2H use separate copy engines).
-When that batch starts, :meth:`take_staged` hands the staged arrays to ``batch``, and its compute only
-waits on their events. If the next EXECUTE comes in after the current batch's last wait, nothing is
-staged and it copies as usual. Nothing else overlaps: a batch's outputs are back in the host slots
-before its reply is sent, and the next batch's compute starts after that. The host never spins: the
-hook sleeps in ``poll`` on its socket and on a pipe that a waiter thread writes to once a blocking-sync
-CUDA event after the batch's work has completed, and the final wait is on that event (the host thread
-sleeps) before the stream is synchronized.
-
-Over 400 lines on purpose: streams, events, page-locking and the pool rule above only make sense
-together; each part of this file relies on the order the others keep.
+Imported only by a worker started with ``--device gpu:N``; nothing else in zinfer imports CuPy. How the
+streams, events, page-locked regions and CuPy's memory pool work together, and what overlaps with what
+(the ``on_wait`` hook, ``stage`` and ``take_staged``), is in docs/gpu-worker.md: each part of this file
+relies on the order the others keep. A model must not keep an input array past its ``execute``.
 """
 
 from __future__ import annotations

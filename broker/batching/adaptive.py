@@ -1,48 +1,10 @@
 """Adaptive batching toward a latency target (``zinfer_latency_target_microseconds``). Pure, clock-injected.
 
 With a target ``T`` the batcher ignores ``max_queue_delay`` and asks :meth:`AdaptiveController.plan`, for
-the batch it would send now (``n`` rows, oldest request queued at ``t0``), until when waiting for more
-requests still pays. It learns online:
-
-* execution time per batch size: an EWMA per size (used once a size has :data:`MIN_SAMPLES`
-  samples) and a weighted least-squares fit ``E(m) = fixed + per_item * m`` over those EWMAs for the
-  other sizes. With one size seen the fit is ``per_item = E(s) / s`` (no fixed cost, so no gain from
-  batching): until the model has seen two sizes the batcher never waits.
-* the arrival rate ``lam`` in rows per second: EWMAs of the inter-arrival time and of rows per request.
-
-Decision rule. Let ``h = HEADROOM * T``, ``rho = min(1, lam * E(n) / (n * instances))`` (how busy the
-instances would be serving batches of ``n`` at this rate). For each candidate size ``m`` in
-``(n, cap]`` (``cap`` = the largest preferred size) the expected extra wait is ``dt = (m - n) / lam`` and
-
-* feasible: ``dt + E(m) <= h`` (a request arriving now still meets the target), and the follow-on batch
-  of the ``lam * E(m)`` rows that arrive while this one runs can meet it too: ``E(m) + E(follow) <= h``;
-* worth it: the relative throughput gain ``rho * (theta(m) / theta(n) - 1)``, with
-  ``theta(m) = m / E(m)``, exceeds the latency it costs as a share of the target,
-  ``(dt + E(m) - E(n)) / T``. Throughput gains count only in proportion to ``rho``: an idle instance
-  gains nothing from bigger batches, so at light load the batcher sends at once.
-
-If no candidate is worth it the batch goes now (``ADAPTIVE_NO_GAIN``). Otherwise the batcher waits until
-``flip = max over worthwhile m of (t0 + h - dt(m) - E(m))``: the last moment at which the oldest request
-could still wait for ``m`` rows and meet ``h``; from then on it sends (``ADAPTIVE_TARGET``). Reaching a
-preferred size, a shape cut or the size limit sends at once as in Triton. The plan only changes when
-the queue or an estimate changes, so ``flip`` is exactly when the decision flips in between.
-
-Closing the loop. The rule above only sees its own estimates; the latency a request really gets also
-holds what they miss: the tail of the execution times (the EWMA is a mean), a loop that wakes late, work
-that shares the cores. So the broker feeds back every request's observed latency (enqueue to result,
-:meth:`AdaptiveController.observe_latency`) and :class:`LatencyFeedback` learns a slack ``s`` that the
-rule plans with: ``h = HEADROOM * T - s``. Each observation ``o`` is kept with the slack ``s_o`` in force
-when it came; ``o + s_o - HEADROOM * T`` is how far past its planning budget that request went, and every
-:data:`FEEDBACK_EVERY` observations ``s`` becomes the p99 of that over the last :data:`FEEDBACK_WINDOW`
-(at most :data:`FEEDBACK_MAX_AGE_S` old), clamped to ``[0, HEADROOM * T]``. With ``s_o`` inside the sample
-a long window does not wind up: an old sample asks for the slack it needed, not for more on top. When the
-observed p99 nears the budget ``s`` grows and the batcher waits less; when latencies fall back, so does
-``s``. At ``s = HEADROOM * T`` it never waits (it sends as a zero static delay would).
-
-A request that cannot meet the target even if sent alone at once (``wait + E(1) > T``) is still served;
-it is counted in ``target_misses``; observed latencies over ``T`` are counted in ``observed_misses``, and
-``target_unreachable`` says that the batcher already sends at once and the observed p99 is still over the
-target (see :meth:`AdaptiveController.stats`). Nothing is shed.
+the batch it would send now, until when waiting for more requests still pays. It learns execution time per
+batch size and the arrival rate online, sends at once when a bigger batch gains nothing (light load, or a
+target too tight), and :class:`LatencyFeedback` turns every request's observed latency into a slack the
+rule plans with. The decision rule and its reasoning are in docs/adaptive-batching.md.
 """
 
 from __future__ import annotations
