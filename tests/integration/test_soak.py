@@ -47,8 +47,16 @@ DYING_CLIENT = textwrap.dedent(
     from zinfer.client import Client
     c = Client(sys.argv[1], timeout=10, inline_threshold=-1)
     one = np.ones((1, 1), np.float32)
-    c.infer("add", {"INPUT_A": one, "INPUT_B": one})
-    c.infer("identity", {"INPUT0": np.ones((1, 4096), np.float32)})
+    deadline = time.monotonic() + 15  # the soak kills workers: a first call may meet one restarting
+    while True:
+        try:
+            c.infer("add", {"INPUT_A": one, "INPUT_B": one})
+            c.infer("identity", {"INPUT0": np.ones((1, 4096), np.float32)})
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     print("registered", flush=True)
     deadline = time.monotonic() + 60  # a bound, should the test die first
     while time.monotonic() < deadline:
