@@ -93,7 +93,10 @@ class ModelLoop:
     def _run_loop(self) -> None:
         self._thread_setup()
         asyncio.set_event_loop(self._loop)
-        self._loop.run_forever()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()  # stopped by close(): its selector and self-pipe go with it, not at a later gc
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
