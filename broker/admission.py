@@ -135,7 +135,8 @@ class Admission:
             p, p.batch_size, shape_key, now, p.request.priority, p.request.timeout_us, p.input_bytes
         )
         try:
-            state.batcher.add(queued, now, self.pool.busy(state))
+            batcher = state.batcher
+            batcher.add(queued, now, batcher.needs_busy and self.pool.busy(state))
         except QueueFull as exc:
             state.metrics.rejected()
             raise Unavailable(str(exc)) from None

@@ -143,6 +143,12 @@ class DynamicBatcher(Generic[T]):
         """Nothing queued and no timed-out request waiting for :meth:`expire`."""
         return not self._queue and not self._expired
 
+    @property
+    def needs_busy(self) -> bool:
+        """Whether :meth:`add` reads its ``busy`` argument (early dispatch on and nothing queued): a caller
+        asks the instance pool only then."""
+        return self._early is not None and not self._queue
+
     def add(self, request: QueuedRequest[T], now: float, busy: bool = False) -> None:
         """Queue a request; the queue delay and timeout run from ``request.arrival``. ``busy``: a batch of
         the model is in flight (with a request already queued, the early dispatch's sign of companions).
