@@ -34,7 +34,8 @@ QUERIES = frozenset({
 })  # fmt: skip
 
 LATER: Final = object()
-"""What ``Controls.handle`` returns for a command answered later (LOAD: once the model is ready or failed)."""
+"""What ``Controls.handle`` and ``Queries.answer`` return for a command answered later (LOAD: once the model
+is ready or failed; MODEL_READY of a model with its own is_ready(): once its instances answered)."""
 
 
 def metadata(state: ModelState, versions: list[int]) -> dict[str, Any]:
@@ -76,7 +77,8 @@ class Queries:
         self.index = index  # the repository index (``ModelControl.index``)
         self.serving_ready = serving_ready  # the server's readiness (``Broker.serving_ready``)
 
-    def answer(self, command: Command, header: dict[str, Any]) -> Any:
+    def answer(self, command: Command, header: dict[str, Any], client: bytes = b"") -> Any:
+        """The answer's body, or ``LATER`` for a readiness query the model's own is_ready() answers."""
         if command == Command.SERVER_LIVE:
             return True
         if command == Command.SERVER_READY:
@@ -85,11 +87,11 @@ class Queries:
             try:  # anything wrong with the question is a model that is not ready
                 q = protocol.model_query_from_wire(header)
                 state = self.registry.resolve(q.model, q.version)
-                if state.ask_ready is None:
+                if state.ask_ready is None or not state.ready:
                     return state.ready
-                # a Triton model's own is_ready(): its latest answer from every instance, and a fresh call
-                state.ask_ready()
-                return state.ready and not (state.unready & state.instances)
+                # a Triton model's own is_ready(): a fresh call in every instance (ReadinessWaits)
+                state.ask_ready(client, protocol.request_id_of(header))
+                return LATER
             except (ServerError, ProtocolError):
                 return False
         if command in (Command.MODEL_METADATA, Command.MODEL_CONFIG):

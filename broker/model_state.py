@@ -204,11 +204,10 @@ class ModelState:
         self.rate_limited = any(g.rate_limiter is not None for g in config.instance_group)
         self._groups: list[InstanceGroup | None] | None = None
         self.prefetching = False  # an instance has a second place in ``idle`` (GPU look-ahead)
-        # a Triton model's own is_ready(): how to ask its instances to call it again (set once they report
-        # it, ``WorkerInbox.check_readiness``), those whose latest answer was not True, and those asked
-        # (one question in flight each)
-        self.ask_ready: Callable[[], None] | None = None
-        self.unready: set[bytes] = set()
+        # a Triton model's own is_ready(): how a readiness query (client, request id) asks its instances to
+        # call it (set once they report it, ``ReadinessWaits.ask``), and those asked whose call has not
+        # answered yet (one call in flight each)
+        self.ask_ready: Callable[[bytes, str], None] | None = None
         self.readiness_asked: set[bytes] = set()
         self.runs = False  # its instances take runs of requests, each executed alone (``batching.runs``)
         self.cost = ExecutionCost()  # one execution's time on an instance, from the workers' timings

@@ -270,6 +270,7 @@ class Broker:
                 self._next_region_reap = now + REGION_REAP_INTERVAL_S
                 self._reap_regions()
             self.admission.expire(now)
+            self.worker_inbox.readiness.expire(now)
             self.path.dispatch(now)
             self.observer.maybe_publish(now)
             if self.control.pending or self.registry.retiring:
@@ -350,11 +351,11 @@ class Broker:
             if msg.command in QUERIES:
                 body = self.on_demand.model_info(msg.command, msg.header) if self.on_demand else None
                 if body is None:  # (on-demand answers the metadata of models not loaded yet)
-                    body = self.queries.answer(msg.command, msg.header)
+                    body = self.queries.answer(msg.command, msg.header, identity)
             else:
                 body = self.controls.handle(identity, msg.command, msg.header)
-                if body is LATER:
-                    return
+            if body is LATER:
+                return
         except ProtocolError as exc:
             self.outbox.send_client(identity, Reply(rid, Status.INVALID_ARGUMENT, f"InvalidArgument: {exc}"))
             return

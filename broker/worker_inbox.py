@@ -35,8 +35,8 @@ from zinfer.client.worker_protocol import (
 from .completion import Completion
 from .custom_metrics import CustomMetrics
 from .instance_pool import InstancePool
-from .model_state import ModelState
 from .outbox import Outbox
+from .readiness_waits import ReadinessWaits
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ class WorkerInbox:
         self.device_bytes: dict[bytes, int] = {}  # device memory a GPU worker's last heartbeat reported
         self.completion = completion
         self.clock = clock
+        self.readiness = ReadinessWaits(outbox, clock)  # queries of models with their own is_ready()
 
     def _custom_metrics(self, worker: bytes, header: Mapping[str, Any]) -> None:
         """The model code's custom metrics a heartbeat carries: checked, then kept for the scrape."""
@@ -76,13 +77,6 @@ class WorkerInbox:
         else:
             self._reported.discard(worker)
         self.custom_metrics.update(worker, state.name, state.version, families)
-
-    def check_readiness(self, state: ModelState) -> None:
-        """Ask each instance of ``state`` whose model defines is_ready() to call it again (one question
-        in flight per instance; the answer comes as W_READINESS)."""
-        for worker in state.instances - state.readiness_asked:
-            if self.outbox.send_worker(worker, Command.W_CHECK_READY, empty_to_wire(Heartbeat())):
-                state.readiness_asked.add(worker)
 
     def on_message(self, identity: bytes, frames: list[Frame]) -> None:
         """One message from the worker socket (``identity`` as the ROUTER names the sender)."""
@@ -135,11 +129,7 @@ class WorkerInbox:
                 self.completion.on_result(identity, state, result_from_wire(msg.header), msg.frames)
             elif msg.command == Command.W_READINESS:
                 answer = readiness_from_wire(msg.header)
-                state.ask_ready = functools.partial(self.check_readiness, state)
-                state.readiness_asked.discard(identity)
-                if answer.ready:
-                    state.unready.discard(identity)
-                else:
-                    state.unready.add(identity)
+                state.ask_ready = functools.partial(self.readiness.ask, state)
+                self.readiness.answered(state, identity, answer.ready)
         except (ProtocolError, ServerError) as exc:
             log.error("event=bad_worker_message worker=%s error=%r", identity, str(exc))

@@ -3,9 +3,9 @@
 When the model defines it, the worker calls it once it has loaded and again whenever the broker asks (a
 client asked whether the model is ready), one call at a time, each on its own thread so that neither the
 socket nor the model's ``execute`` waits for it; an ``async def is_ready`` runs on the worker's event
-loop. Its answer goes to the broker, which answers readiness queries with the latest: True only for
-``True``; an exception, any other value, or no answer within ``READINESS_TIMEOUT_S`` is not ready (a call
-past that time still reports when it ends; no second call starts meanwhile).
+loop. Its answer goes to the broker when the call ends, however long it took (the broker bounds each
+readiness query's wait, ``zinfer.broker.readiness_waits``): True only for ``True``; an exception or any other
+value is not ready. No second call starts while one runs.
 """
 
 from __future__ import annotations
@@ -14,14 +14,11 @@ import asyncio
 import inspect
 import logging
 import threading
-import time
 from typing import Any
 
 from . import model_loop
 
 log = logging.getLogger(__name__)
-
-READINESS_TIMEOUT_S = 5.0
 
 
 class ReadinessCheck:
@@ -30,8 +27,6 @@ class ReadinessCheck:
         self._model = model
         self._lock = threading.Lock()
         self._running = False
-        self._deadline = 0.0
-        self._late_reported = False
         self._answer: bool | None = None  # an answer not yet sent to the broker
 
     @classmethod
@@ -45,8 +40,6 @@ class ReadinessCheck:
             if self._running:
                 return
             self._running = True
-            self._late_reported = False
-            self._deadline = time.monotonic() + READINESS_TIMEOUT_S
         threading.Thread(target=self._call, name="zinfer-is-ready", daemon=True).start()
 
     def _call(self) -> None:
@@ -66,16 +59,10 @@ class ReadinessCheck:
         model_loop.WAKE.set()
 
     def take(self) -> bool | None:
-        """The answer to send to the broker, once: a call's result, or False for a call past its time."""
+        """The answer to send to the broker, once: the result of a call that ended."""
         with self._lock:
-            if self._answer is not None:
-                answer, self._answer = self._answer, None
-                return answer
-            if self._running and not self._late_reported and time.monotonic() > self._deadline:
-                self._late_reported = True
-                log.warning("event=is_ready_late model=%s seconds=%.1f", self._model, READINESS_TIMEOUT_S)
-                return False
-            return None
+            answer, self._answer = self._answer, None
+            return answer
 
 
 async def _awaited(value: Any) -> Any:

@@ -186,9 +186,6 @@ SUITES: dict[str, Suite] = {
                 f"{QA}/model_readiness/test_models/is_ready_fn_returns_true_decoupled",
             ),
         ),  # fmt: skip
-        # a gap (docs/models.md): zinfer answers a readiness query with the latest is_ready() answer
-        # instead of waiting for the call it starts, so the query after a slow one still sees "not ready"
-        not_run=("TestUserDefinedModelReadinessFunction::test_is_ready_takes_long_time",),
     ),
     "bls_parameters": Suite(("bls/bls_parameters_test.py",), (_m("bls_parameters"),)),
     "ensemble": Suite(

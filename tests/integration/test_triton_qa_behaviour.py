@@ -199,6 +199,28 @@ class TritonPythonModel:
         return {"true": True, "false": False}.get(text, text)  # anything else: not a bool
 """
 
+SLOW_READY = """
+import pathlib
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+CALLS = pathlib.Path(__file__).parent / "calls"
+
+class TritonPythonModel:
+    def execute(self, requests):
+        y = pb_utils.Tensor("Y", np.array([[4]], np.int32))
+        return [pb_utils.InferenceResponse([y]) for _ in requests]
+
+    def is_ready(self):  # longer than Triton's 5 s bound on a readiness query
+        with CALLS.open("a") as f:
+            f.write("start\\n")
+        time.sleep(6.5)
+        with CALLS.open("a") as f:
+            f.write("end\\n")
+        return True
+"""
+
 IO = """
 max_batch_size: 8
 input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
@@ -218,6 +240,7 @@ MODELS = {
     "canceller": (CANCELLER, IO),
     "sent_stands": (SENT_STANDS, IO),
     "readiness": (READINESS, IO),
+    "slow_ready": (SLOW_READY, IO),
 }
 
 
@@ -353,18 +376,37 @@ def test_a_sent_response_stands_whatever_follows(served: Served) -> None:
 
 
 def test_the_models_own_is_ready_decides_its_readiness(served: Served) -> None:
-    """Each readiness query calls the model's is_ready() again; the answer is its latest (True only for
+    """Each readiness query is answered by a fresh is_ready() call, never an older answer (True only for
     True: False, an exception or another value is not ready); inference goes on either way."""
     _, http_url, grpc_url = served
     grpc = grpcclient.InferenceServerClient(grpc_url)
     http = httpclient.InferenceServerClient(http_url)
     flag_file = REPOSITORY["served"] / "readiness" / "1" / "ready_flag"
-    for text, ready in (("false", False), ("true", True), ("raise", False), ("maybe", False), ("true", True)):
+    # no flag file yet: False, once the call made at load has answered
+    wait_for(lambda: not http.is_model_ready("readiness"), 20, "the first is_ready() answer")
+    for text, ready in (("true", True), ("false", False), ("raise", False), ("maybe", False), ("true", True)):
         flag_file.write_text(text)
-        both = lambda r=ready: http.is_model_ready("readiness") is r and grpc.is_model_ready("readiness") is r  # noqa: E731
-        wait_for(both, 20, f"readiness {ready} for is_ready() -> {text}")
+        assert http.is_model_ready("readiness") is ready, text  # the very next query sees it
+        assert grpc.is_model_ready("readiness") is ready, text
         assert grpc.infer("readiness", _x(1)).as_numpy("Y").tolist() == [[3]]
     grpc.close()
+
+
+def test_a_slow_is_ready_times_out_and_the_next_query_waits_for_it(served: Served) -> None:
+    """Triton's bound: a query whose is_ready() call runs past 5 s is not ready; the call runs on, and a
+    query meanwhile waits for that call's answer (True) rather than starting another."""
+    _, http_url, grpc_url = served
+    calls = REPOSITORY["served"] / "slow_ready" / "1" / "calls"
+    wait_for(lambda: calls.exists() and "end" in calls.read_text(), 30, "the call made at load to end")
+    http = httpclient.InferenceServerClient(http_url, network_timeout=30)
+    with grpcclient.InferenceServerClient(grpc_url) as grpc:
+        start = time.monotonic()
+        assert http.is_model_ready("slow_ready") is False  # past the bound
+        assert 4.5 < time.monotonic() - start < 6.4, time.monotonic() - start
+        assert grpc.infer("slow_ready", _x(1)).as_numpy("Y").tolist() == [[4]]  # inference goes on
+        assert grpc.is_model_ready("slow_ready") is True  # the running call's answer
+        assert time.monotonic() - start < 10
+    assert calls.read_text().split() == ["start", "end", "start", "end"]  # one call for both queries
 
 
 def _stream(grpc_url: str, model: str, value: int, headers: dict[str, str] | None = None) -> list[Any]:
