@@ -210,7 +210,8 @@ class Admission:
         return True
 
     def cancel(self, identity: bytes, target: str) -> str:
-        """Cancel the caller's request ``target``: out of the queue, or its result discarded if it runs."""
+        """Cancel the caller's request ``target``: out of the queue, or, if it runs, its result discarded
+        (a decoupled model's stream goes on as the model sends it: it decides how to end it, as in Triton)."""
         for state in self.registry.working():  # a queued request is in a state with work
             removed = state.batcher.remove(lambda p: p.client == identity and p.request.request_id == target)
             if state.sequencer is not None:

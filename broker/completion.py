@@ -75,11 +75,12 @@ class Completion:
             if p is None:
                 continue
             rid = p.request.request_id
-            if p.cancelled:
-                cancelled += 1
+            cancelled += p.cancelled  # a decoupled one's last response is the model's (it decides, as Triton)
+            if p.cancelled and not state.signature.decoupled:
                 reply, out_frames = Reply(rid, Status.CANCELLED, "Cancelled: the request was cancelled"), []
             elif res.status == Status.OK:
-                ok.append(p)
+                if not p.cancelled:
+                    ok.append(p)
                 if p.on_outputs is not None and state.order is None and p.cache_key is None:
                     p.on_outputs(res, frames)  # an ensemble step: its outputs go on as the worker sent them
                     continue
@@ -95,7 +96,8 @@ class Completion:
                     body["final"] = True  # the last, empty response of a stream
                 reply = Reply(rid, Status.OK, body=body)
             else:
-                failed.append(p)
+                if not p.cancelled:
+                    failed.append(p)
                 reply, out_frames = Reply(rid, res.status, res.error), []
             self.reply(state, p, reply, out_frames)
         forgotten = list(by_seq.values())
@@ -167,8 +169,6 @@ class Completion:
                 batch.requests.remove(p)
                 self._finish_streamed(state, p, res, frames)
                 continue
-            if p.cancelled:
-                continue
             outputs, out_frames = client_outputs([protocol.tensor_to_wire(t) for t in res.outputs], frames)
             body = {"model": state.name, "version": state.version, "outputs": outputs, "final": False}
             if res.parameters:
@@ -179,14 +179,13 @@ class Completion:
         self, state: ModelState, p: Pending, res: RequestResult, frames: list[Frame]
     ) -> None:
         """The last response of one request of a decoupled batch that still runs (Triton-style senders
-        finish their requests one by one): answered, then counted."""
+        finish their requests one by one): answered, then counted. A cancelled request's last response is
+        the model's too (it may have finished its work anyway), counted as cancelled."""
         now_ns = time.monotonic_ns()
         duration = now_ns - int(p.arrival * 1e9)
         rid = p.request.request_id
         out_frames: list[Frame]
-        if p.cancelled:
-            reply, out_frames = Reply(rid, Status.CANCELLED, "Cancelled: the request was cancelled"), []
-        elif res.status == Status.OK:
+        if res.status == Status.OK:
             outputs, out_frames = client_outputs([protocol.tensor_to_wire(t) for t in res.outputs], frames)
             body = {"model": state.name, "version": state.version, "outputs": outputs, "final": True}
             if res.parameters:

@@ -142,10 +142,7 @@ SUITES: dict[str, Suite] = {
             ),
         ),  # fmt: skip
         # square_int32 comes from python_backend's examples; decoupled_bls imports torch
-        # ignore_cancel: a gap (docs/models.md): once a cancel reaches the broker, a decoupled request's
-        # stream ends with CANCELLED, where Triton leaves it to the model
-        not_run=("DecoupledTest::test_decoupled_bls_stream", "DecoupledTest::test_decoupled_bls",
-                 "DecoupledTest::test_decoupled_bls_ignore_cancel"),
+        not_run=("DecoupledTest::test_decoupled_bls_stream", "DecoupledTest::test_decoupled_bls"),
         log_name="decoupled_server.log",
     ),
     "lifecycle": Suite(

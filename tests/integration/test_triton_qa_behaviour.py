@@ -138,6 +138,26 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
+IGNORES_CANCEL = """
+import threading
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self.run, args=(request,), daemon=True).start()
+        return None
+
+    def run(self, request):  # ten responses, cancelled or not
+        sender = request.get_response_sender()
+        for _ in range(10):
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([[1]], np.int32))]))
+            time.sleep(0.05)
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
 CANCELLER = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -147,7 +167,8 @@ class TritonPythonModel:
         out = []
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "X")
-            stream = pb_utils.InferenceRequest(model_name="until_cancelled", inputs=[x],
+            callee = "until_cancelled" if int(x.as_numpy().reshape(-1)[0]) == 1 else "ignores_cancel"
+            stream = pb_utils.InferenceRequest(model_name=callee, inputs=[x],
                                                requested_output_names=["Y"]).exec(decoupled=True)
             total, cancelled = 0, False
             for response in stream:
@@ -237,6 +258,7 @@ MODELS = {
     "errors": (ERRORS, IO),
     "decoupled_errors": (DECOUPLED_ERRORS, IO + DECOUPLED),
     "until_cancelled": (UNTIL_CANCELLED, IO + DECOUPLED),
+    "ignores_cancel": (IGNORES_CANCEL, IO + DECOUPLED),
     "canceller": (CANCELLER, IO),
     "sent_stands": (SENT_STANDS, IO),
     "readiness": (READINESS, IO),
@@ -452,6 +474,15 @@ def test_response_iterator_cancel_reaches_the_called_model(served: Served) -> No
     _, _, grpc_url = served
     with grpcclient.InferenceServerClient(grpc_url) as client:
         assert client.infer("canceller", _x(1)).as_numpy("Y").tolist() == [[51]]
+
+
+def test_a_cancelled_stream_goes_on_as_its_model_sends_it(served: Served) -> None:
+    """Triton leaves a cancelled decoupled request to its model: one that ignores the cancel sends all
+    its ten responses, and the caller gets them and the model's own last one (sum 10, not cancelled:
+    100), not a CANCELLED end made by the server."""
+    _, _, grpc_url = served
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        assert client.infer("canceller", _x(2)).as_numpy("Y").tolist() == [[100]]
 
 
 IDENTITY = """
