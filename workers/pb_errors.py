@@ -24,6 +24,11 @@ class TritonModelException(Exception):
         return str(self.args[0]) if self.args else ""
 
 
+class ArgumentTypeError(TritonModelException, TypeError):
+    """An argument of the wrong type given to this API (``None`` for a name, ...): a ``TypeError`` as
+    Triton's bindings raise, and a ``TritonModelException`` as zinfer raised before."""
+
+
 class TritonError(Exception):
     """An error for one response: ``InferenceResponse(error=TritonError("message", TritonError.NOT_FOUND))``.
     The code (default ``INTERNAL``, as in Triton) decides the status the client sees."""

@@ -19,7 +19,7 @@ from zinfer.client.protocol import MAX_NAME, MAX_TENSORS
 from zinfer.client.worker_protocol import MAX_PARAMETER_TEXT
 
 from .cancel_flags import CancelFlag
-from .pb_errors import TritonError, TritonModelException, triton_error
+from .pb_errors import ArgumentTypeError, TritonError, TritonModelException, triton_error
 from .pb_tensor import Tensor
 from .pb_trace import NO_TRACE, InferenceTrace
 
@@ -36,11 +36,11 @@ class InferenceResponse:
 
     def __init__(
         self,
-        output_tensors: Iterable[Tensor] | None = None,
+        output_tensors: Iterable[Tensor] = (),
         error: TritonError | str | None = None,
         parameters: Mapping[str, Any] | str | None = None,
     ) -> None:
-        self._tensors = list(output_tensors or ())
+        self._tensors = list(output_tensors)  # None: TypeError, as Triton
         for t in self._tensors:  # a loop, not all(<generator>): this runs for every response
             if not isinstance(t, Tensor):
                 raise TritonModelException(
@@ -183,7 +183,12 @@ class InferenceRequest:
         trace: Any = None,
         parameters: Mapping[str, Any] | str | None = None,
     ) -> None:
-        tensors = list(inputs)
+        tensors = list(inputs)  # None: TypeError, as Triton
+        if not isinstance(request_id, str):
+            raise ArgumentTypeError(f"InferenceRequest: request_id must be a str, not {type(request_id)}")
+        if not isinstance(correlation_id, (int, str)) or isinstance(correlation_id, bool):
+            kind = type(correlation_id).__name__
+            raise ArgumentTypeError(f"InferenceRequest: correlation_id must be an int or a str, not {kind}")
         if not all(isinstance(t, Tensor) for t in tensors):
             raise TritonModelException("InferenceRequest: inputs must be a list of pb_utils.Tensor")
         outputs = [_text(n, "requested_output_names") for n in requested_output_names]
@@ -365,4 +370,4 @@ def _text(value: Any, what: str) -> str:
             raise TritonModelException(f"InferenceRequest: {what} is not UTF-8: {value!r}") from None
     if isinstance(value, str):
         return str(value)
-    raise TritonModelException(f"InferenceRequest: {what} must be a str, got {type(value).__name__}")
+    raise ArgumentTypeError(f"InferenceRequest: {what} must be a str, got {type(value).__name__}")

@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from zinfer.client import dtypes
 
-from .pb_errors import TritonModelException
+from .pb_errors import ArgumentTypeError, TritonModelException
 
 NpArray = npt.NDArray[Any]
 
@@ -121,7 +121,9 @@ class Tensor:
 
     def __init__(self, name: str, data: Any, triton_dtype: int | None = None) -> None:
         if not isinstance(name, str):
-            raise TritonModelException(f"Tensor name must be a string, got {type(name).__name__}")
+            raise ArgumentTypeError(f"Tensor name must be a string, got {type(name).__name__}")
+        if data is None:
+            raise ArgumentTypeError(f"Tensor {name!r}: the data must be an array, got None")
         self._name = name
         array = _host_array(data, name)
         if array.dtype.kind == "V":
@@ -171,6 +173,8 @@ class Tensor:
     def from_dlpack(name: str, capsule: Any) -> Tensor:
         """A tensor from a DLPack capsule or an object with ``__dlpack__`` (NumPy, CuPy, torch); device
         data is copied to the host."""
+        if capsule is None or not name:  # Triton's checks of these, with its exception
+            raise TritonModelException(f"Tensor.from_dlpack: a name and a capsule are needed ({name!r})")
         return Tensor(name, capsule)
 
     def __repr__(self) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .pb_errors import TritonError, TritonModelException
+from .pb_errors import ArgumentTypeError, TritonError, TritonModelException
 from .pb_request import (
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
@@ -165,26 +165,30 @@ class Logger:
     @staticmethod
     def log(message: str, level: int = LogLevel.INFO) -> None:
         if level not in (LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR, LogLevel.VERBOSE):
-            raise TritonModelException(
-                f"Logger.log: unknown level {level!r} (use pb_utils.LogLevel.INFO, ...)"
-            )
-        log.log(level, "%s", message)
+            raise ArgumentTypeError(f"Logger.log: unknown level {level!r} (use pb_utils.LogLevel.INFO, ...)")
+        log.log(level, "%s", _message(message))
 
     @staticmethod
     def log_info(message: str) -> None:
-        log.info("%s", message)
+        log.info("%s", _message(message))
 
     @staticmethod
     def log_warn(message: str) -> None:
-        log.warning("%s", message)
+        log.warning("%s", _message(message))
 
     @staticmethod
     def log_error(message: str) -> None:
-        log.error("%s", message)
+        log.error("%s", _message(message))
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        log.debug("%s", message)
+        log.debug("%s", _message(message))
+
+
+def _message(message: Any) -> str:
+    if not isinstance(message, str):  # Triton's binding takes a str only
+        raise ArgumentTypeError(f"Logger: the message must be a str, got {type(message).__name__}")
+    return message
 
 
 class PreferredMemory:
