@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpus", default=None, help="pin this worker to these CPUs, e.g. 0,1,2,3")
     p.add_argument("--max-frame-bytes", type=int, default=-1, help="largest frame sent or received")
     a = p.parse_args(argv)
+    # model code sees no worker flags (Triton's stub has none): unittest.main() in a model parses sys.argv
+    sys.argv = sys.argv[:1]
     if a.cpus:  # before any model code, so thread pools size themselves to the mask
         os.sched_setaffinity(0, {int(c) for c in a.cpus.split(",")})
     if isinstance(sys.stdout, io.TextIOWrapper):

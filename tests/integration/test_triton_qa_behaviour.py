@@ -242,6 +242,23 @@ class TritonPythonModel:
         return True
 """
 
+ARGV = """
+import sys
+import unittest
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class Check(unittest.TestCase):
+    def test_nothing(self):
+        pass
+
+class TritonPythonModel:
+    def execute(self, requests):
+        result = unittest.main(module=__name__, exit=False)  # parses sys.argv, as Triton's qa models do
+        y = np.array([[len(sys.argv) * 10 + int(result.result.wasSuccessful())]], np.int32)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]) for _ in requests]
+"""
+
 IO = """
 max_batch_size: 8
 input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
@@ -263,6 +280,7 @@ MODELS = {
     "sent_stands": (SENT_STANDS, IO),
     "readiness": (READINESS, IO),
     "slow_ready": (SLOW_READY, IO),
+    "argv": (ARGV, IO),
 }
 
 
@@ -412,6 +430,14 @@ def test_the_models_own_is_ready_decides_its_readiness(served: Served) -> None:
         assert grpc.is_model_ready("readiness") is ready, text
         assert grpc.infer("readiness", _x(1)).as_numpy("Y").tolist() == [[3]]
     grpc.close()
+
+
+def test_model_code_sees_no_worker_flags_in_sys_argv(served: Served) -> None:
+    """A model that runs unittest.main() (Triton's qa models do) finds only the program in sys.argv (11),
+    not the worker's flags, which made unittest exit the worker."""
+    _, _, grpc_url = served
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        assert client.infer("argv", _x(1)).as_numpy("Y").tolist() == [[11]]
 
 
 def test_a_slow_is_ready_times_out_and_the_next_query_waits_for_it(served: Served) -> None:
