@@ -275,7 +275,8 @@ class Tracer:
             assert t is not None
             t.compute, t.own = compute, own
             r = outputs.get(p.seq)
-            if t.tensors is not None and r is not None and r.status == Status.OK:
+            # a cancelled request's output slots are its client's again: not read
+            if t.tensors is not None and r is not None and r.status == Status.OK and not p.cancelled:
                 wired = [protocol.tensor_to_wire(o) for o in r.outputs]
                 t.tensors.extend(as_backend_inputs(t.tensors))
                 t.tensors.extend(output_entries(t.id, wired, frames, self._read))
