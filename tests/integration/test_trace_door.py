@@ -30,8 +30,9 @@ def traced_doors(tmp_path: Path) -> Iterator[tuple[ServerProcess, str, str, Path
     repo = repository(tmp_path, ("add",))
     http_url, grpc_url = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     path = tmp_path / "trace.json"
-    server = start_server(repo, "--http", http_url, "--grpc", grpc_url, "--trace-config", f"triton,file={path}",
-                          "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1")  # fmt: skip
+    trace = ("--trace-config", f"triton,file={path}", "--trace-config", "level=TIMESTAMPS",
+             "--trace-config", "rate=1")  # fmt: skip
+    server = start_server(repo, "--http", http_url, "--grpc", grpc_url, *trace)
     try:
         wait_http(http_url)
         wait_grpc(grpc_url).close()

@@ -8,8 +8,8 @@ import numpy as np
 
 from zinfer.broker.trace_tensors import (
     MAX_ELEMENTS,
-    MAX_TEXT,
     MAX_TENSORS,
+    MAX_TEXT,
     as_backend_inputs,
     input_entries,
     output_entries,
@@ -24,11 +24,12 @@ def test_numbers_in_tritons_form() -> None:
     e = tensor_entry(7, "TENSOR_QUEUE_INPUT", "X", "FP32", (1, 3), data)
     assert e == {"id": 7, "activity": "TENSOR_QUEUE_INPUT",
                  "tensor": {"name": "X", "data": "0.1,2.5,-3", "shape": "1,3", "dtype": "FP32"}}  # fmt: skip
-    ints = tensor_entry(1, "TENSOR_BACKEND_OUTPUT", "I", "INT64", (2,), np.array([5, -6], np.int64).tobytes())
+    out = "TENSOR_BACKEND_OUTPUT"
+    ints = tensor_entry(1, out, "I", "INT64", (2,), np.array([5, -6], np.int64).tobytes())
     assert ints["tensor"]["data"] == "5,-6"
-    flags = tensor_entry(1, "TENSOR_BACKEND_OUTPUT", "B", "BOOL", (3,), np.array([1, 0, 1], np.bool_).tobytes())
+    flags = tensor_entry(1, out, "B", "BOOL", (3,), np.array([1, 0, 1], np.bool_).tobytes())
     assert flags["tensor"]["data"] == "1,0,1"
-    bf = tensor_entry(1, "TENSOR_QUEUE_INPUT", "H", "BF16", (2,), np.array([0x3F80, 0xC000], np.uint16).tobytes())
+    bf = tensor_entry(1, out, "H", "BF16", (2,), np.array([0x3F80, 0xC000], np.uint16).tobytes())
     assert bf["tensor"]["data"] == "1,-2"
 
 
