@@ -32,7 +32,9 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +172,19 @@ def _broker_us(tracer: Tracer, n: int) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
+class _Sink(BaseHTTPRequestHandler):
+    """An OTLP/HTTP endpoint that answers 200 and keeps nothing."""
+
+    def do_POST(self) -> None:  # noqa: N802 - the http.server name
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
 def in_process(n: int) -> dict[str, float]:
     out = {"off_us": _broker_us(Tracer(TraceSettings()), n * 10)}
     with tempfile.TemporaryDirectory() as d:
@@ -177,6 +192,23 @@ def in_process(n: int) -> dict[str, float]:
             tracer = Tracer(TraceSettings(level=level, rate=1, file=f"{d}/t.json", log_frequency=1000))
             out[name] = _broker_us(tracer, n)
             tracer.close()
+        every_1000 = TraceSettings(level=("TIMESTAMPS",), rate=1000, file=f"{d}/s.json", log_frequency=1000)
+        sampled = Tracer(every_1000)
+        out["rate_1000_us"] = _broker_us(sampled, n * 5)
+        sampled.close()
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{sink.server_address[1]}/v1/traces"
+    try:
+        settings = TraceSettings(level=("TIMESTAMPS",), rate=1, mode="opentelemetry", otel=(("url", url),))
+        otel = Tracer(settings)
+        out["opentelemetry_us"] = _broker_us(otel, max(1, n // 10))
+        otel.close()
+    except ImportError:  # without zinfer[tracing]
+        pass
+    finally:
+        sink.shutdown()
+        sink.server_close()
     return out
 
 
@@ -206,8 +238,9 @@ def main() -> int:
         trips = s[f"{cfg}_cost_in_bare_round_trips"]
         print(f"  {cfg} - off: {p50:+.1f} us p50 ({mean:+.1f} us mean) per traced request "
               f"= {trips:.2f} bare round trips")  # fmt: skip
-    print(f"broker tracer calls in process: off {proc['off_us']:.3f} us, TIMESTAMPS "
-          f"{proc['timestamps_us']:.2f} us, TENSORS {proc['tensors_us']:.2f} us per request")  # fmt: skip
+    print(f"broker tracer calls in process: off {proc['off_us']:.3f} us, rate=1000 "
+          f"{proc['rate_1000_us']:.2f} us, TIMESTAMPS {proc['timestamps_us']:.2f} us, TENSORS {proc['tensors_us']:.2f} us, opentelemetry "
+          f"{proc.get('opentelemetry_us', float('nan')):.1f} us per request")  # fmt: skip
     record = {
         "label": args.label,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
