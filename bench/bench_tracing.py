@@ -239,8 +239,9 @@ def main() -> int:
         print(f"  {cfg} - off: {p50:+.1f} us p50 ({mean:+.1f} us mean) per traced request "
               f"= {trips:.2f} bare round trips")  # fmt: skip
     print(f"broker tracer calls in process: off {proc['off_us']:.3f} us, rate=1000 "
-          f"{proc['rate_1000_us']:.2f} us, TIMESTAMPS {proc['timestamps_us']:.2f} us, TENSORS {proc['tensors_us']:.2f} us, opentelemetry "
-          f"{proc.get('opentelemetry_us', float('nan')):.1f} us per request")  # fmt: skip
+          f"{proc['rate_1000_us']:.2f} us, TIMESTAMPS {proc['timestamps_us']:.2f} us, TENSORS "
+          f"{proc['tensors_us']:.2f} us, opentelemetry {proc.get('opentelemetry_us', float('nan')):.1f} us "
+          "per request")  # fmt: skip
     record = {
         "label": args.label,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
