@@ -35,6 +35,9 @@ decoupled model, answered by REPLYs with ``body.final`` false and a last one wit
                                                                                                ModelChange
     UNLOAD           {id, model}                       body {model}                            ModelChange
     SERVER_STATUS    {id}                              body the status table                   ServerQuery
+    TRACE_SETTING    {id, model, settings?}            body {settings}                  TraceSettingChange
+                     or {id, model, trace, stamps}: a front door's timestamps of a traced request it
+                     answered (``trace`` its reply's TRACE_ID parameter)      body {added}
     BUNDLE           [[command, header, n], ...]  + each entry's n inline frames, in entry order
                      several messages of one connection in one (either way; entries are never BUNDLE):
                      each is handled, and answered, exactly as if it had come alone, in order
