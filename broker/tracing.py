@@ -108,7 +108,8 @@ class Tracer:
     _open: int = 0
     _issued: dict[str, Trace] = field(default_factory=dict)  # by the span id of its ``context``
     otel: OtelOutput | None = field(init=False)
-    _recent: OrderedDict[str, Trace] = field(default_factory=OrderedDict)  # by TRACE_ID, for the door
+    # answered traces by TRACE_ID, for the door's timestamps: (id, OpenTelemetry span), nothing bigger
+    _recent: OrderedDict[str, tuple[int, Any]] = field(default_factory=OrderedDict)
     # level TENSORS: a read-only view of a region's range (the response cache's ``RegionReader.read``)
     read: Any = field(default_factory=lambda: lambda ref: None)
 
@@ -339,9 +340,10 @@ class Tracer:
         else:
             self.output.add(self._entries(t, stamps, own), t.log_frequency)
         if t.context and t.parent_trace is None:  # the door may add its timestamps for a while
-            self._recent[t.context[36:52]] = t
+            self._recent[t.context[36:52]] = (t.id, t.span)
             if len(self._recent) > MAX_RECENT:
                 self._recent.popitem(last=False)
+        t.tensors = t.own = None  # the output has them; an ensemble's step may still hold ``t``
         if not self._open:
             self._refresh()
 
@@ -350,16 +352,17 @@ class Tracer:
         ``GRPC_SEND_END``), under the trace's ``TRACE_ID`` token; False for a token not (or no longer)
         known. Triton mode: one more ``timestamps`` entry of the trace; OpenTelemetry: a span ``HTTP`` or
         ``GRPC`` under the request's."""
-        t = self._recent.pop(token, None)
-        if t is None:
+        known = self._recent.pop(token, None)
+        if known is None:
             return False
+        trace_id, span = known
         kept = [(n, ns) for n, ns in stamps if n in DOOR_STAMPS]
         if not kept:
             return True
         if self.otel is not None:
-            self.otel.door(t.span, kept)
+            self.otel.door(span, kept)
         else:
-            self.output.extra([{"id": t.id, "timestamps": [{"name": n, "ns": ns} for n, ns in kept]}])
+            self.output.extra([{"id": trace_id, "timestamps": [{"name": n, "ns": ns} for n, ns in kept]}])
         return True
 
     @staticmethod
