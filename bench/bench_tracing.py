@@ -100,7 +100,6 @@ def serving(base: str | None, n: int, rounds: int) -> dict[str, Any]:
             env = _env(base if cfg == "base" else None)
             urls[cfg] = stack.enter_context(bench_serving.zinfer_server(extra=_flags(cfg, folder), env=env))
         clients = {cfg: stack.enter_context(Client(url, timeout=30)) for cfg, url in urls.items()}
-        bare = stack.enter_context(baseline.bare_hop())
         frames = bench_serving.bare_frames()
         for c in clients.values():
             _latencies(c, WARMUP)
@@ -108,8 +107,9 @@ def serving(base: str | None, n: int, rounds: int) -> dict[str, Any]:
             order = [*cfgs, "bare"]
             order = order[r % len(order) :] + order[: r % len(order)]
             for cfg in order:
-                if cfg == "bare":
-                    got = baseline.bare_latency_us(bare, frames, n)
+                if cfg == "bare":  # a fresh hop each round: its echo worker leaves after 10 s idle
+                    with baseline.bare_hop() as bare:
+                        got = baseline.bare_latency_us(bare, frames, n)
                 else:
                     got = _latencies(clients[cfg], n)
                 samples[cfg].extend(got)
