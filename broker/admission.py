@@ -107,8 +107,14 @@ class Admission:
             input_bytes=checked.input_bytes,
         )  # fmt: skip
         if start_ns:
-            p.trace = self.tracer.start(state.name, state.version, req.caller_id, req.parameters, start_ns)
-        self.enqueue(state, p, checked.shape_key, now)
+            p.trace = self.tracer.start(state.name, state.version, req.caller_id, req.parameters, start_ns,
+                                        req, frames)  # fmt: skip
+        try:
+            self.enqueue(state, p, checked.shape_key, now)
+        except ServerError as exc:
+            if p.trace is not None:  # refused once its trace began (queue full, bad sequence flags)
+                self.tracer.refused(p.trace, exc.status)
+            raise
         state.metrics.bytes(checked.input_bytes, 0)
         # a batch may go now, not after the rest of this turn's messages; a model that executes each
         # request alone lets the turn's backlog gather instead, to go out in runs
@@ -196,6 +202,8 @@ class Admission:
         if hit is None:
             return False
         wire, frames, lookup_ns = hit
+        if p.trace is not None:
+            p.trace.cached = True
         stats = state.stats
         now = time.monotonic()
         duration = int((now - p.arrival) * 1e9) + lookup_ns

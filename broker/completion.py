@@ -70,6 +70,8 @@ class Completion:
         failed: list[Pending] = []  # failed in the model
         cancelled = 0
         out_frames: list[Frame]
+        if self.tracer.on:  # traced requests' compute times (and outputs) before their replies leave
+            self.tracer.batch_ran(batch, result, frames, now_ns)
         for res in result.results:  # every reply leaves first; the figures are recorded after
             p = by_seq.pop(res.id, None)
             if p is None:
@@ -109,7 +111,7 @@ class Completion:
             self.pool.give_back(state, identity)
         self._account(state, batch, result, now_ns, ok, failed, cancelled, len(forgotten))
         if self.tracer.on:
-            self.tracer.batch_done(batch, result.timings, now_ns)
+            self.tracer.batch_done(batch)
 
     @staticmethod
     def _account(
@@ -208,10 +210,15 @@ class Completion:
 
     def deliver(self, p: Pending, reply: Reply, frames: list[Frame]) -> None:
         """A final reply to its request's client, or to the ensemble run that sent the request."""
+        t = p.trace
+        if t is not None:  # a traced request's outcome (and outputs) before the reply leaves
+            reply = self.tracer.replying(t, reply, frames)
         if p.on_done is not None:
             p.on_done(reply, frames)
         else:
             self.outbox.send_client(p.client, reply, frames)
+        if t is not None:
+            self.tracer.finish(t)
 
     def reply(self, state: ModelState, p: Pending, reply: Reply, frames: list[Frame]) -> None:
         """Answer ``p`` (in arrival order where ``state`` preserves it)."""

@@ -144,14 +144,17 @@ class EnsemblePath:
             sp = Pending(self.admission.new_seq(), p.client, req, frames, checked.outputs, checked.batch_size,
                          now, input_bytes=checked.input_bytes)  # fmt: skip
             if p.trace is not None:  # the ensemble's trace: its steps' are its children
-                sp.trace = self.admission.tracer.child(p.trace, target.name, target.version)
+                sp.trace = self.admission.tracer.child(p.trace, target.name, target.version,
+                                                       request=req, frames=frames)  # fmt: skip
             sp.on_done = lambda reply, out_frames: self._step_done(run, i, reply, out_frames)
             sp.on_outputs = lambda res, out_frames: self._step_outputs(run, i, res, out_frames)
             run.outstanding[i] = (target, sp)
             try:
                 self.admission.enqueue(target, sp, checked.shape_key, now)
-            except BaseException:
+            except BaseException as exc:
                 run.outstanding.pop(i, None)
+                if sp.trace is not None:  # the step was refused: its trace ends here
+                    self.admission.tracer.refused(sp.trace, getattr(exc, "status", Status.INTERNAL))
                 raise
         except ServerError as exc:
             self._fail(run, step, exc.status, exc.wire_text())
@@ -326,8 +329,6 @@ class EnsemblePath:
         state.stats.last_inference_ms = int(time.time() * 1000)
         state.metrics.success(duration / 1000, 0.0, p.batch_size)
         state.window.record(now_ns / 1e9, duration / 1e9)
-        if p.trace is not None:
-            self.admission.tracer.request_done(p.trace)
         self._release(run)
 
     def _read(self, shm: list[Any] | None) -> bytes:

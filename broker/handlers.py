@@ -168,7 +168,10 @@ class Controls:
 
     def _trace_setting(self, change: protocol.TraceSettingChange) -> dict[str, Any]:
         """Triton's trace extension: the settings in force (for ``change.model``, or the global ones),
-        after the change if there is one; a bad change is refused whole."""
+        after the change if there is one; a bad change is refused whole. The door's timestamps of a
+        traced request it answered (``change.trace``) are added to that trace."""
+        if change.trace:
+            return {"added": self.trace.door_stamps(change.trace, change.stamps)}
         if change.settings is None:
             return {"settings": self.trace.get(change.model or None)}
         try:

@@ -61,6 +61,7 @@ class Observer:
         # the front-door processes (``frontdoor_procs.FrontDoorProcs.snapshot``), when zinfer serve runs any
         self.frontdoors: Callable[[], list[dict[str, Any]]] | None = None
         self.tracer = Tracer(trace or TraceSettings())  # per-request traces and their settings
+        self.tracer.read = caching.readers.read  # level TENSORS reads tensors in regions as the cache does
 
     def start_http(self, address: str) -> None:
         """Serve the metrics and health endpoints on ``address``; a ``ConfigError`` naming the address and

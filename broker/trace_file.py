@@ -34,9 +34,14 @@ class TraceFile:
             self._write(f"{self.path}.{self.index}")
             self.index += 1
 
+    def extra(self, entries: list[dict[str, Any]]) -> None:
+        """More entries of a trace already added (the door's timestamps): they go with the next write."""
+        if self.path:
+            self._entries.extend(entries)
+
     def close(self) -> None:
         """Write what is left (the server is stopping)."""
-        if self.path and self._traces:
+        if self.path and self._entries:
             self._write(self.path if self.index == 0 else f"{self.path}.{self.index}")
 
     def _write(self, target: str) -> None:

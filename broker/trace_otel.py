@@ -23,6 +23,10 @@ from typing import Any
 
 DEFAULT_URL = "http://localhost:4318/v1/traces"
 _INTS = ("bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size")
+# when each level-TENSORS entry is an event: inputs as the request queues and as compute starts, outputs
+# as the model's output phase starts (or, a request that ran no batch of its own, when it ends)
+_TENSOR_AT = {"TENSOR_QUEUE_INPUT": "QUEUE_START", "TENSOR_BACKEND_INPUT": "COMPUTE_START",
+              "TENSOR_BACKEND_OUTPUT": "COMPUTE_OUTPUT_START"}  # fmt: skip
 
 
 def missing() -> str | None:
@@ -112,27 +116,7 @@ class OtelOutput:
             "InferRequest", context=context, start_time=start_ns + self.offset_ns, attributes=attributes
         )
 
-    def finish(
-        self,
-        model: str,
-        version: int,
-        request_id: str,
-        parent: tuple[str, str] | None,
-        stamps: Sequence[tuple[str, int]],
-        own: dict[str, Any],
-        span: Any = None,
-        parent_span: Any = None,
-    ) -> None:
-        """End a request's span (begun here if ``span`` is None) with its timestamps as events."""
-        at = dict(stamps)
-        if span is None:
-            span = self.begin(model, version, request_id, parent, at["REQUEST_START"], parent_span)
-        span.set_attributes({f"zinfer.{k}": v for k, v in own.items() if isinstance(v, str | int)})
-        for name, ns in stamps:
-            span.add_event(name, timestamp=ns + self.offset_ns)
-        span.end(end_time=at["REQUEST_END"] + self.offset_ns)
-
-    def export(
+    def record(
         self,
         model: str,
         version: int,
@@ -142,23 +126,50 @@ class OtelOutput:
         own: dict[str, Any],
         parent_span: Any = None,
         span: Any = None,
-    ) -> None:
-        """A request that ran on an instance: its span (begun already where a BLS call's span needed it as
-        a parent) and its ``compute`` child."""
+        tensors: Sequence[dict[str, Any]] = (),
+    ) -> Any:
+        """A request's span, ended (begun here if ``span`` is None): its timestamps as events, a ``compute``
+        child where it ran on an instance, level TENSORS' entries as events ``TENSOR_*`` (attributes name,
+        data, shape, dtype) at the time each applies. Returns the span."""
         from opentelemetry import trace
 
         at = dict(stamps)
         o = self.offset_ns
         if span is None:
             span = self.begin(model, version, request_id, parent, at["REQUEST_START"], parent_span)
-        compute = self.tracer.start_span(
-            "compute", context=trace.set_span_in_context(span), start_time=at["COMPUTE_START"] + o,
-            attributes={"model_name": model, "model_version": version},
-        )  # fmt: skip
-        for name in ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"):
-            compute.add_event(name, timestamp=at[name] + o)
-        compute.end(end_time=at["COMPUTE_END"] + o)
-        self.finish(model, version, request_id, parent, stamps, own, span)
+        if "COMPUTE_START" in at:
+            compute = self.tracer.start_span(
+                "compute", context=trace.set_span_in_context(span), start_time=at["COMPUTE_START"] + o,
+                attributes={"model_name": model, "model_version": version},
+            )  # fmt: skip
+            for name in ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"):
+                compute.add_event(name, timestamp=at[name] + o)
+            compute.end(end_time=at["COMPUTE_END"] + o)
+        span.set_attributes({f"zinfer.{k}": v for k, v in own.items() if isinstance(v, str | int)})
+        for name, ns in stamps:
+            span.add_event(name, timestamp=ns + o)
+        for e in tensors:
+            when = at.get(_TENSOR_AT.get(str(e.get("activity")), ""), at["REQUEST_END"])
+            attrs = {k: v for k, v in e["tensor"].items() if isinstance(v, str | int | bool)}
+            span.add_event(str(e["activity"]), attributes=attrs, timestamp=when + o)
+        span.end(end_time=at["REQUEST_END"] + o)
+        return span
+
+    def door(self, span: Any, stamps: Sequence[tuple[str, int]]) -> None:
+        """The front door's timestamps of a request whose span is ``span``: a child span ``HTTP`` or
+        ``GRPC`` from its first to its last, each one an event."""
+        from opentelemetry import trace
+
+        if span is None or not stamps:
+            return
+        o = self.offset_ns
+        times = [ns for _, ns in stamps]
+        door = self.tracer.start_span(
+            stamps[0][0].split("_", 1)[0], context=trace.set_span_in_context(span), start_time=min(times) + o
+        )
+        for name, ns in stamps:
+            door.add_event(name, timestamp=ns + o)
+        door.end(end_time=max(times) + o)
 
     def close(self) -> None:
         """Export what is queued, then stop the exporter's thread."""

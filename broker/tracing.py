@@ -22,18 +22,28 @@ import itertools
 import os
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from zinfer.client.protocol import TRACEPARENT
+from zinfer.client import protocol
+from zinfer.client.errors import Status
+from zinfer.client.protocol import TRACE_ID, TRACEPARENT, Frame, InferRequest, Reply, ShmRef
+from zinfer.client.worker_protocol import WorkerResult
 
 from .model_state import InFlight
 from .trace_file import TraceFile
 from .trace_otel import OtelOutput
 from .trace_settings import TraceSettings, update
+from .trace_tensors import as_backend_inputs, input_entries, output_entries
 
 MAX_ISSUED = 4096  # traced requests whose context a BLS call may name (the running ones, bounded)
+MAX_RECENT = 4096  # answered traces the door may still add its timestamps to (the latest, bounded)
+DOOR_STAMPS = frozenset({
+    "HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END",
+    "GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END",
+})  # fmt: skip
 MAX_MODEL_SETTINGS = 1024  # models with their own trace settings (each an entry the broker keeps)
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 
@@ -67,6 +77,13 @@ class Trace:
     span: Any = None  # opentelemetry mode, an ensemble's: its span, begun when its first step is traced
     end_ns: int = 0  # an ensemble's: when it answered (its last step's reply came before that)
     context: str = ""  # its own W3C traceparent, handed to its model (``Tracer._issue``) for BLS calls
+    tensors: list[dict[str, Any]] | None = None  # level TENSORS: its tensor entries (``trace_tensors``)
+    compute: tuple[tuple[str, int], ...] | None = None  # its batch's compute timestamps, once it ran
+    own: dict[str, Any] | None = None  # its batch's figures (zinfer's own), once it ran
+    status: Status = Status.OK  # how it was answered
+    cached: bool = False  # answered from the response cache
+    outputs_read: bool = False
+    done: bool = False  # its record has gone to the output
 
 
 @dataclass
@@ -91,6 +108,10 @@ class Tracer:
     _open: int = 0
     _issued: dict[str, Trace] = field(default_factory=dict)  # by the span id of its ``context``
     otel: OtelOutput | None = field(init=False)
+    # answered traces by TRACE_ID, for the door's timestamps: (id, OpenTelemetry span), nothing bigger
+    _recent: OrderedDict[str, tuple[int, Any]] = field(default_factory=OrderedDict)
+    # level TENSORS: a read-only view of a region's range (the response cache's ``RegionReader.read``)
+    read: Any = field(default_factory=lambda: lambda ref: None)
 
     def __post_init__(self) -> None:
         self._global = _Sampler(self.settings)
@@ -140,13 +161,20 @@ class Tracer:
     # ------------------------------------------------------------------------------------ requests
 
     def start(
-        self, model: str, version: int, request_id: str, parameters: Mapping[str, Any], start_ns: int
+        self,
+        model: str,
+        version: int,
+        request_id: str,
+        parameters: Mapping[str, Any],
+        start_ns: int,
+        request: InferRequest | None = None,
+        frames: Sequence[Frame] = (),
     ) -> Trace | None:
         """A trace for this request if it is sampled (every ``rate``-th of its model's settings, while
-        ``count`` lasts); QUEUE_START is now."""
+        ``count`` lasts); QUEUE_START is now. Level TENSORS: ``request``'s inputs are recorded now."""
         parent = parse_traceparent(parameters.get(TRACEPARENT)) if TRACEPARENT in parameters else None
         if parent is not None and parent[1] in self._issued:  # a BLS call of a traced request: its child
-            return self.child(self._issued[parent[1]], model, version, request_id, start_ns)
+            return self.child(self._issued[parent[1]], model, version, request_id, start_ns, request, frames)
         sampler = self._models.get(model, self._global)
         s = sampler.settings
         if not s.enabled:
@@ -161,7 +189,16 @@ class Tracer:
         t = Trace(next(self._ids), model, version, request_id, start_ns, time.monotonic_ns(), s.log_frequency,
                   parent)  # fmt: skip
         self._issue(t, parent[0] if parent else os.urandom(16).hex())
+        if "TENSORS" in s.level:
+            self._inputs(t, request, frames)
         return t
+
+    def _inputs(self, t: Trace, request: InferRequest | None, frames: Sequence[Frame]) -> None:
+        t.tensors = [] if request is None else input_entries(t.id, request.inputs, frames, self._read)
+
+    def _read(self, ref: ShmRef) -> memoryview | None:
+        view: memoryview | None = self.read(ref)
+        return view
 
     def _issue(self, t: Trace, trace_id: str) -> None:
         """Give ``t`` a W3C context of its own in trace ``trace_id``, which its model sees as the
@@ -173,7 +210,14 @@ class Tracer:
         self._issued[span_id] = t
 
     def child(
-        self, parent: Trace, model: str, version: int, request_id: str | None = None, start_ns: int = 0
+        self,
+        parent: Trace,
+        model: str,
+        version: int,
+        request_id: str | None = None,
+        start_ns: int = 0,
+        request: InferRequest | None = None,
+        frames: Sequence[Frame] = (),
     ) -> Trace:
         """The trace of an ensemble step's request or of a BLS call, a child of the ensemble's or caller's
         (``parent_id``); it is not sampled on its own (the parent's trace decides) and does not count
@@ -190,26 +234,136 @@ class Tracer:
         t = Trace(next(self._ids), model, version, rid, start_ns, now, parent.log_frequency, w3c, parent.id,
                   parent)  # fmt: skip
         self._issue(t, parent.context[3:35] if parent.context else os.urandom(16).hex())
+        if parent.tensors is not None:
+            self._inputs(t, request, frames)
         return t
 
-    def request_done(self, t: Trace) -> None:
-        """A traced request that ran no batch of its own (an ensemble's) has been answered: its record."""
+    # ------------------------------------------------------------------------------------ outcomes
+
+    def batch_ran(
+        self, batch: InFlight, result: WorkerResult, frames: Sequence[Frame], received_ns: int
+    ) -> None:
+        """A batch came back (``received_ns``: when its RESULT came), before any of its replies leaves: its
+        traced requests get their compute timestamps, batch and worker figures, and (level TENSORS) the
+        outputs the model made, read while the client cannot yet reuse its output slots."""
+        traced = [p for p in batch.requests if p.trace is not None]
+        if not traced:
+            return  # the usual case while tracing samples: nothing of this batch is traced
+        timings = result.timings
+        c_in, c_infer, c_out = int(timings[0]), int(timings[1]), int(timings[2])
+        wire = max(0, received_ns - batch.sent_ns - (c_in + c_infer + c_out))
+        compute_start = batch.sent_ns + wire // 2
+        compute = (
+            ("COMPUTE_START", compute_start),
+            ("COMPUTE_INPUT_END", compute_start + c_in),
+            ("COMPUTE_OUTPUT_START", compute_start + c_in + c_infer),
+            ("COMPUTE_END", compute_start + c_in + c_infer + c_out),
+        )
+        own: dict[str, Any] = {
+            "batch_id": batch.batch_id,
+            "batch_size": sum(p.batch_size for p in batch.requests),
+            "batch_requests": len(batch.requests),
+            "executions": batch.executions,
+            "worker": batch.worker.decode(errors="replace"),
+            "dispatch_ns": batch.sent_ns,
+            "result_ns": received_ns,
+            "wire_ns_each_way": wire // 2,
+        }
+        tensors = any(p.trace is not None and p.trace.tensors is not None for p in traced)
+        outputs = {r.id: r for r in result.results} if tensors else {}
+        for p in traced:
+            t = p.trace
+            assert t is not None
+            t.compute, t.own = compute, own
+            r = outputs.get(p.seq)
+            # a cancelled request's output slots are its client's again: not read
+            if t.tensors is not None and r is not None and r.status == Status.OK and not p.cancelled:
+                wired = [protocol.tensor_to_wire(o) for o in r.outputs]
+                t.tensors.extend(as_backend_inputs(t.tensors))
+                t.tensors.extend(output_entries(t.id, wired, frames, self._read))
+                t.outputs_read = True
+
+    def batch_done(self, batch: InFlight) -> None:
+        """After a batch's replies: the traced requests answered without a reply of their own (an ensemble
+        step whose outputs went straight on to its ensemble) are finished."""
+        for p in batch.requests:
+            if p.trace is not None and not p.trace.done:
+                self.finish(p.trace)
+
+    def replying(self, t: Trace, reply: Reply, frames: Sequence[Frame]) -> Reply:
+        """Before a traced request's final reply leaves: its outcome noted, (level TENSORS) the outputs of
+        a request that ran no batch of its own (an ensemble's) read, and a reply to the client marked with
+        the trace's ``TRACE_ID`` parameter (the door adds its own timestamps under it)."""
+        t.status = reply.status
+        body = reply.body
+        if reply.status != Status.OK or not isinstance(body, dict):
+            return reply
+        if t.tensors is not None and not t.outputs_read and not t.cached:
+            t.tensors.extend(output_entries(t.id, body.get("outputs") or (), frames, self._read))
+            t.outputs_read = True
+        if t.parent_trace is not None:  # a step's reply goes to its ensemble, a BLS call's to its model
+            return reply
+        params = body.get("parameters")
+        marked = {**(params if isinstance(params, dict) else {}), TRACE_ID: t.context[36:52]}
+        return reply._replace(body={**body, "parameters": marked})
+
+    def refused(self, t: Trace, status: Status) -> None:
+        """A traced request refused after its trace began (its queue full, a bad sequence flag)."""
+        t.status = status
+        self.finish(t)
+
+    def finish(self, t: Trace) -> None:
+        """A traced request has been answered (whatever the outcome): its record goes to the output."""
+        if t.done:
+            return
+        t.done = True
         self._open -= 1
-        t.end_ns = time.monotonic_ns()
+        t.end_ns = end_ns = time.monotonic_ns()
         if t.context:
             self._issued.pop(t.context[36:52], None)
-        stamps = (("REQUEST_START", t.request_start_ns), ("QUEUE_START", t.queue_start_ns),
-                  ("REQUEST_END", t.end_ns))  # fmt: skip
-        own: dict[str, Any] = {}
+        stamps = [("REQUEST_START", t.request_start_ns), ("QUEUE_START", t.queue_start_ns)]
+        if t.compute is not None:
+            stamps.extend(t.compute)
+        stamps.append(("REQUEST_END", _step_end(t, end_ns)))
+        own: dict[str, Any] = dict(t.own) if t.own is not None else {}
+        if t.status != Status.OK:
+            own["status"] = t.status.name
+        if t.cached:
+            own["cache"] = "hit"
         if t.parent is not None:
             own["trace_id"], own["parent_span_id"] = t.parent
         self.collected += 1
         if self.otel is not None:
-            self.otel.finish(t.model, t.version, t.request_id, t.parent, stamps, own, t.span)
+            parent_span = t.parent_trace.span if t.parent_trace is not None else None
+            t.span = self.otel.record(t.model, t.version, t.request_id, t.parent, stamps, own, parent_span,
+                                      t.span, t.tensors or ())  # fmt: skip
         else:
             self.output.add(self._entries(t, stamps, own), t.log_frequency)
+        if t.context and t.parent_trace is None:  # the door may add its timestamps for a while
+            self._recent[t.context[36:52]] = (t.id, t.span)
+            if len(self._recent) > MAX_RECENT:
+                self._recent.popitem(last=False)
+        t.tensors = t.own = None  # the output has them; an ensemble's step may still hold ``t``
         if not self._open:
             self._refresh()
+
+    def door_stamps(self, token: str, stamps: Sequence[tuple[str, int]]) -> bool:
+        """The front door's own timestamps of a traced request it answered (``HTTP_RECV_START`` ...
+        ``GRPC_SEND_END``), under the trace's ``TRACE_ID`` token; False for a token not (or no longer)
+        known. Triton mode: one more ``timestamps`` entry of the trace; OpenTelemetry: a span ``HTTP`` or
+        ``GRPC`` under the request's."""
+        known = self._recent.pop(token, None)
+        if known is None:
+            return False
+        trace_id, span = known
+        kept = [(n, ns) for n, ns in stamps if n in DOOR_STAMPS]
+        if not kept:
+            return True
+        if self.otel is not None:
+            self.otel.door(span, kept)
+        else:
+            self.output.extra([{"id": trace_id, "timestamps": [{"name": n, "ns": ns} for n, ns in kept]}])
+        return True
 
     @staticmethod
     def _entries(t: Trace, stamps: Sequence[tuple[str, int]], own: dict[str, Any]) -> list[dict[str, Any]]:
@@ -217,62 +371,14 @@ class Tracer:
                                 "request_id": t.request_id}  # fmt: skip
         if t.parent_id is not None:
             head["parent_id"] = t.parent_id
-        return [
+        entries = [
             head,
             {"id": t.id, "timestamps": [{"name": n, "ns": ns} for n, ns in stamps]},
             {"id": t.id, "zinfer": own},
         ]
-
-    def batch_done(
-        self, batch: InFlight, timings: tuple[int, int, int] | list[int], received_ns: int
-    ) -> None:
-        """The traced requests of a batch that returned (``received_ns``: when its RESULT came): their
-        records, complete, go to the output."""
-        if not any(p.trace is not None for p in batch.requests):
-            return  # the usual case while tracing samples: nothing of this batch is traced
-        end_ns = time.monotonic_ns()
-        c_in, c_infer, c_out = int(timings[0]), int(timings[1]), int(timings[2])
-        wire = max(0, received_ns - batch.sent_ns - (c_in + c_infer + c_out))
-        compute_start = batch.sent_ns + wire // 2
-        rows = sum(p.batch_size for p in batch.requests)
-        worker = batch.worker.decode(errors="replace")
-        for p in batch.requests:
-            t = p.trace
-            if t is None:
-                continue
-            stamps = (
-                ("REQUEST_START", t.request_start_ns),
-                ("QUEUE_START", t.queue_start_ns),
-                ("COMPUTE_START", compute_start),
-                ("COMPUTE_INPUT_END", compute_start + c_in),
-                ("COMPUTE_OUTPUT_START", compute_start + c_in + c_infer),
-                ("COMPUTE_END", compute_start + c_in + c_infer + c_out),
-                ("REQUEST_END", _step_end(t, end_ns)),
-            )
-            own: dict[str, Any] = {
-                "batch_id": batch.batch_id,
-                "batch_size": rows,
-                "batch_requests": len(batch.requests),
-                "executions": batch.executions,
-                "worker": worker,
-                "dispatch_ns": batch.sent_ns,
-                "result_ns": received_ns,
-                "wire_ns_each_way": wire // 2,
-            }
-            if t.parent is not None:
-                own["trace_id"], own["parent_span_id"] = t.parent
-            self.collected += 1
-            self._open -= 1
-            if t.context:
-                self._issued.pop(t.context[36:52], None)
-            if self.otel is not None:
-                parent_span = t.parent_trace.span if t.parent_trace is not None else None
-                self.otel.export(t.model, t.version, t.request_id, t.parent, stamps, own, parent_span, t.span)
-                continue
-            self.output.add(self._entries(t, stamps, own), t.log_frequency)
-
-        if not self._open:
-            self._refresh()
+        if t.tensors:
+            entries.extend(t.tensors)
+        return entries
 
     def close(self) -> None:
         self.output.close()

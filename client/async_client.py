@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from . import protocol
@@ -33,6 +33,7 @@ from .protocol import (
 )
 from .result import InferResult
 from .shm import Segment
+from .trace_context import with_trace_context
 from .triton_compat import InputsArg, OutputsArg
 from .triton_compat import model_version as _version
 
@@ -166,6 +167,14 @@ class AsyncClient(_ClientBase):
         body: dict[str, Any] = (await self._call(Command.TRACE_SETTING, header)).body
         return dict(body["settings"])
 
+    async def add_trace_stamps(self, trace: str, stamps: Sequence[tuple[str, int]]) -> bool:
+        """A front door's own timestamps (Triton's ``HTTP_*``/``GRPC_*`` names, ``CLOCK_MONOTONIC`` ns) of
+        a traced request it answered, under its reply's ``protocol.TRACE_ID`` parameter; False when the
+        server no longer holds that trace (only its latest answered traces are kept for this)."""
+        change = protocol.TraceSettingChange(trace=trace, stamps=tuple((str(n), int(ns)) for n, ns in stamps))
+        reply = await self._call(Command.TRACE_SETTING, protocol.trace_setting_to_wire(change))
+        return bool(reply.body.get("added"))
+
     async def server_status(self) -> dict[str, Any]:
         header = protocol.server_query_to_wire(ServerQuery())
         body: dict[str, Any] = (await self._call(Command.SERVER_STATUS, header)).body
@@ -214,8 +223,8 @@ class AsyncClient(_ClientBase):
         awaiting this is cancelled, the request is cancelled in the server too."""
         info = await self._model_info(model, _version(model_version))
         sequence = (sequence_id, sequence_start, sequence_end)
-        if trace_context is not None:  # a W3C traceparent: the server's trace continues the caller's
-            parameters = {**(parameters or {}), protocol.TRACEPARENT: trace_context}
+        # a W3C traceparent (given, or the active OpenTelemetry span's): the server's trace continues it
+        parameters = with_trace_context(parameters, trace_context)
         p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence, parameters)
         try:
             await self._register_new()
@@ -248,6 +257,7 @@ class AsyncClient(_ClientBase):
         request options are ``infer``'s (a decoupled model may be stateful: ``sequence_*``)."""
         info = await self._model_info(model, _version(model_version))
         sequence = (sequence_id, sequence_start, sequence_end)
+        parameters = with_trace_context(parameters, None)
         p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence, parameters)
         await self._register_new()
         wait = self.timeout if client_timeout is None else client_timeout

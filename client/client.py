@@ -29,6 +29,7 @@ from .protocol import (
 )
 from .result import InferResult
 from .shm import Segment
+from .trace_context import with_trace_context
 from .triton_compat import InputsArg, OutputsArg
 from .triton_compat import model_version as _version
 
@@ -228,8 +229,8 @@ class Client(_ClientBase):
         """
         info = self._model_info(model, _version(model_version))
         sequence = (sequence_id, sequence_start, sequence_end)
-        if trace_context is not None:  # a W3C traceparent: the server's trace continues the caller's
-            parameters = {**(parameters or {}), protocol.TRACEPARENT: trace_context}
+        # a W3C traceparent (given, or the active OpenTelemetry span's): the server's trace continues it
+        parameters = with_trace_context(parameters, trace_context)
         p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence, parameters)
         try:
             self._conn.check_server()  # nothing sent yet: a missing server frees the slots below
@@ -256,6 +257,7 @@ class Client(_ClientBase):
         """The responses of a decoupled model to one request, as they come; the last has ``final`` set
         (and, as in Triton, usually no outputs). ``client_timeout`` bounds the wait for each response."""
         info = self._model_info(model, _version(model_version))
+        parameters = with_trace_context(parameters, None)  # the active OpenTelemetry span's, if any
         p = self._prepare(info, inputs, outputs, request_id, 0, None, parameters=parameters)
         wait = self.timeout if client_timeout is None else client_timeout
         rid = self._conn.new_id()

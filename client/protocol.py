@@ -35,6 +35,9 @@ decoupled model, answered by REPLYs with ``body.final`` false and a last one wit
                                                                                                ModelChange
     UNLOAD           {id, model}                       body {model}                            ModelChange
     SERVER_STATUS    {id}                              body the status table                   ServerQuery
+    TRACE_SETTING    {id, model, settings?}            body {settings}                  TraceSettingChange
+                     or {id, model, trace, stamps}: a front door's timestamps of a traced request it
+                     answered (``trace`` its reply's TRACE_ID parameter)      body {added}
     BUNDLE           [[command, header, n], ...]  + each entry's n inline frames, in entry order
                      several messages of one connection in one (either way; entries are never BUNDLE):
                      each is handled, and answered, exactly as if it had come alone, in order
@@ -659,7 +662,11 @@ class UnregisterRegion:
 TRACEPARENT = "traceparent"
 """The request parameter that carries a W3C trace context (``00-<trace id>-<span id>-<flags>``) for the
 server's trace of the request to continue; the door sets it from the ``traceparent`` header or metadata."""
+TRACE_ID = "zinfer_trace_id"
+"""The response parameter of a traced request's reply: its trace's token, under which the front door adds
+its own timestamps (``TraceSettingChange.stamps``); the door removes it from what its caller sees."""
 MAX_TRACE_SETTINGS = 16
+MAX_TRACE_STAMPS = 8
 MAX_TRACE_VALUES = 8
 MAX_TRACE_VALUE = 4096
 
@@ -673,16 +680,41 @@ class TraceSettingChange:
     model: str = ""
     settings: Mapping[str, str | list[str] | None] | None = None
     request_id: str = ""
+    # the front door's own timestamps (name, CLOCK_MONOTONIC ns) of the traced request answered under the
+    # token ``trace`` (its reply's ``TRACE_ID``); with ``trace`` set, nothing else is read
+    trace: str = ""
+    stamps: tuple[tuple[str, int], ...] = ()
 
 
 def trace_setting_to_wire(r: TraceSettingChange) -> dict[str, Any]:
     d: dict[str, Any] = {"model": r.model}
     if r.settings is not None:
         d["settings"] = dict(r.settings)
+    if r.trace:
+        d["trace"] = r.trace
+        d["stamps"] = [[n, ns] for n, ns in r.stamps]
     return _with_id(r.request_id, d)
 
 
+def _trace_stamps(d: Mapping[str, Any]) -> TraceSettingChange:
+    trace: str = _get(d, "trace", str, "")
+    raw = _get(d, "stamps", list, [])
+    if len(trace) > 64 or len(raw) > MAX_TRACE_STAMPS:
+        raise ProtocolError(f"field 'stamps': at most {MAX_TRACE_STAMPS} timestamps of a trace token")
+    stamps: list[tuple[str, int]] = []
+    for item in raw:
+        if (
+            not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], str) or len(item[0]) > 64
+            or not isinstance(item[1], int) or isinstance(item[1], bool) or not 0 <= item[1] < 2**63
+        ):  # fmt: skip
+            raise ProtocolError("field 'stamps': each must be [name, nanoseconds]")
+        stamps.append((item[0], item[1]))
+    return TraceSettingChange(trace=trace, stamps=tuple(stamps), request_id=request_id_of(d))
+
+
 def trace_setting_from_wire(d: Mapping[str, Any]) -> TraceSettingChange:
+    if "trace" in d:
+        return _trace_stamps(d)
     model: str = _get(d, "model", str, "")
     if len(model) > MAX_NAME:
         raise ProtocolError(f"field 'model' must be at most {MAX_NAME} characters")

@@ -27,7 +27,7 @@ import numpy.typing as npt
 from zinfer.client import AsyncClient, InferResult
 from zinfer.client.dtypes import numpy_to_wire
 from zinfer.client.errors import ConnectionFailed, NotFound, RequestTimeout
-from zinfer.client.protocol import TRACEPARENT
+from zinfer.client.protocol import TRACE_ID, TRACEPARENT
 
 from .bridge_records import (
     BatchStat,
@@ -41,6 +41,7 @@ from .bridge_records import (
     Tensor,
     TensorSpec,
 )
+from .door_trace import DoorStamps
 from .errors import unknown_model
 
 __all__ = ["EXTENSIONS", "Bridge"]
@@ -103,6 +104,7 @@ class Bridge:
         self._client = AsyncClient(url, timeout=timeout)
         self.url = self._client.url
         self._decoupled: dict[tuple[str, str], bool] = {}
+        self.trace_stamps = DoorStamps(self._client.add_trace_stamps)  # the door's timestamps of a trace
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
         """An array in the bridge's shared-memory arena: an input built there goes to the broker as a
@@ -285,5 +287,7 @@ def _reply(result: InferResult, request_id: str) -> InferReply:
         spec = result.get_output(name)
         datatype = str(spec["datatype"]) if spec else numpy_to_wire(data.dtype)
         outputs.append(Tensor(name, datatype, tuple(data.shape), data))
+    params = dict(result.parameters)
+    trace = params.pop(TRACE_ID, "") if params else ""  # the broker traced it: the door adds its stamps
     return InferReply(result.model_name, str(result.model_version), request_id, tuple(outputs), result.final,
-                      dict(result.parameters))  # fmt: skip
+                      params, str(trace))  # fmt: skip

@@ -125,6 +125,7 @@ class InferReply:
     outputs: tuple[Tensor, ...]
     final: bool = True
     parameters: Mapping[str, Any] = field(default_factory=_empty)  # the response's (a Triton model's)
+    trace: str = ""  # the broker traced the request: its trace's token (``door_trace``)
 
     def output(self, name: str) -> Tensor | None:
         return next((t for t in self.outputs if t.name == name), None)

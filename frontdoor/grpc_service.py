@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -25,6 +26,7 @@ from . import grpc_convert as convert
 from .bridge_records import InferCall
 from .classification import classify_reply
 from .door import FrontDoor, grpc_peer_uid
+from .door_trace import DoorStamps
 from .errors import FrontDoorError, TritonError, triton_error
 from .sysshm import CallerShm
 
@@ -147,8 +149,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
     async def ModelInfer(self, request: Any, context: Any) -> service_pb2.ModelInferResponse:
         async def run() -> service_pb2.ModelInferResponse:
+            read_start = time.monotonic_ns()
             shm = self._shm(context)
             call, regions = self._call(request, shm, _traceparent(context))
+            read_end = time.monotonic_ns()
             if await self.bridge.is_decoupled(call.model, call.version):
                 raise FrontDoorError(
                     "UNIMPLEMENTED",
@@ -157,7 +161,13 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                 )
             reply = await self.bridge.infer(call)
             reply = await classify_reply(self.bridge, self.door.labels, reply, call.class_counts)
-            return convert.infer_response(reply, regions, shm)
+            response = convert.infer_response(reply, regions, shm)
+            if reply.trace:  # traced by the broker: the door's timestamps go to its trace once sent
+                read = (("GRPC_WAITREAD_START", read_start), ("GRPC_WAITREAD_END", read_end))
+                sent = functools.partial(_grpc_sent, self.bridge.trace_stamps, reply.trace, read,
+                                         time.monotonic_ns())  # fmt: skip
+                context.add_done_callback(sent)
+            return response
 
         return await self._answer(context, run)
 
@@ -357,6 +367,13 @@ async def _is_decoupled(bridge: Any, request: Any) -> bool:
         return bool(await bridge.is_decoupled(request.model_name, request.model_version))
     except Exception:  # noqa: BLE001 - an unknown model: its request fails with the right error
         return False
+
+
+def _grpc_sent(
+    stamps: DoorStamps, trace: str, read: tuple[tuple[str, int], ...], send_start: int, _context: Any
+) -> None:
+    """The call is done (its response sent): the door's timestamps to the request's trace."""
+    stamps.add(trace, (*read, ("GRPC_SEND_START", send_start), ("GRPC_SEND_END", time.monotonic_ns())))
 
 
 def _traceparent(context: Any) -> str:

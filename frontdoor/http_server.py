@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import re
 from typing import Any
@@ -37,6 +38,7 @@ from .bridge import HEALTH_TIMEOUT_S
 from .bridge_records import InferCall, RepositoryModel, Tensor
 from .classification import classify_reply
 from .door import FrontDoor
+from .door_trace import DoorStamps
 from .errors import FrontDoorError, triton_error
 from .http_codec import (
     HEADER_LENGTH,
@@ -281,7 +283,11 @@ class HttpFrontDoor:
         if encoded.header_length is not None:
             headers[HEADER_LENGTH] = str(encoded.header_length)
         content_type = "application/octet-stream" if encoded.binary else _JSON
-        return HttpResponse(200, (encoded.json, *encoded.binary), content_type, headers)
+        on_sent = None
+        if reply.trace:  # traced by the broker: the door's timestamps go to its trace once sent
+            recv = (("HTTP_RECV_START", request.recv_start_ns), ("HTTP_RECV_END", request.recv_end_ns))
+            on_sent = functools.partial(_http_sent, self.bridge.trace_stamps, reply.trace, recv)
+        return HttpResponse(200, (encoded.json, *encoded.binary), content_type, headers, on_sent=on_sent)
 
     def _write_shm_outputs(
         self, shm: CallerShm, parsed: HttpInferRequest, outputs: tuple[Tensor, ...]
@@ -300,6 +306,12 @@ class HttpFrontDoor:
                 )  # fmt: skip
             shm.write(ref.region, ref.offset, ref.byte_size, raw)
         return frozenset(refs)
+
+
+def _http_sent(
+    stamps: DoorStamps, trace: str, recv: tuple[tuple[str, int], ...], send_start: int, send_end: int
+) -> None:
+    stamps.add(trace, (*recv, ("HTTP_SEND_START", send_start), ("HTTP_SEND_END", send_end)))
 
 
 # ------------------------------------------------------------------------------------------ serving

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -66,6 +67,8 @@ class HttpRequest:
     body: bytes
     peer: Any  # the transport's peername: (host, port, ...) or a Unix socket path
     peer_uid: int | None = None  # the peer's uid when the kernel says it (this host), else None
+    recv_start_ns: int = 0  # CLOCK_MONOTONIC when its first byte was parsed (a trace's HTTP_RECV_START)
+    recv_end_ns: int = 0  # ... and its last (HTTP_RECV_END)
 
     @property
     def path(self) -> str:
@@ -79,6 +82,8 @@ class HttpResponse:
     content_type: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     close: bool = False  # close the connection after this answer
+    # a traced request's answer: told when its write began and ended (HTTP_SEND_START, HTTP_SEND_END)
+    on_sent: Callable[[int, int], None] | None = None
 
     def head(self, keep_alive: bool) -> bytes:
         length = sum(len(part) for part in self.body)
@@ -150,6 +155,7 @@ class HttpWire(asyncio.Protocol):
         self._limit = 0
         self._partial = False  # between a request's first byte and its end
         self._in_head = False  # between a request's first byte and the end of its headers
+        self._recv_start = 0
         # requests parsed in full, waiting to be answered in order
         self._ready: collections.deque[tuple[HttpRequest, bool]] = collections.deque()
         self._task: asyncio.Task[None] | None = None
@@ -215,6 +221,7 @@ class HttpWire(asyncio.Protocol):
         self._target, self._headers, self._chunks = [], {}, []
         self._head_bytes = self._body_bytes = 0
         self._partial = self._in_head = True
+        self._recv_start = time.monotonic_ns()
         self._arm(self._header_timeout)
 
     def on_url(self, url: bytes) -> None:
@@ -253,6 +260,8 @@ class HttpWire(asyncio.Protocol):
             body=b"".join(self._chunks),
             peer=self._peer,
             peer_uid=self.peer_uid,
+            recv_start_ns=self._recv_start,
+            recv_end_ns=time.monotonic_ns(),
         )
         self._chunks, self._partial = [], False
         self._ready.append((request, bool(self._parser.should_keep_alive())))
@@ -276,9 +285,13 @@ class HttpWire(asyncio.Protocol):
                     log.exception("event=http_handler_failed path=%r", request.path[:200])
                     answer = plain(500, "internal error")
                 keep_alive = keep_alive and not answer.close and not (self._closing and not self._ready)
+                sent = answer.on_sent
+                send_start = time.monotonic_ns() if sent is not None else 0
                 self._write(answer, keep_alive)
                 if self._writable is not None:
                     await self._writable
+                if sent is not None:
+                    sent(send_start, time.monotonic_ns())
                 if not keep_alive:
                     self._close()
                     return

@@ -24,20 +24,31 @@ ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "
 ENSEMBLE_ORDER = ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
 
 
-def traces(entries: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """Triton's documented schema, checked: entries keyed by trace id, merged."""
+def traces(entries: list[dict[str, Any]], strict: bool = True) -> dict[int, dict[str, Any]]:
+    """Triton's documented schema, checked: entries keyed by trace id, merged (the ``timestamps`` of
+    several entries of one id joined, as Triton's trace_summary does; ``TENSOR_*`` entries under
+    ``tensors``). ``strict``: the broker's timestamps are those of a request that ran, or an ensemble's."""
     assert isinstance(entries, list)
     out: dict[int, dict[str, Any]] = {}
     for e in entries:
         assert isinstance(e["id"], int)
-        out.setdefault(e["id"], {}).update(e)
+        t = out.setdefault(e["id"], {"timestamps": [], "door": [], "tensors": []})
+        if "timestamps" in e:
+            door = e["timestamps"][0]["name"].startswith(("HTTP_", "GRPC_"))
+            t["door" if door else "timestamps"].extend(e["timestamps"])
+        elif "activity" in e:
+            assert set(e["tensor"]) >= {"name", "data", "shape", "dtype"}
+            t["tensors"].append(e)
+        else:
+            t.update(e)
     for t in out.values():
         assert isinstance(t["model_name"], str) and isinstance(t["model_version"], int)
         assert isinstance(t["request_id"], str)
         stamps = t["timestamps"]
-        assert all(set(s) == {"name", "ns"} and isinstance(s["ns"], int) for s in stamps)
+        assert all(set(s) == {"name", "ns"} and isinstance(s["ns"], int) for s in stamps + t["door"])
         names = [s["name"] for s in stamps]
-        assert names == ORDER or names == ENSEMBLE_ORDER  # an ensemble's own request runs no batch
+        if strict:
+            assert names == ORDER or names == ENSEMBLE_ORDER  # an ensemble's own request runs no batch
         ns = [s["ns"] for s in stamps]
         assert ns == sorted(ns), stamps
     return out
