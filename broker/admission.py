@@ -8,7 +8,7 @@ response cache (a hit is answered here, through request completion), an ensemble
 which the server answers. ``cancel`` takes a queued request out (or marks a running one, whose result is
 then discarded) and ``expire`` answers the requests whose queue timeout passed.
 
-What comes out of the queues is dispatch's (``request_path``); every answer goes through request completion
+What comes out of the queues is dispatch's (``dispatcher``); every answer goes through request completion
 (``completion``).
 """
 
@@ -73,7 +73,7 @@ class Admission:
         self.max_tensor_bytes = max_tensor_bytes
         self.max_batch_bytes = max_batch_bytes
         self.ensembles: EnsemblePath  # set by the server, which builds the ensembles' runner on admission
-        # called with a model whose queue just reached a preferred batch size (``RequestPath.dispatch_freed``)
+        # called with a model whose queue just reached a preferred batch size (``Dispatcher.dispatch_freed``)
         self.on_batch_ready: Callable[[ModelState], None] | None = None
         self._seq = itertools.count(1)
         self._next_prune = 0.0

@@ -26,7 +26,7 @@ COMPILED = (
     "zinfer.client.result",
     "zinfer.client.worker_protocol",
     "zinfer.broker.server",
-    "zinfer.broker.request_path",
+    "zinfer.broker.dispatcher",
     "zinfer.broker.validation",
     "zinfer.broker.outbox",
     "zinfer.broker.worker_inbox",

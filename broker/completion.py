@@ -45,7 +45,7 @@ class Completion:
         self.caching = caching
         self.limiter = limiter  # the instances' resources, given back when a batch ends
         self.states = states  # every model state that may still have work (``registry.states``)
-        # called with a model whose instance just became free (``RequestPath.dispatch_freed``)
+        # called with a model whose instance just became free (``Dispatcher.dispatch_freed``)
         self.on_free: Callable[[ModelState], None] | None = None
         self.tracer = Tracer()  # the server's (shared with admission); off by default
 

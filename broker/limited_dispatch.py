@@ -51,7 +51,7 @@ class LimitedDispatch:
 
     def dispatch(self, states: list[ModelState], now: float, execute: Execute) -> None:
         """One batch at a time to the model whose turn it is, on an idle instance whose resources are free;
-        ``execute`` sends a batch to an instance (``RequestPath.execute``)."""
+        ``execute`` sends a batch to an instance (``Dispatcher.execute``)."""
         limiter = self.limiter
         for state in states:
             for worker in state.idle:

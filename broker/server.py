@@ -36,6 +36,7 @@ from .admission import Admission
 from .batching.rate_limiter import RateLimiter
 from .cache_path import CachePath
 from .completion import Completion
+from .dispatcher import Dispatcher
 from .ensemble_path import EnsemblePath
 from .fd_limit import raise_fd_limit
 from .handlers import LATER, QUERIES, Controls, Queries
@@ -50,7 +51,6 @@ from .precise_wait import PreciseWait, tighten_timer_slack
 from .region_intake import RegionIntake
 from .regions import Region, RegionTable
 from .registry import ModelRegistry
-from .request_path import RequestPath
 from .runtime_dir import RuntimeDir
 from .server_config import cpus_for
 from .server_options import ServerOptions
@@ -94,12 +94,12 @@ class Broker:
             self.registry, self.regions, self.admission, self.completion, self.caching
         )
         self.admission.ensembles = self.ensembles  # an ensemble's request starts its steps at admission
-        self.path = RequestPath(
+        self.dispatcher = Dispatcher(
             self.registry, self.regions, self.pool, self.outbox, self.completion, self.limiter,
             LimitedDispatch(self.limiter, self.pool, self.supervisor, self.completion),
         )  # fmt: skip
-        self.completion.on_free = self.path.dispatch_freed  # a freed instance's next batch goes at once
-        self.admission.on_batch_ready = self.path.dispatch_freed  # so does a batch that filled mid-turn
+        self.completion.on_free = self.dispatcher.dispatch_freed  # a freed instance's next batch goes at once
+        self.admission.on_batch_ready = self.dispatcher.dispatch_freed  # so does a batch that filled mid-turn
         self.worker_inbox = WorkerInbox(self.pool, self.outbox, self.completion)
         self.restarts = RestartPolicy()
         self._ready_logged = False
@@ -251,7 +251,7 @@ class Broker:
         if not tighten_timer_slack():
             log.info("event=timer_slack_unchanged")
         while not self._should_exit(stop_requests()):
-            events = waiter.poll(self.path.poll_timeout_ms())
+            events = waiter.poll(self.dispatcher.poll_timeout_ms())
             self.outbox.hold()  # replies of this turn to one connection go in one message
             if self.backend in events:
                 self._drain(self.backend, self.worker_inbox.on_message, b"")
@@ -270,7 +270,7 @@ class Broker:
                 self._next_region_reap = now + REGION_REAP_INTERVAL_S
                 self._reap_regions()
             self.admission.expire(now)
-            self.path.dispatch(now)
+            self.dispatcher.dispatch(now)
             self.observer.maybe_publish(now)
             if self.control.pending or self.registry.retiring:
                 self.control.poll(now)
@@ -287,10 +287,11 @@ class Broker:
         now = time.monotonic()
         if self.draining_since is None:
             self.draining_since = now
-            log.info("event=draining queued=%d running=%d", self.path.queued(), len(self.pool.running()))
+            queued, running = self.dispatcher.queued(), len(self.pool.running())
+            log.info("event=draining queued=%d running=%d", queued, running)
         if requests > 1 or now - self.draining_since > self.options.drain_timeout_s:
             return True
-        return not self.pool.running() and not self.path.queued()
+        return not self.pool.running() and not self.dispatcher.queued()
 
     def _drain(
         self, sock: zmq.Socket[bytes], handle: Callable[[bytes, list[Frame]], None], tag: bytes

@@ -1,5 +1,5 @@
 """Send first, account after: a worker's EXECUTE and a client's reply leave before the batch's and the
-request's statistics, metrics and latency window are recorded (``RequestPath._send``,
+request's statistics, metrics and latency window are recorded (``Dispatcher._send``,
 ``Completion.on_result``); once the call returns, the figures are the same as before."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from zinfer.broker.batching.batch_policy import Batch, BatchReason
 from zinfer.broker.batching.rate_limiter import RateLimiter
 from zinfer.broker.cache_path import CachePath
 from zinfer.broker.completion import Completion
+from zinfer.broker.dispatcher import Dispatcher
 from zinfer.broker.instance_pool import InstancePool
 from zinfer.broker.limited_dispatch import LimitedDispatch
 from zinfer.broker.metrics import ServerMetrics
@@ -18,7 +19,6 @@ from zinfer.broker.model_state import ModelState, Pending
 from zinfer.broker.outbox import Outbox
 from zinfer.broker.regions import RegionTable
 from zinfer.broker.registry import ModelRegistry
-from zinfer.broker.request_path import RequestPath
 from zinfer.client.errors import Status
 from zinfer.client.protocol import Command, Frame, InferRequest, Reply
 from zinfer.client.worker_protocol import RequestResult, WorkerResult
@@ -60,7 +60,7 @@ def _pending(seq: int) -> Pending:
     return Pending(seq, b"client", InferRequest(f"r{seq}", "m", 1, ()), [], (), 1, 0.0)
 
 
-def _setup() -> tuple[RequestPath, Completion, ModelState, InstancePool, list[str]]:
+def _setup() -> tuple[Dispatcher, Completion, ModelState, InstancePool, list[str]]:
     state = ModelState(parse_model_config(CONFIG, source="config.pbtxt", model_name="m"), 1, Path("/none"), 1)
     state.metrics = ServerMetrics(gpu=False, process=False).model("m", 1, 8)
     pool = InstancePool(10.0)
@@ -71,7 +71,7 @@ def _setup() -> tuple[RequestPath, Completion, ModelState, InstancePool, list[st
     limiter: RateLimiter[bytes, Any] = RateLimiter(())
     completion = Completion(pool, outbox, CachePath(0), limiter, lambda: [state])
     registry = ModelRegistry(())
-    path = RequestPath(registry, RegionTable(1 << 20), pool, outbox, completion, limiter,
+    path = Dispatcher(registry, RegionTable(1 << 20), pool, outbox, completion, limiter,
                        LimitedDispatch(limiter, pool, None, completion))  # type: ignore[arg-type]  # fmt: skip
     return path, completion, state, pool, log
 

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 MAX_POLL_MS = 100
 
 
-class RequestPath:
+class Dispatcher:
     def __init__(
         self,
         registry: ModelRegistry,
