@@ -48,6 +48,7 @@ from .observer import Observer
 from .on_demand import OnDemand
 from .outbox import IPC_TAG, TCP_TAG, Outbox
 from .precise_wait import PreciseWait, tighten_timer_slack
+from .queues import Queues
 from .region_intake import RegionIntake
 from .regions import Region, RegionTable
 from .registry import ModelRegistry
@@ -82,25 +83,28 @@ class Broker:
         # which worker serves which model, its places, its batches, its heartbeats
         self.pool = InstancePool(options.heartbeat_interval_s * options.heartbeat_liveness)
         self.outbox = Outbox(options.max_unread_reply_bytes)  # what the collaborators send through
-        # a request's path: admission, dispatch, completion (and ensembles through all three)
         self.caching = CachePath(options.cache_bytes, self.regions.map_readonly)
+        self.observer = Observer(self.registry, self.regions, self.caching, self.pool, self.supervisor,
+                                 self.serving_ready, options.trace)  # fmt: skip
+        tracer = self.observer.tracer  # per-request traces
+        # a request's path, each part built with what it uses: completion, dispatch, queueing, ensembles
         self.limiter: RateLimiter[bytes, ModelKey] = RateLimiter(options.rate_limit_resources)
-        self.completion = Completion(self.pool, self.outbox, self.caching, self.limiter, self.registry.states)
-        self.admission = Admission(
-            self.registry, self.regions, self.completion, self.caching, self.pool,
-            lambda: self.draining_since is not None, options.max_tensor_bytes, options.max_batch_bytes,
-        )  # fmt: skip
-        self.ensembles = EnsemblePath(
-            self.registry, self.regions, self.admission, self.completion, self.caching
-        )
-        self.admission.ensembles = self.ensembles  # an ensemble's request starts its steps at admission
+        states = self.registry.states
+        self.completion = Completion(self.pool, self.outbox, self.caching, self.limiter, states, tracer)
         self.dispatcher = Dispatcher(
             self.registry, self.regions, self.pool, self.outbox, self.completion, self.limiter,
             LimitedDispatch(self.limiter, self.pool, self.supervisor, self.completion),
         )  # fmt: skip
-        self.completion.on_free = self.dispatcher.dispatch_freed  # a freed instance's next batch goes at once
-        self.admission.on_batch_ready = self.dispatcher.dispatch_freed  # so does a batch that filled mid-turn
-        self.worker_inbox = WorkerInbox(self.pool, self.outbox, self.completion)
+        self.queues = Queues(self.registry, self.caching, self.completion, self.pool)
+        self.ensembles = EnsemblePath(self.registry, self.regions, self.queues, self.completion, self.caching,
+                                      tracer, options.max_tensor_bytes)  # fmt: skip
+        self.admission = Admission(
+            self.registry, self.regions, self.queues, self.ensembles, self.dispatcher, self.completion,
+            self.caching, self.pool, tracer, lambda: self.draining_since is not None,
+            options.max_tensor_bytes, options.max_batch_bytes,
+        )  # fmt: skip
+        custom = self.observer.metrics.custom
+        self.worker_inbox = WorkerInbox(self.pool, self.outbox, self.completion, self.dispatcher, custom)
         self.restarts = RestartPolicy()
         self._ready_logged = False
         # the start's progress lines and ready line; ``zinfer serve`` adds the front doors to ``where``
@@ -115,10 +119,6 @@ class Broker:
         self.frontend: zmq.Socket[bytes] | None = None
         self.tcp: TcpFrontend | None = None
         self.backend: zmq.Socket[bytes] | None = None
-        self.observer = Observer(self.registry, self.regions, self.caching, self.pool, self.supervisor,
-                                 self.serving_ready, options.trace)  # fmt: skip
-        self.completion.tracer = self.admission.tracer = self.observer.tracer  # per-request traces
-        self.worker_inbox.custom_metrics = self.observer.metrics.custom
         self.control = ModelControl(
             options, self.registry, self.pool, self.outbox, self.observer.attach, self.start_instances,
             self.limiter,
