@@ -1,4 +1,4 @@
-"""The broker: a client ROUTER, a worker ROUTER, one batcher per model, and the supervisor.
+"""The broker: a client ROUTER, a worker ROUTER, one scheduler per model, and the supervisor.
 
 The loop follows the Majordomo pattern: poll with a deadline (the nearest batch deadline, capped so
 process checks and stop requests are noticed), handle what arrived, then dispatch ready batches to idle
