@@ -102,7 +102,7 @@ class Admission:
             )
         now = time.monotonic()
         p = Pending(
-            self.queues.new_seq(), identity, req, frames, checked.outputs, checked.batch_size, now,
+            next(self.queues.seqs), identity, req, frames, checked.outputs, checked.batch_size, now,
             input_bytes=checked.input_bytes,
         )  # fmt: skip
         if start_ns:

@@ -143,7 +143,7 @@ class EnsemblePath:
                                r.priority, r.timeout_us, r.parameters, r.caller_id)  # fmt: skip
             checked = check_request(req, frames, target.signature, self.regions, p.client,
                                     self.max_tensor_bytes)  # fmt: skip
-            sp = Pending(self.queues.new_seq(), p.client, req, frames, checked.outputs, checked.batch_size,
+            sp = Pending(next(self.queues.seqs), p.client, req, frames, checked.outputs, checked.batch_size,
                          now, input_bytes=checked.input_bytes)  # fmt: skip
             if p.trace is not None:  # the ensemble's trace: its steps' are its children
                 sp.trace = self.tracer.child(p.trace, target.name, target.version)

@@ -32,11 +32,7 @@ class Queues:
         self.caching = caching
         self.completion = completion  # a cache hit's reply
         self.pool = pool  # whether a batch of the model is in flight (the early dispatch's sign)
-        self._seq = itertools.count(1)
-
-    def new_seq(self) -> int:
-        """A number for a request: arrival order, and its id in the batches it joins."""
-        return next(self._seq)
+        self.seqs = itertools.count(1)  # each request's number: arrival order, its id in its batches
 
     def enqueue(self, state: ModelState, p: Pending, shape_key: Hashable, now: float) -> bool:
         """Queue a checked request, or answer it from the cache. False: ``state`` is an ensemble and the
