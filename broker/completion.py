@@ -271,5 +271,7 @@ class Completion:
                 self.deliver(p, Reply(p.request.request_id, error.status, error.wire_text()), [])
 
     def _sequences_done(self, state: ModelState, requests: list[Pending]) -> None:
-        """The requests of a batch finished: their sequences may send the next one (or close)."""
-        state.scheduler.done(requests, time.monotonic())
+        """The requests of a batch finished: their sequences may send the next one (or close). Only a
+        scheduler that is not ``eager`` waits for a batch's end."""
+        if not state.scheduler.eager:
+            state.scheduler.done(requests, time.monotonic())

@@ -119,7 +119,8 @@ class Scheduler:
         return []
 
     def done(self, requests: Iterable[Pending], now: float) -> None:
-        """A batch of ``requests`` finished (or failed): a sequence may send its next request."""
+        """A batch of ``requests`` finished (or failed): a sequence may send its next request. Callers may
+        skip it for an ``eager`` kind, which waits for no batch's end."""
 
     def drop_instance(self, instance: bytes) -> list[Pending]:
         """``instance`` died: the queued requests that can go nowhere else."""
