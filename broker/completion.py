@@ -1,12 +1,16 @@
 """Request completion: a batch's results, every reply, and the failures that fan out to many requests.
 
-``on_result`` takes a worker's RESULT for an in-flight batch (``instance_pool.finish_batch``): each request
-is answered (its outputs renumbered for its client, ``messages.client_outputs``; a cache miss stored first),
-the batch's statistics recorded, the instance's place given back and a sequence allowed its next request; a
-decoupled model's partial responses go to the client at once. ``reply`` keeps arrival order where the model
-asks for it (``preserve_ordering``); ``deliver`` sends through the outbox, or to the ensemble run that sent
-the request. A batch that will not finish (its worker died, could not be reached, or ran past its
-execution limit) fails every request it holds (``fail_batch``, ``fail_worker``, ``time_out_batch``).
+A worker's RESULT comes in two calls (``worker_inbox``): ``take_result`` takes the batch out of the pool
+(``instance_pool.finish_batch``), gives its resources back and, where the model's scheduler is ``eager``,
+the instance's place, so that dispatch can send the instance's next batch before this one's replies are
+built; ``on_result`` then answers each request (its outputs renumbered for its client,
+``messages.client_outputs``; a cache miss stored first), records the batch's statistics, lets a sequence
+send its next request and gives back the place of a model whose next batch waited for this one. A
+decoupled model's partial responses go to the client at once (``on_partial``). ``reply`` keeps arrival
+order where the model asks for it (``preserve_ordering``); ``deliver`` sends through the outbox, or to the
+ensemble run that sent the request. A batch that will not finish (its worker died, could not be reached,
+or ran past its execution limit) fails every request it holds (``fail_batch``, ``fail_worker``,
+``time_out_batch``). Completion never calls dispatch or admission; they call it.
 """
 
 from __future__ import annotations
@@ -39,31 +43,32 @@ class Completion:
         caching: CachePath,
         limiter: RateLimiter[bytes, tuple[str, int, int]],
         states: Callable[[], Iterable[ModelState]],
+        tracer: Tracer,
     ) -> None:
         self.pool = pool
         self.outbox = outbox
         self.caching = caching
         self.limiter = limiter  # the instances' resources, given back when a batch ends
         self.states = states  # every model state that may still have work (``registry.states``)
-        # called with a model whose instance just became free (``RequestPath.dispatch_freed``)
-        self.on_free: Callable[[ModelState], None] | None = None
-        self.tracer = Tracer()  # the server's (shared with admission); off by default
+        self.tracer = tracer  # the server's per-request traces; off by default
 
-    def on_result(
-        self, identity: bytes, state: ModelState, result: WorkerResult, frames: list[Frame]
-    ) -> None:
-        if result.partial:
-            self._on_partial(identity, state, result, frames)
-            return
+    def take_result(self, identity: bytes, state: ModelState, result: WorkerResult) -> InFlight | None:
+        """The batch a final RESULT from ``identity`` ends, out of the pool (None: stale), its resources
+        given back, and the instance's place where the model's next batch need not wait for this one's
+        replies (``Scheduler.eager``): the caller may dispatch it before calling ``on_result``."""
         batch = self.pool.finish_batch(result.batch, identity)
         if batch is None:
             log.warning("event=stale_result worker=%s", identity)
-            return
+            return None
         self.limiter.release(identity)
-        on_free = self.on_free if state.sequencer is None else None  # a sequence's next waits for this
-        if on_free is not None:  # the instance's next batch leaves before this one's replies are built
+        if state.scheduler.eager:
             self.pool.give_back(state, identity)
-            on_free(state)
+        return batch
+
+    def on_result(
+        self, identity: bytes, state: ModelState, batch: InFlight, result: WorkerResult, frames: list[Frame]
+    ) -> None:
+        """Answer every request of ``batch`` (from ``take_result``) from its worker's RESULT."""
         by_seq = {p.seq: p for p in batch.requests}
         now_ns = time.monotonic_ns()
         ok: list[Pending] = []  # answered with their outputs, counted below
@@ -107,7 +112,7 @@ class Completion:
             error = Unavailable("the worker returned no result for this request")
             self.reply(state, p, Reply(p.request.request_id, error.status, error.wire_text()), [])
         self._sequences_done(state, batch.requests)
-        if on_free is None:
+        if not state.scheduler.eager:  # a sequence's next request waited for this one's end
             self.pool.give_back(state, identity)
         self._account(state, batch, result, now_ns, ok, failed, cancelled, len(forgotten))
         if self.tracer.on:
@@ -132,12 +137,9 @@ class Completion:
         stats.compute_input.add(timing[0], n)
         stats.compute_infer.add(timing[1], n)
         stats.compute_output.add(timing[2], n)
-        if state.runs:
-            state.cost.observe(timing[0] + timing[1] + timing[2], n)
         now_s = now_ns / 1e9
-        rows = sum(p.batch_size for p in batch.requests)
-        state.batcher.observe_execution(rows, (now_ns - batch.sent_ns) / 1e9, now_s)
-        state.batcher.observe_latencies((now_s - p.arrival for p in batch.requests), now_s)
+        compute_ns = timing[0] + timing[1] + timing[2]
+        state.scheduler.observe(batch.requests, (now_ns - batch.sent_ns) / 1e9, now_s, compute_ns, n)
         t_in, t_inf, t_out = (x / (1000 * n) for x in timing)
         sent_s = batch.sent_ns / 1e9
         for p in ok:
@@ -155,7 +157,7 @@ class Completion:
             metrics.failure("OTHER")
         stats.last_inference_ms = int(time.time() * 1000)
 
-    def _on_partial(
+    def on_partial(
         self, identity: bytes, state: ModelState, result: WorkerResult, frames: list[Frame]
     ) -> None:
         """One response of a decoupled model's stream: to the client at once; the request stays running."""
@@ -263,10 +265,9 @@ class Completion:
             self.fail_batch(batch, why)
         self.limiter.remove(worker)
         for state in self.states():
-            if state.sequencer is not None:  # its sequences are lost with the instance's state
-                for p in state.sequencer.drop_instance(worker):
-                    state.metrics.failure("BACKEND")
-                    self.finish_early(state, p, Unavailable(f"model '{state.name}' instance failed: {why}"))
+            for p in state.scheduler.drop_instance(worker):  # sequences are lost with the instance's state
+                state.metrics.failure("BACKEND")
+                self.finish_early(state, p, Unavailable(f"model '{state.name}' instance failed: {why}"))
 
     def fail_running(self, error: ServerError) -> None:
         """Answer every request of every batch in flight with ``error`` (the server is stopping)."""
@@ -276,7 +277,7 @@ class Completion:
                 self.deliver(p, Reply(p.request.request_id, error.status, error.wire_text()), [])
 
     def _sequences_done(self, state: ModelState, requests: list[Pending]) -> None:
-        """The requests of a batch finished: their sequences may send the next one (or close)."""
-        if state.sequencer is not None:
-            ids = [p.sequence.id for p in requests if p.sequence is not None]
-            state.sequencer.done(ids, time.monotonic())
+        """The requests of a batch finished: their sequences may send the next one (or close). Only a
+        scheduler that is not ``eager`` waits for a batch's end."""
+        if not state.scheduler.eager:
+            state.scheduler.done(requests, time.monotonic())

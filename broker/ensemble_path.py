@@ -1,8 +1,8 @@
 """Ensembles on the request path: the broker runs each request's steps as their inputs come to exist.
 
 A step's request is an ordinary request to the step's model, made by the broker: it joins that model's
-own batcher beside the model's direct traffic (and its cache, sequences and rate limits apply), and its
-reply comes back to the ensemble run instead of to a client (``Pending.on_done``).
+own scheduler (``queues.Queues.enqueue``) beside the model's direct traffic, and its reply comes back to
+the ensemble run instead of to a client (``Pending.on_done``).
 
 Where the tensors live:
 
@@ -50,11 +50,11 @@ from .regions import RegionTable
 from .validation import check_request
 
 if TYPE_CHECKING:
-    from .admission import Admission
     from .cache_path import CachePath
     from .completion import Completion
-    from .regions import RegionTable
+    from .queues import Queues
     from .registry import ModelRegistry
+    from .tracing import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +73,16 @@ class EnsemblePath:
         self,
         registry: ModelRegistry,
         client_regions: RegionTable,
-        admission: Admission,
+        queues: Queues,
         completion: Completion,
         caching: CachePath,
+        tracer: Tracer,
+        max_tensor_bytes: int,
     ) -> None:
         self.registry = registry
-        self.admission = admission  # a step's request joins its model's queue (``Admission.enqueue``)
-        self.completion = completion  # the ensemble's own reply
-        self.caching = caching
+        self.queues = queues  # a step's request joins its model's queue
+        self.tracer, self.max_tensor_bytes = tracer, max_tensor_bytes  # an ensemble trace's children
+        self.completion, self.caching = completion, caching  # the ensemble's own reply, and its cache
         self.arena = Arena(INITIAL_SHM_BYTES, MAX_SHM_BYTES, new_segment=_server_segment)
         self.regions = ServerRegions(client_regions, self.arena)
         self.live: dict[int, Run] = {}  # runs not finished, by id (on-demand control keeps their models)
@@ -89,7 +91,7 @@ class EnsemblePath:
 
     def start(self, state: ModelState, p: Pending, now: float) -> None:
         """Begin an ensemble request: its inputs are known, the steps that need only them start."""
-        plan = state.ensemble
+        plan = state.scheduler.plan
         assert plan is not None
         run = Run(state, p, plan)
         self.live[id(run)] = run
@@ -140,21 +142,22 @@ class EnsemblePath:
             req = InferRequest(r.request_id, target.name, target.version, tuple(inputs), tuple(outputs),
                                r.priority, r.timeout_us, r.parameters, r.caller_id)  # fmt: skip
             checked = check_request(req, frames, target.signature, self.regions, p.client,
-                                    self.admission.max_tensor_bytes)  # fmt: skip
-            sp = Pending(self.admission.new_seq(), p.client, req, frames, checked.outputs, checked.batch_size,
+                                    self.max_tensor_bytes)  # fmt: skip
+            sp = Pending(next(self.queues.seqs), p.client, req, frames, checked.outputs, checked.batch_size,
                          now, input_bytes=checked.input_bytes)  # fmt: skip
             if p.trace is not None:  # the ensemble's trace: its steps' are its children
-                sp.trace = self.admission.tracer.child(p.trace, target.name, target.version,
-                                                       request=req, frames=frames)  # fmt: skip
+                sp.trace = self.tracer.child(p.trace, target.name, target.version,
+                                             request=req, frames=frames)  # fmt: skip
             sp.on_done = lambda reply, out_frames: self._step_done(run, i, reply, out_frames)
             sp.on_outputs = lambda res, out_frames: self._step_outputs(run, i, res, out_frames)
             run.outstanding[i] = (target, sp)
             try:
-                self.admission.enqueue(target, sp, checked.shape_key, now)
+                if not self.queues.enqueue(target, sp, checked.shape_key, now):
+                    self.start(target, sp, now)  # a nested ensemble: its own steps start
             except BaseException as exc:
                 run.outstanding.pop(i, None)
                 if sp.trace is not None:  # the step was refused: its trace ends here
-                    self.admission.tracer.refused(sp.trace, getattr(exc, "status", Status.INTERNAL))
+                    self.tracer.refused(sp.trace, getattr(exc, "status", Status.INTERNAL))
                 raise
         except ServerError as exc:
             self._fail(run, step, exc.status, exc.wire_text())
@@ -350,9 +353,7 @@ class EnsemblePath:
         run.finished = True
         state, p = run.state, run.p
         for i, (target, sp) in list(run.outstanding.items()):
-            removed = target.batcher.remove(lambda q, sp=sp: q is sp)  # type: ignore[misc]
-            if target.sequencer is not None:
-                removed += target.sequencer.remove(lambda q, sp=sp: q is sp)  # type: ignore[misc]
+            removed = target.scheduler.remove(lambda q, sp=sp: q is sp)  # type: ignore[misc]
             if removed:
                 run.outstanding.pop(i, None)
                 if target.order is not None:

@@ -194,7 +194,8 @@ class Controls:
 def _adaptive(state: ModelState) -> dict[str, Any]:
     """The adaptive batcher's view (latency target mode only): its target, what it learned and observed,
     and whether the target is out of reach."""
-    a = state.batcher.stats().adaptive
+    stats = state.scheduler.stats()
+    a = stats.adaptive if stats is not None else None
     if a is None:
         return {}
     return {

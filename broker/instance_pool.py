@@ -13,10 +13,10 @@ Every change to the broker's instance bookkeeping happens here, and nowhere else
   before those second places. A place is taken by a batch (``take``, ``take_next``) and given back by its
   result (``give_back``);
   A CPU or GPU instance of a model that runs every request on its own (no ``dynamic_batching``, no
-  sequences, no rate limiter, no execution limit, not decoupled) gets a second place too (``_pipelines``):
-  its next request is sent while the current one runs and waits in the worker's socket, so the instance
-  never sits idle for a round trip through the broker; no batch is formed differently by it; such a
-  model's backlog goes out in runs (``ModelState.runs``, ``batching.runs``);
+  sequences, no rate limiter, no execution limit, not decoupled: ``Scheduler.pipelines``) gets a second
+  place too: its next request is sent while the current one runs and waits in the worker's socket, so the
+  instance never sits idle for a round trip through the broker; no batch is formed differently by it;
+  such a model's backlog goes out in runs (its scheduler, picked at load, is ``scheduler.Runs``);
 - **in-flight batches**: each batch sent, by batch id, until its result comes (``finish_batch``) or its
   worker dies (``take_batches``);
 - **liveness**: the last heartbeat of each worker; ``silent`` names those that stopped (each once).
@@ -115,10 +115,9 @@ class InstancePool:
         self._ever_ready.add(worker)
         state.instances.add(worker)
         state.idle.append(worker)
-        if _pipelines(state):  # its next request waits in the worker, not for this one's round trip
+        if state.scheduler.pipelines:  # its next request waits in the worker, not for this one's round trip
             state.idle.append(worker)
             state.prefetching = True
-            state.runs = True  # and a backlog goes out in runs (``batching.runs``)
         return state
 
     def second_place(self, worker: bytes) -> bool:
@@ -126,10 +125,9 @@ class InstancePool:
         state = self._owner.get(worker)
         if (
             state is None
-            or state.sequencer is not None
-            or state.rate_limited
+            or not state.scheduler.eager  # sequences, rate-limited models: a batch waits for the last
             or worker not in state.instances
-            or _pipelines(state)  # it has its second place already
+            or state.scheduler.pipelines  # it has its second place already
         ):
             return False
         state.idle.append(worker)
@@ -230,16 +228,3 @@ class InstancePool:
         """The batches past their model's execution limit at ``now_ns``, one per worker at most."""
         return overdue(self._inflight.values(), now_ns)
 
-
-def _pipelines(state: ModelState) -> bool:
-    """Whether ``state``'s instances take their next request while one runs: only where that changes no
-    batch and no semantics (each request its own execution, nothing waits for the last one's result,
-    nothing times the batch from its send)."""
-    return (
-        state.config.dynamic_batching is None
-        and state.sequencer is None
-        and not state.rate_limited
-        and state.execution_limit_ns is None
-        and not state.signature.decoupled
-        and state.ensemble is None
-    )

@@ -1,56 +1,35 @@
-"""What the broker knows about one loaded model version: its queue, its instances and its statistics."""
+"""What the broker knows about one loaded model version: its scheduler (its kind picked here, once, at load:
+``scheduler_for``), its instances and its statistics."""
 
 from __future__ import annotations
 
 import math
 from collections import deque
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from zinfer.client.protocol import Frame, InferRequest, OutputRequest, Reply
-from zinfer.client.worker_protocol import RequestResult, SequenceFlags
+from zinfer.client.protocol import Frame, Reply
 from zinfer.modelconfig.instances import InstanceGroup
 from zinfer.modelconfig.model_config import ModelConfig
 from zinfer.modelconfig.parameters import execution_limit_ns
-from zinfer.modelconfig.sequence_batching import control_specs
 from zinfer.modelconfig.signature import Signature
 
-from .batching.batcher import BatchPolicy, DynamicBatcher
+from .batching.batch_policy import BatchPolicy
 from .batching.ordering import ResponseOrder
-from .batching.runs import ExecutionCost
-from .batching.sequence_batcher import SequenceBatcher, SequencePolicy
+from .ensemble_plan import EnsemblePlan
 from .latency_window import LatencyWindow, log_bin
 from .metrics import ModelMetrics
+from .pending import Pending
+from .scheduler import Batching, EnsembleSteps, Runs, Scheduler, TakingTurns
+from .sequence_scheduler import Sequences
 
-if TYPE_CHECKING:
-    from .ensemble_plan import EnsemblePlan
-    from .tracing import Trace
-
-
-@dataclass
-class Pending:
-    """A queued or running request: its checked ``request`` (inputs passed on to the worker as they
-    arrived, but for inline frame numbers) and the ``outputs`` it gets."""
-
-    seq: int
-    client: bytes
-    request: InferRequest
-    frames: list[Frame]
-    outputs: tuple[OutputRequest, ...]  # those the request asked for, or every output of the model
-    batch_size: int
-    arrival: float
-    cancelled: bool = False  # cancelled while running: its result is discarded
-    cache_key: bytes | None = None  # missed the response cache: its result is stored under this key
-    # a sequence request: its id and flags (the model's control inputs are added at dispatch)
-    sequence: SequenceFlags | None = None
-    # an ensemble step's request: its reply goes to this callback instead of to ``client``
-    on_done: Callable[[Reply, list[Frame]], None] | None = None
-    # and its success as the worker sent it (no client reply built), where no ordering or cache needs one
-    on_outputs: Callable[[RequestResult, list[Frame]], None] | None = None
-    input_bytes: int = 0  # counted against the server's max_batch_bytes
-    trace: Trace | None = None  # sampled for tracing (``tracing.Tracer.start``)
+__all__ = [
+    "Duration", "InFlight", "LatencyBins", "ModelState", "ModelStats", "Pending", "instance_groups",
+    "scheduler_for",
+]  # fmt: skip
 
 
 @dataclass
@@ -171,8 +150,17 @@ def instance_groups(config: ModelConfig, instances: int) -> list[InstanceGroup |
 
 
 class ModelState:
+    """One loaded model version: its config, its scheduler (picked once, here: ``scheduler.scheduler_for``),
+    its instances and places (changed by ``instance_pool`` alone), its statistics and its readiness."""
+
     def __init__(
-        self, config: ModelConfig, version: int, version_dir: Path, instances: int, max_batch_bytes: int = 0
+        self,
+        config: ModelConfig,
+        version: int,
+        version_dir: Path,
+        instances: int,
+        max_batch_bytes: int = 0,
+        plan: EnsemblePlan | None = None,
     ) -> None:
         self.config = config
         self.signature = Signature.of(config)
@@ -180,28 +168,27 @@ class ModelState:
         self.version = version
         self.version_dir = version_dir
         self.expected_instances = instances
-        policy = BatchPolicy.from_config(config, max(instances, 1), max_batch_bytes)  # an ensemble has none
-        self.batcher: DynamicBatcher[Pending] = DynamicBatcher(policy)
+        self.instances: set[bytes] = set()
+        self.idle: deque[bytes] = deque()
+        # the longest a batch may run on an instance (parameter execution_timeout_ms); None: no limit
+        self.execution_limit_ns = execution_limit_ns(config)
+        # how its requests wait and leave: one kind per model (an ensemble's ``plan``: its steps)
+        self.scheduler: Scheduler = scheduler_for(
+            config, self.instances, instances, max_batch_bytes, plan,
+            pipelining=self.execution_limit_ns is None and not self.signature.decoupled,
+            one_row=self.signature.batching,
+        )  # fmt: skip
         db = config.dynamic_batching
         # with preserve_ordering, responses leave in arrival order: (request, reply, frames) by request seq
         self.order: ResponseOrder[int, tuple[Pending, Reply, list[Frame]]] | None = (
             ResponseOrder() if db is not None and db.preserve_ordering else None
         )
-        sb = config.sequence_batching
-        # a stateful model: its requests go through the sequence batcher instead of ``batcher``
-        self.sequencer: SequenceBatcher[Pending, bytes] | None = (
-            SequenceBatcher(SequencePolicy.of(sb, config.max_batch_size)) if sb is not None else None
-        )
-        self.controls: list[dict[str, Any]] = control_specs(sb) if sb is not None else []
-        self.instances: set[bytes] = set()
-        self.idle: deque[bytes] = deque()
         self.error: str | None = None
         self.stats = ModelStats()
         self.metrics: ModelMetrics  # set by the observer when the state is created
         self.window = LatencyWindow()  # the last minute, for zinfer status
         self.generation = 0
         self.retired = False  # unloaded or replaced: drains its queue, then its workers stop for good
-        self.rate_limited = any(g.rate_limiter is not None for g in config.instance_group)
         self._groups: list[InstanceGroup | None] | None = None
         self.prefetching = False  # an instance has a second place in ``idle`` (GPU look-ahead)
         # a Triton model's own is_ready(): how a readiness query (client, request id) asks its instances to
@@ -209,11 +196,6 @@ class ModelState:
         # answered yet (one call in flight each)
         self.ask_ready: Callable[[bytes, str], None] | None = None
         self.readiness_asked: set[bytes] = set()
-        self.runs = False  # its instances take runs of requests, each executed alone (``batching.runs``)
-        self.cost = ExecutionCost()  # one execution's time on an instance, from the workers' timings
-        self.ensemble: EnsemblePlan | None = None  # an ensemble: no instances, the broker runs its steps
-        # the longest a batch may run on an instance (parameter execution_timeout_ms); None: no limit
-        self.execution_limit_ns = execution_limit_ns(config)
 
     def group_of(self, instance: int) -> InstanceGroup | None:
         """The instance group instance number ``instance`` belongs to."""
@@ -223,12 +205,12 @@ class ModelState:
 
     @property
     def queued(self) -> int:
-        """Requests waiting for an instance, in the batcher or the sequence batcher."""
-        return len(self.batcher) + (len(self.sequencer) if self.sequencer is not None else 0)
+        """Requests waiting for an instance."""
+        return len(self.scheduler)
 
     @property
     def ready(self) -> bool:
-        return self.error is None and (bool(self.instances) or self.ensemble is not None)
+        return self.error is None and (bool(self.instances) or self.scheduler.plan is not None)
 
     @property
     def loading(self) -> bool:
@@ -237,4 +219,30 @@ class ModelState:
     def state(self) -> str:
         if self.error is not None:
             return "UNAVAILABLE"
-        return "READY" if self.instances or self.ensemble is not None else "LOADING"
+        return "READY" if self.instances or self.scheduler.plan is not None else "LOADING"
+
+
+def scheduler_for(
+    config: ModelConfig,
+    instances: AbstractSet[bytes],
+    expected: int,
+    max_batch_bytes: int,
+    plan: EnsemblePlan | None = None,
+    pipelining: bool = True,
+    one_row: bool = False,
+) -> Scheduler:
+    """The kind of a model: an ensemble's (``plan``), sequence batching, the dynamic batcher, or runs where
+    ``pipelining`` (no execution limit, not decoupled) and nothing else asks for batches; around it the
+    turns of the rate limiter where an instance group names resources. ``expected``: instances to place;
+    ``instances``: the model's set of ready ones; ``one_row``: a sequence request holds one row."""
+    if plan is not None:
+        return EnsembleSteps(plan)
+    limited = any(g.rate_limiter is not None for g in config.instance_group)
+    kind: Scheduler
+    if config.sequence_batching is not None:
+        kind = Sequences(config, instances, one_row)
+    else:
+        policy = BatchPolicy.from_config(config, max(expected, 1), max_batch_bytes)
+        runs = config.dynamic_batching is None and pipelining and not limited
+        kind = Runs(policy) if runs else Batching(policy)
+    return TakingTurns(kind) if limited else kind

@@ -305,8 +305,7 @@ class OnDemand:
         return out
 
     def _busy(self, state: ModelState) -> bool:
-        seqs = state.sequencer
-        return bool(state.queued) or self.pool.busy(state) or (seqs is not None and seqs.active() > 0)
+        return bool(state.queued) or self.pool.busy(state) or state.scheduler.active() > 0
 
     def _estimate(self, name: str) -> dict[str, int]:
         devices = devices_of(config_of(self.registry, self.repository, name))

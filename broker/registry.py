@@ -128,9 +128,8 @@ class ModelRegistry:
         generation = next(self._generations)
         prepared: list[tuple[ModelState, list[str]]] = []
         for version in entry.versions:
-            state = ModelState(config, version, entry.path / str(version), 0)
+            state = ModelState(config, version, entry.path / str(version), 0, plan=plan)
             state.generation = generation
-            state.ensemble = plan
             prepared.append((state, []))
         return prepared, None
 
@@ -185,8 +184,7 @@ class ModelRegistry:
         out: list[ModelState] = []
         done: list[ModelState] = []
         for state in self._work:
-            seqs = state.sequencer
-            if (seqs.active() or len(seqs)) if seqs is not None else not state.batcher.empty:
+            if state.scheduler.has_work():
                 out.append(state)
             else:
                 done.append(state)

@@ -1,4 +1,4 @@
-"""The broker: a client ROUTER, a worker ROUTER, one batcher per model, and the supervisor.
+"""The broker: a client ROUTER, a worker ROUTER, one scheduler per model, and the supervisor.
 
 The loop follows the Majordomo pattern: poll with a deadline (the nearest batch deadline, capped so
 process checks and stop requests are noticed), handle what arrived, then dispatch ready batches to idle
@@ -15,12 +15,7 @@ from collections.abc import Callable
 import zmq
 
 from zinfer.client import protocol
-from zinfer.client.errors import (
-    ProtocolError,
-    ServerError,
-    Status,
-    Unavailable,
-)
+from zinfer.client.errors import ProtocolError, ServerError, Status, Unavailable
 from zinfer.client.paths import SOCKET_NAME, WORKER_SOCKET_NAME, client_endpoint, worker_endpoint
 from zinfer.client.protocol import Command, Frame, Reply
 from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
@@ -36,6 +31,7 @@ from .admission import Admission
 from .batching.rate_limiter import RateLimiter
 from .cache_path import CachePath
 from .completion import Completion
+from .dispatcher import Dispatcher
 from .ensemble_path import EnsemblePath
 from .fd_limit import raise_fd_limit
 from .handlers import LATER, QUERIES, Controls, Queries
@@ -47,10 +43,10 @@ from .observer import Observer
 from .on_demand import OnDemand
 from .outbox import IPC_TAG, TCP_TAG, Outbox
 from .precise_wait import PreciseWait, tighten_timer_slack
+from .queues import Queues
 from .region_intake import RegionIntake
 from .regions import Region, RegionTable
 from .registry import ModelRegistry
-from .request_path import RequestPath
 from .runtime_dir import RuntimeDir
 from .server_config import cpus_for
 from .server_options import ServerOptions
@@ -82,25 +78,28 @@ class Broker:
         # which worker serves which model, its places, its batches, its heartbeats
         self.pool = InstancePool(options.heartbeat_interval_s * options.heartbeat_liveness)
         self.outbox = Outbox(options.max_unread_reply_bytes)  # what the collaborators send through
-        # a request's path: admission, dispatch, completion (and ensembles through all three)
         self.caching = CachePath(options.cache_bytes, self.regions.map_readonly)
+        self.observer = Observer(self.registry, self.regions, self.caching, self.pool, self.supervisor,
+                                 self.serving_ready, options.trace)  # fmt: skip
+        tracer = self.observer.tracer  # per-request traces
+        # a request's path, each part built with what it uses: completion, dispatch, queueing, ensembles
         self.limiter: RateLimiter[bytes, ModelKey] = RateLimiter(options.rate_limit_resources)
-        self.completion = Completion(self.pool, self.outbox, self.caching, self.limiter, self.registry.states)
-        self.admission = Admission(
-            self.registry, self.regions, self.completion, self.caching, self.pool,
-            lambda: self.draining_since is not None, options.max_tensor_bytes, options.max_batch_bytes,
-        )  # fmt: skip
-        self.ensembles = EnsemblePath(
-            self.registry, self.regions, self.admission, self.completion, self.caching
-        )
-        self.admission.ensembles = self.ensembles  # an ensemble's request starts its steps at admission
-        self.path = RequestPath(
+        states = self.registry.states
+        self.completion = Completion(self.pool, self.outbox, self.caching, self.limiter, states, tracer)
+        self.dispatcher = Dispatcher(
             self.registry, self.regions, self.pool, self.outbox, self.completion, self.limiter,
             LimitedDispatch(self.limiter, self.pool, self.supervisor, self.completion),
         )  # fmt: skip
-        self.completion.on_free = self.path.dispatch_freed  # a freed instance's next batch goes at once
-        self.admission.on_batch_ready = self.path.dispatch_freed  # so does a batch that filled mid-turn
-        self.worker_inbox = WorkerInbox(self.pool, self.outbox, self.completion)
+        self.queues = Queues(self.registry, self.caching, self.completion, self.pool)
+        self.ensembles = EnsemblePath(self.registry, self.regions, self.queues, self.completion, self.caching,
+                                      tracer, options.max_tensor_bytes)  # fmt: skip
+        self.admission = Admission(
+            self.registry, self.regions, self.queues, self.ensembles, self.dispatcher, self.completion,
+            self.caching, self.pool, tracer, lambda: self.draining_since is not None,
+            options.max_tensor_bytes, options.max_batch_bytes,
+        )  # fmt: skip
+        custom = self.observer.metrics.custom
+        self.worker_inbox = WorkerInbox(self.pool, self.outbox, self.completion, self.dispatcher, custom)
         self.restarts = RestartPolicy()
         self._ready_logged = False
         # the start's progress lines and ready line; ``zinfer serve`` adds the front doors to ``where``
@@ -115,10 +114,6 @@ class Broker:
         self.frontend: zmq.Socket[bytes] | None = None
         self.tcp: TcpFrontend | None = None
         self.backend: zmq.Socket[bytes] | None = None
-        self.observer = Observer(self.registry, self.regions, self.caching, self.pool, self.supervisor,
-                                 self.serving_ready, options.trace)  # fmt: skip
-        self.completion.tracer = self.admission.tracer = self.observer.tracer  # per-request traces
-        self.worker_inbox.custom_metrics = self.observer.metrics.custom
         self.control = ModelControl(
             options, self.registry, self.pool, self.outbox, self.observer.attach, self.start_instances,
             self.limiter,
@@ -251,7 +246,7 @@ class Broker:
         if not tighten_timer_slack():
             log.info("event=timer_slack_unchanged")
         while not self._should_exit(stop_requests()):
-            events = waiter.poll(self.path.poll_timeout_ms())
+            events = waiter.poll(self.dispatcher.poll_timeout_ms())
             self.outbox.hold()  # replies of this turn to one connection go in one message
             if self.backend in events:
                 self._drain(self.backend, self.worker_inbox.on_message, b"")
@@ -271,7 +266,7 @@ class Broker:
                 self._reap_regions()
             self.admission.expire(now)
             self.worker_inbox.readiness.expire(now)
-            self.path.dispatch(now)
+            self.dispatcher.dispatch(now)
             self.observer.maybe_publish(now)
             if self.control.pending or self.registry.retiring:
                 self.control.poll(now)
@@ -288,10 +283,11 @@ class Broker:
         now = time.monotonic()
         if self.draining_since is None:
             self.draining_since = now
-            log.info("event=draining queued=%d running=%d", self.path.queued(), len(self.pool.running()))
+            queued, running = self.dispatcher.queued(), len(self.pool.running())
+            log.info("event=draining queued=%d running=%d", queued, running)
         if requests > 1 or now - self.draining_since > self.options.drain_timeout_s:
             return True
-        return not self.pool.running() and not self.path.queued()
+        return not self.pool.running() and not self.dispatcher.queued()
 
     def _drain(
         self, sock: zmq.Socket[bytes], handle: Callable[[bytes, list[Frame]], None], tag: bytes

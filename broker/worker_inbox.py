@@ -3,10 +3,13 @@ RESULT, each read through its record in ``zinfer.client.worker_protocol``.
 
 A heartbeat is answered on the same socket (its identity carries ``protocol.HEARTBEAT_SUFFIX``); READY makes
 the worker an instance with a place in the pool (``instance_pool``); LOAD_FAILED marks its model
-unavailable with the worker's reason; RESULT goes to request completion (``completion.on_result``). A
+unavailable with the worker's reason; RESULT goes to request completion (``Completion.take_result``), then
+the freed instance's next batch to dispatch (``Dispatcher.dispatch_freed``), then the replies to completion
+(``Completion.on_result``), so the instance computes while the broker answers; a partial result of a
+decoupled model to ``Completion.on_partial``. A
 message from a worker the pool does not know is answered with SHUTDOWN; a malformed one is logged and
 dropped, never allowed to raise in the broker loop. A heartbeat that carries the model's custom metrics
-hands them, checked, to ``custom_metrics`` (set by the server to its metrics' store); one from a GPU worker
+hands them, checked, to ``custom_metrics`` (the server's metrics' store); one from a GPU worker
 carries the device memory it holds (``device_bytes``, for on-demand model control's budgets).
 """
 
@@ -25,6 +28,7 @@ from zinfer.client.protocol import Command, Frame
 from zinfer.client.worker_protocol import (
     Heartbeat,
     Shutdown,
+    WorkerResult,
     empty_to_wire,
     load_failed_from_wire,
     readiness_from_wire,
@@ -34,7 +38,9 @@ from zinfer.client.worker_protocol import (
 
 from .completion import Completion
 from .custom_metrics import CustomMetrics
+from .dispatcher import Dispatcher
 from .instance_pool import InstancePool
+from .model_state import ModelState
 from .outbox import Outbox
 from .readiness_waits import ReadinessWaits
 
@@ -47,11 +53,14 @@ class WorkerInbox:
         pool: InstancePool,
         outbox: Outbox,
         completion: Completion,
+        dispatcher: Dispatcher,
+        custom_metrics: CustomMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = pool
         self.outbox = outbox
-        self.custom_metrics: CustomMetrics | None = None
+        self.dispatcher = dispatcher  # a freed instance's next batch leaves before the replies are built
+        self.custom_metrics = custom_metrics
         self._reported: set[bytes] = set()  # workers whose last heartbeat carried custom metrics
         self.device_bytes: dict[bytes, int] = {}  # device memory a GPU worker's last heartbeat reported
         self.completion = completion
@@ -77,6 +86,17 @@ class WorkerInbox:
         else:
             self._reported.discard(worker)
         self.custom_metrics.update(worker, state.name, state.version, families)
+
+    def on_result(
+        self, identity: bytes, state: ModelState, result: WorkerResult, frames: list[Frame]
+    ) -> None:
+        if result.partial:
+            self.completion.on_partial(identity, state, result, frames)
+            return
+        batch = self.completion.take_result(identity, state, result)
+        if batch is not None:
+            self.dispatcher.dispatch_freed(state)  # the instance's next batch leaves first
+            self.completion.on_result(identity, state, batch, result, frames)
 
     def on_message(self, identity: bytes, frames: list[Frame]) -> None:
         """One message from the worker socket (``identity`` as the ROUTER names the sender)."""
@@ -126,7 +146,7 @@ class WorkerInbox:
                     state.error,
                 )
             elif msg.command == Command.W_RESULT:
-                self.completion.on_result(identity, state, result_from_wire(msg.header), msg.frames)
+                self.on_result(identity, state, result_from_wire(msg.header), msg.frames)
             elif msg.command == Command.W_READINESS:
                 answer = readiness_from_wire(msg.header)
                 state.ask_ready = functools.partial(self.readiness.ask, state)

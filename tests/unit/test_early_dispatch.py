@@ -1,7 +1,7 @@
 """A batch leaves as soon as it may: when an instance gives its place back, its model's next batch is sent
-before the replies of the batch that ended are built (``Completion.on_free``), and a queue that reaches a
-preferred batch size in the middle of a turn is asked for a batch then
-(``DynamicBatcher.reached_preferred``)."""
+before the replies of the batch that ended are built (``WorkerInbox.on_result``: ``Completion.take_result``,
+``Dispatcher.dispatch_freed``, then ``Completion.on_result``), and a queue that reaches a preferred batch
+size in the middle of a turn is asked for a batch then (``DynamicBatcher.reached_preferred``)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,17 @@ from zinfer.broker.batching.batcher import DynamicBatcher
 from zinfer.broker.batching.rate_limiter import RateLimiter
 from zinfer.broker.cache_path import CachePath
 from zinfer.broker.completion import Completion
+from zinfer.broker.dispatcher import Dispatcher
 from zinfer.broker.instance_pool import InstancePool
+from zinfer.broker.limited_dispatch import LimitedDispatch
 from zinfer.broker.metrics import ServerMetrics
 from zinfer.broker.model_state import ModelState, Pending
 from zinfer.broker.outbox import Outbox
-from zinfer.client.protocol import Frame, InferRequest, Reply
+from zinfer.broker.regions import RegionTable
+from zinfer.broker.registry import ModelRegistry
+from zinfer.broker.tracing import Tracer
+from zinfer.broker.worker_inbox import WorkerInbox
+from zinfer.client.protocol import Command, Frame, InferRequest, Reply
 from zinfer.client.worker_protocol import RequestResult, WorkerResult
 from zinfer.modelconfig.model_config import parse_model_config
 
@@ -43,6 +49,12 @@ class Recorder(Outbox):
 
     def send_client(self, identity: bytes, reply: Reply, frames: list[Frame] | None = None) -> None:
         self.log.append(f"reply {reply.request_id}")
+
+    def send_worker(
+        self, identity: bytes, command: Command, header: dict[str, Any], frames: list[Frame] | None = None
+    ) -> bool:
+        self.log.append(f"{command.name} {identity.decode()}")
+        return True
 
 
 @pytest.mark.parametrize(
@@ -74,11 +86,13 @@ def test_no_batching_policy_never_hints() -> None:
     assert not batcher.reached_preferred(1)
 
 
-def _pending(seq: int) -> Pending:
-    return Pending(seq, b"client", InferRequest(f"r{seq}", "m", 1, ()), [], (), 1, 0.0)
+def _pending(seq: int, sequence_id: int = 0) -> Pending:
+    params = {"sequence_id": sequence_id, "sequence_start": True} if sequence_id else {}
+    return Pending(seq, b"client", InferRequest(f"r{seq}", "m", 1, (), parameters=params), [], (), 1, 0.0)
 
 
-def _completion(sequence: bool) -> tuple[Completion, ModelState, InstancePool, list[str]]:
+def _inbox(sequence: bool) -> tuple[WorkerInbox, ModelState, InstancePool, list[str]]:
+    """The broker's worker inbox, completion and dispatch around one model with one instance, ``w0``."""
     text = CONFIG.replace("dynamic_batching", "sequence_batching { }\n#") if sequence else CONFIG
     state = ModelState(parse_model_config(text, source="config.pbtxt", model_name="m"), 1, Path("/none"), 1)
     state.metrics = ServerMetrics(gpu=False, process=False).model("m", 1, 8)
@@ -86,32 +100,30 @@ def _completion(sequence: bool) -> tuple[Completion, ModelState, InstancePool, l
     pool.add(b"w0", state, 0.0)
     pool.ready(b"w0")
     log: list[str] = []
+    outbox = Recorder(log)
     limiter: RateLimiter[bytes, Any] = RateLimiter(())
-    completion = Completion(pool, Recorder(log), CachePath(0), limiter, lambda: [state])
-    return completion, state, pool, log
+    completion = Completion(pool, outbox, CachePath(0), limiter, lambda: [state], Tracer())
+    dispatcher = Dispatcher(ModelRegistry(()), RegionTable(1 << 20), pool, outbox, completion, limiter,
+                            LimitedDispatch(limiter, pool, None, completion))  # type: ignore[arg-type]  # fmt: skip
+    return WorkerInbox(pool, outbox, completion, dispatcher), state, pool, log
 
 
 def test_the_next_batch_is_dispatched_before_the_replies_of_the_batch_that_ended() -> None:
-    completion, state, pool, log = _completion(sequence=False)
+    inbox, state, pool, log = _inbox(sequence=False)
     pool.take_next(state)
     running = pool.start_batch(state, b"w0", [_pending(1), _pending(2)], 0)
-
-    def on_free(s: ModelState) -> None:
-        assert s is state and list(s.idle) == [b"w0"]  # the place is back before any reply
-        log.append("dispatch")
-
-    completion.on_free = on_free
+    state.scheduler.add(_pending(3), (), 0.0, False)  # queued while the batch ran; its delay is over
     results = (RequestResult(1), RequestResult(2))
-    completion.on_result(b"w0", state, WorkerResult(running.batch_id, results), [])
-    assert log == ["dispatch", "reply r1", "reply r2"]
-    assert list(state.idle) == [b"w0"]  # given back once
+    inbox.on_result(b"w0", state, WorkerResult(running.batch_id, results), [])
+    assert log == ["W_EXECUTE w0", "reply r1", "reply r2"]  # the place came back before any reply
+    assert list(state.idle) == [] and len(state.scheduler) == 0  # taken once, by the next batch
 
 
 def test_a_sequence_models_instance_is_freed_only_after_its_replies() -> None:
-    completion, state, pool, log = _completion(sequence=True)
+    inbox, state, pool, log = _inbox(sequence=True)
     pool.take_next(state)
-    running = pool.start_batch(state, b"w0", [_pending(1)], 0)
-    completion.on_free = lambda s: log.append("dispatch")
-    completion.on_result(b"w0", state, WorkerResult(running.batch_id, (RequestResult(1),)), [])
+    running = pool.start_batch(state, b"w0", [_pending(1, sequence_id=7)], 0)
+    state.scheduler.add(_pending(2, sequence_id=8), (), 0.0, False)  # another sequence, on the same instance
+    inbox.on_result(b"w0", state, WorkerResult(running.batch_id, (RequestResult(1),)), [])
     assert log == ["reply r1"]  # its next request waits for this one's end: no early dispatch
-    assert list(state.idle) == [b"w0"]
+    assert list(state.idle) == [b"w0"] and len(state.scheduler) == 1

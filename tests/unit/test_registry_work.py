@@ -7,10 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zinfer.broker.batching.batcher import QueuedRequest
-from zinfer.broker.batching.sequence_batcher import SequenceRequest
+from zinfer.broker.batching.batcher import DynamicBatcher, QueuedRequest
+from zinfer.broker.batching.sequence_batcher import SequenceBatcher, SequenceRequest
 from zinfer.broker.model_state import ModelState
 from zinfer.broker.registry import ModelRegistry
+from zinfer.broker.scheduler import Batching
+from zinfer.broker.sequence_scheduler import Sequences
 from zinfer.modelconfig.model_config import parse_model_config
 
 BASE = """
@@ -34,8 +36,14 @@ def registry(**extra: str) -> tuple[ModelRegistry, dict[str, ModelState]]:
     return reg, states
 
 
+def batcher(state: ModelState) -> DynamicBatcher[Any]:
+    """The dynamic batcher of a model scheduled by one (``scheduler.Batching``)."""
+    assert isinstance(state.scheduler, Batching)
+    return state.scheduler.batcher  # type: ignore[return-value]  # its items here are plain values
+
+
 def queue(reg: ModelRegistry, state: ModelState, item: Any, now: float = 0.0) -> None:
-    state.batcher.add(QueuedRequest(item=item, batch_size=1, shape_key="a", arrival=now), now)
+    batcher(state).add(QueuedRequest(item=item, batch_size=1, shape_key="a", arrival=now), now)
     reg.has_work(state)
 
 
@@ -53,7 +61,7 @@ def test_a_state_leaves_once_its_queue_is_empty_and_comes_back_with_its_next_req
     reg, s = registry(a="", b="")
     queue(reg, s["a"], 1)
     queue(reg, s["b"], 2)
-    [batch] = s["a"].batcher.pop_ready(10.0, 1)
+    [batch] = batcher(s["a"]).pop_ready(10.0, 1)
     assert list(batch.items) == [1]
     assert reg.working() == [s["b"]]
     assert reg.working() == [s["b"]]  # and it stays out
@@ -64,17 +72,17 @@ def test_a_state_leaves_once_its_queue_is_empty_and_comes_back_with_its_next_req
 def test_timed_out_requests_held_for_expire_keep_the_state_in_until_they_are_answered() -> None:
     reg, s = registry(t=TIMEOUT)
     queue(reg, s["t"], 1)
-    assert s["t"].batcher.pop_ready(0.01, 0) == []  # no instance free: the request timed out and is held
-    assert len(s["t"].batcher) == 0
+    assert batcher(s["t"]).pop_ready(0.01, 0) == []  # no instance free: the request timed out and is held
+    assert len(batcher(s["t"])) == 0
     assert reg.working() == [s["t"]]
-    assert s["t"].batcher.expire(0.01) == [1]
+    assert batcher(s["t"]).expire(0.01) == [1]
     assert reg.working() == []
 
 
 def test_an_open_sequence_keeps_its_state_in_until_its_idle_limit_releases_it() -> None:
     reg, s = registry(q=SEQUENCE)
-    seqs = s["q"].sequencer
-    assert seqs is not None
+    assert isinstance(s["q"].scheduler, Sequences)
+    seqs: SequenceBatcher[Any, bytes] = s["q"].scheduler.batcher  # type: ignore[assignment]
     seqs.add(SequenceRequest("r1", 7, True, False, 0.0), 0.0, [b"w"])
     reg.has_work(s["q"])
     [(worker, batch)] = seqs.pop_ready(0.0, [b"w"])

@@ -5,8 +5,9 @@ pile up across reloads (``ModelControl`` calls ``RateLimiter.forget_model``)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from zinfer.broker.batching.batcher import QueuedRequest
+from zinfer.broker.batching.batcher import DynamicBatcher, QueuedRequest
 from zinfer.broker.batching.rate_limiter import RateLimiter
 from zinfer.broker.instance_pool import InstancePool
 from zinfer.broker.limited_dispatch import ModelKey, model_key
@@ -15,6 +16,7 @@ from zinfer.broker.model_control import ModelControl
 from zinfer.broker.model_state import ModelState
 from zinfer.broker.outbox import Outbox
 from zinfer.broker.registry import ModelRegistry
+from zinfer.broker.scheduler import Batching
 from zinfer.broker.server_options import ServerOptions
 from zinfer.modelconfig.model_config import parse_model_config
 
@@ -35,6 +37,11 @@ def state(generation: int) -> ModelState:
     return s
 
 
+def old_batcher(s: ModelState) -> DynamicBatcher[Any]:
+    assert isinstance(s.scheduler, Batching)
+    return s.scheduler.batcher  # type: ignore[return-value]  # its items here are plain values
+
+
 def control(tmp_path: Path) -> tuple[ModelControl, ModelRegistry, RateLimiter[bytes, ModelKey]]:
     registry = ModelRegistry()
     limiter: RateLimiter[bytes, ModelKey] = RateLimiter()
@@ -50,7 +57,7 @@ def test_a_reloaded_models_old_generation_is_dropped_from_the_limiter_once_drain
     old, new = state(1), state(2)
     registry.install("m", [old])
     limiter.served(model_key(old))
-    old.batcher.add(QueuedRequest(item=object(), batch_size=1, shape_key="a", arrival=0.0), 0.0)
+    old_batcher(old).add(QueuedRequest(item=object(), batch_size=1, shape_key="a", arrival=0.0), 0.0)
     registry.install("m", [new])  # the reload: the old generation retires
     limiter.served(model_key(new))
 
@@ -58,7 +65,7 @@ def test_a_reloaded_models_old_generation_is_dropped_from_the_limiter_once_drain
     assert registry.retiring == [old]
     assert limiter.models() == {model_key(old), model_key(new)}
 
-    old.batcher.remove(lambda _: True)
+    old_batcher(old).remove(lambda _: True)
     mc.poll(0.0)
     assert registry.retiring == []
     assert limiter.models() == {model_key(new)}

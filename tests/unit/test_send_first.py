@@ -1,5 +1,5 @@
 """Send first, account after: a worker's EXECUTE and a client's reply leave before the batch's and the
-request's statistics, metrics and latency window are recorded (``RequestPath._send``,
+request's statistics, metrics and latency window are recorded (``Dispatcher.send``,
 ``Completion.on_result``); once the call returns, the figures are the same as before."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from zinfer.broker.batching.batch_policy import Batch, BatchReason
 from zinfer.broker.batching.rate_limiter import RateLimiter
 from zinfer.broker.cache_path import CachePath
 from zinfer.broker.completion import Completion
+from zinfer.broker.dispatcher import Dispatcher
 from zinfer.broker.instance_pool import InstancePool
 from zinfer.broker.limited_dispatch import LimitedDispatch
 from zinfer.broker.metrics import ServerMetrics
@@ -18,7 +19,7 @@ from zinfer.broker.model_state import ModelState, Pending
 from zinfer.broker.outbox import Outbox
 from zinfer.broker.regions import RegionTable
 from zinfer.broker.registry import ModelRegistry
-from zinfer.broker.request_path import RequestPath
+from zinfer.broker.tracing import Tracer
 from zinfer.client.errors import Status
 from zinfer.client.protocol import Command, Frame, InferRequest, Reply
 from zinfer.client.worker_protocol import RequestResult, WorkerResult
@@ -60,7 +61,7 @@ def _pending(seq: int) -> Pending:
     return Pending(seq, b"client", InferRequest(f"r{seq}", "m", 1, ()), [], (), 1, 0.0)
 
 
-def _setup() -> tuple[RequestPath, Completion, ModelState, InstancePool, list[str]]:
+def _setup() -> tuple[Dispatcher, Completion, ModelState, InstancePool, list[str]]:
     state = ModelState(parse_model_config(CONFIG, source="config.pbtxt", model_name="m"), 1, Path("/none"), 1)
     state.metrics = ServerMetrics(gpu=False, process=False).model("m", 1, 8)
     pool = InstancePool(10.0)
@@ -69,9 +70,9 @@ def _setup() -> tuple[RequestPath, Completion, ModelState, InstancePool, list[st
     log: list[str] = []
     outbox = Recorder(log, state)
     limiter: RateLimiter[bytes, Any] = RateLimiter(())
-    completion = Completion(pool, outbox, CachePath(0), limiter, lambda: [state])
+    completion = Completion(pool, outbox, CachePath(0), limiter, lambda: [state], Tracer())
     registry = ModelRegistry(())
-    path = RequestPath(registry, RegionTable(1 << 20), pool, outbox, completion, limiter,
+    path = Dispatcher(registry, RegionTable(1 << 20), pool, outbox, completion, limiter,
                        LimitedDispatch(limiter, pool, None, completion))  # type: ignore[arg-type]  # fmt: skip
     return path, completion, state, pool, log
 
@@ -80,7 +81,7 @@ def test_the_execute_leaves_before_the_batch_is_counted() -> None:
     path, _, state, pool, log = _setup()
     worker = pool.take_next(state)
     batch = Batch(items=(_pending(1), _pending(2)), size=2, reason=BatchReason.DELAY_EXPIRED)
-    path.execute(state, worker, batch, 1.0)
+    path.send(state, worker, [batch], 1.0)
     assert log == ["W_EXECUTE executions=0 successes=0 failures=0"]
     assert state.stats.execution_count == 1 and state.stats.batch_reasons == {"delay_expired": 1}
     assert state.stats.queue.count == 2
@@ -91,7 +92,10 @@ def test_every_reply_leaves_before_the_requests_are_counted() -> None:
     pool.take_next(state)
     running = pool.start_batch(state, b"w0", [_pending(1), _pending(2), _pending(3)], 0)
     results = (RequestResult(1), RequestResult(2, status=Status.INTERNAL, error="InternalError: no"))
-    completion.on_result(b"w0", state, WorkerResult(running.batch_id, results, timings=(10, 20, 30)), [])
+    result = WorkerResult(running.batch_id, results, timings=(10, 20, 30))
+    batch = completion.take_result(b"w0", state, result)
+    assert batch is not None
+    completion.on_result(b"w0", state, batch, result, [])
     assert log == [
         "reply r1 executions=0 successes=0 failures=0",
         "reply r2 executions=0 successes=0 failures=0",
