@@ -30,14 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from zinfer.client import dtypes, protocol
 from zinfer.client.arena import Arena, Slot
-from zinfer.client.errors import (
-    InternalError,
-    ResourceExhausted,
-    ServerError,
-    Status,
-    Unavailable,
-    Unsupported,
-)
+from zinfer.client.errors import InternalError, ResourceExhausted, ServerError, Status, Unavailable, Unsupported
 from zinfer.client.protocol import Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef
 from zinfer.client.shm import Segment, new_server_name
 from zinfer.client.worker_protocol import RequestResult
