@@ -12,8 +12,7 @@ Where the tensors live:
   worker reads it from there: intermediates never pass through a socket. A slot is exact when the step's
   config fixes the output's size, a guess otherwise; a worker whose output outgrew its slot sends it
   inline, and the broker puts it into a slot of the right size before the next step reads it;
-* an ensemble output no step reads goes where the client asked for that output (its slot, or inline), so
-  the last step writes it straight into the client's memory.
+* an ensemble output no step reads goes where the client asked for it: the last step writes it there.
 
 An error in any step fails the whole request with the step named (``in ensemble 'e' step 2 (model
 'm'): ...``) and the status of the step's error; the steps still queued are withdrawn. The server's slots
@@ -30,7 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 from zinfer.client import dtypes, protocol
 from zinfer.client.arena import Arena, Slot
-from zinfer.client.errors import InternalError, ResourceExhausted, ServerError, Status, Unavailable, Unsupported
+from zinfer.client.errors import (
+    InternalError,
+    ResourceExhausted,
+    ServerError,
+    Status,
+    Unavailable,
+    Unsupported,
+)
 from zinfer.client.protocol import Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef
 from zinfer.client.shm import Segment, new_server_name
 from zinfer.client.worker_protocol import RequestResult
