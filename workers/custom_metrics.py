@@ -41,6 +41,8 @@ from zinfer.client.metric_snapshot import (
     check_metric_name,
 )
 
+from .pb_errors import TritonModelException
+
 __all__ = ["Metric", "MetricFamily", "snapshot"]
 
 _lock = threading.Lock()  # model threads write, the heartbeat thread reads
@@ -49,8 +51,6 @@ _metric_count = 0
 
 
 def _fail(message: str) -> NoReturn:
-    from .triton_python_backend_utils import TritonModelException  # its module re-exports this one
-
     raise TritonModelException(message)
 
 

@@ -52,7 +52,8 @@ from zinfer.modelconfig.signature import Signature
 from . import bls, cancel_flags, model_loop
 from .batch import BatchRequest, run_batch, run_serial
 from .batch_io import error_result, request_arrays
-from .device import CPU, Device, DeviceWait, open_device, prefetch_wanted
+from .device import CPU, Device, open_device, prefetch_wanted
+from .device_wait import DeviceWait
 from .heartbeat import Heartbeat
 from .loader import load_model
 from .model import AnyModel
