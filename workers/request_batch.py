@@ -90,11 +90,11 @@ def run_requests(
     ``cancels``: the worker's flags, which the requests' ``is_cancelled()`` read (none cancelled if None)."""
     out = BatchOutcome()
     t0 = time.perf_counter_ns()
-    runnable: list[tuple[BatchRequest, int]] = []
+    runnable = open_requests(requests, frames, regions, sig.batching, out)
     inputs: list[RequestInputs] = []
-    for req, arrays, rows in open_requests(requests, frames, regions, sig.batching, out):
-        runnable.append((req, rows))
-        arrays.update(control_arrays([req], sig.batching))  # a sequence request's START, END, READY, CORRID
+    for req, arrays, _ in runnable:
+        if req.sequence is not None:  # a sequence request's START, END, READY, CORRID
+            arrays.update(control_arrays([req], sig.batching))
         if states is not None:
             arrays.update(states.request_inputs(req))  # and its implicit state
         names = tuple(o.name for o in req.outputs)
@@ -109,10 +109,10 @@ def run_requests(
         try:
             results = _execute(model, inputs, sig.name)
         except ServerError as exc:
-            out.results.extend(error_result(req.id, exc) for req, _ in runnable)
+            out.results.extend(error_result(one.req.id, exc) for one in runnable)
             return out
     t2 = time.perf_counter_ns()
-    for (req, rows), result in zip(runnable, results, strict=True):
+    for (req, _, rows), result in zip(runnable, results, strict=True):
         if states is not None and isinstance(result, Mapping):
             try:
                 states.update([req], result, device)
