@@ -1,17 +1,17 @@
 """Where a Triton-style model's ``execute`` runs: the worker's main thread, or one model thread and one
 asyncio event loop per worker.
 
-A plain ``def execute`` of a model that is not decoupled runs on the worker's main thread when the
-instance is on the CPU (see :func:`run`): a client's CANCEL is then read when the model asks
-``request.is_cancelled()``. On a GPU instance, and for every decoupled model, it runs on the model thread;
-an ``async def execute`` runs on the event loop, which lives as long as the worker, so what it awaits
-(``InferenceRequest.async_exec``, its own tasks) may outlive one call, as in Triton where the loop is
-shared by a model instance's requests. While the model runs on those, the main thread stays free to read
-the socket (a CANCEL reaches ``request.is_cancelled()`` at once) and to send what a decoupled model's
-response senders queue from any thread. The main thread waits through a *pump* the worker installs
+A plain ``def execute`` of a model that is not decoupled runs on the worker's main thread when the instance is
+on the CPU (see :meth:`ModelThreads.run`): a client's CANCEL is then read when the model asks
+``request.is_cancelled()``. On a GPU instance, and for every decoupled model, it runs on the model thread; an
+``async def execute`` runs on the event loop, which lives as long as the worker, so what it awaits
+(``InferenceRequest.async_exec``, its own tasks) may outlive one call, as in Triton where the loop is shared
+by a model instance's requests. While the model runs on those, the main thread stays free to read the socket
+(a CANCEL reaches ``request.is_cancelled()`` at once) and to send what a decoupled model's response senders
+queue from any thread. The main thread waits through a *pump* the worker installs
 (:meth:`ModelThreads.set_pump`): it runs until its predicate holds, woken by :attr:`ModelThreads.wake`, which
-every finished call and every queued response sets. Without a worker (unit tests) the default pump just
-sleeps on the wake. One :class:`ModelThreads` per worker, held by its ``WorkerRuntime``.
+every finished call and every queued response sets. Without a worker (unit tests) the default pump just sleeps
+on the wake. One :class:`ModelThreads` per worker, held by its ``WorkerRuntime``.
 """
 
 from __future__ import annotations
