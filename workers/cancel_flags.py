@@ -17,7 +17,7 @@ cancelled while it waits is never run by a model that looks.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection
 
 __all__ = ["MAX_EARLY", "CancelFlag", "CancelFlags"]
 
@@ -50,7 +50,7 @@ class CancelFlags:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._flags: dict[int, CancelFlag] = {}
-        self._running: frozenset[int] = frozenset()
+        self._running: Collection[int] = ()  # the running batch's request ids, as the worker gave them
         self._batch: int | None = None
         self._early: set[tuple[int, int]] = set()  # (batch, request) cancelled before its batch began
         self._kept: dict[int, dict[int, CancelFlag]] = {}  # batches that run on beside the next
@@ -61,12 +61,14 @@ class CancelFlags:
     def set_poll(self, poll: Callable[[], None] | None) -> None:
         self.poll = poll
 
-    def begin_batch(self, batch: int, ids: Iterable[int]) -> None:
-        """The requests of the batch now running (the last batch's flags are forgotten)."""
+    def begin_batch(self, batch: int, ids: Collection[int]) -> None:
+        """The requests of the batch now running (the last batch's flags are forgotten). ``ids`` is kept as
+        given, not copied: it is read only when a cancel comes, and a batch is small."""
         with self._lock:
             self._batch = batch
-            self._running = frozenset(ids)
-            self._flags.clear()
+            self._running = ids
+            if self._flags:
+                self._flags.clear()
             if self._early:
                 for b, r in list(self._early):
                     if b <= batch:  # batch ids only grow: an older batch never begins now
