@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Protocol
 
-from zinfer.client.errors import InternalError
+from zinfer.client.errors import InternalError, ServerError
 from zinfer.client.protocol import Frame
 from zinfer.client.worker_protocol import RequestResult, WorkerResult
 from zinfer.modelconfig.signature import Signature
@@ -64,8 +64,8 @@ class Runner(Protocol):
 class Reply:
     """The guard around one EXECUTE: on every way out of its ``with`` block exactly one RESULT goes to the
     broker (unless the runner handed the batch on, ``outcome`` None): the runner's outcome, or, when the
-    runner raised, an error for every request it had not answered. Sends a decoupled model's partial
-    results too (:meth:`partial`)."""
+    runner raised, an error for every request it had not answered (the runner's own ServerError, any other
+    exception as an InternalError). Sends a decoupled model's partial results too (:meth:`partial`)."""
 
     __slots__ = ("batch", "outcome", "requests", "send_result")
 
@@ -89,7 +89,11 @@ class Reply:
             log.error("event=batch_failed batch=%d error=%r", self.batch, exc, exc_info=exc)
             out = out if out is not None else BatchOutcome()
             answered = {r.id for r in out.results}
-            failure = InternalError(f"the worker failed running the batch: {type(exc).__name__}: {exc}")
+            failure = (
+                exc
+                if isinstance(exc, ServerError)
+                else InternalError(f"the worker failed running the batch: {type(exc).__name__}: {exc}")
+            )
             out.results.extend(error_result(r.id, failure) for r in self.requests if r.id not in answered)
         if out is not None:
             timings = (out.input_ns, out.infer_ns, out.output_ns)

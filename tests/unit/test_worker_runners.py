@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from zinfer.client.errors import Status
+from zinfer.client.errors import InvalidArgument, Status
 from zinfer.client.protocol import Frame, OutputRequest, TensorRef
 from zinfer.client.worker_protocol import RequestResult, WorkerResult
 from zinfer.modelconfig.model_config import parse_model_config
@@ -124,3 +124,12 @@ def test_an_exit_that_is_not_an_error_is_answered_and_goes_on() -> None:
     with pytest.raises(KeyboardInterrupt), Reply(4, reqs, sent):
         raise KeyboardInterrupt
     assert [r.status for r in sent.results[0].results] == [Status.INTERNAL, Status.INTERNAL]
+
+
+def test_a_server_error_that_escapes_the_runner_reaches_its_requests_as_it_is() -> None:
+    reqs, _ = _requests(1)
+    sent = Sent()
+    with Reply(5, reqs, sent):
+        raise InvalidArgument("shared-memory region is no longer registered")
+    (entry,) = sent.results[0].results
+    assert entry.status == Status.INVALID_ARGUMENT and "no longer registered" in entry.error
