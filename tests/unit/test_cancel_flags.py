@@ -79,7 +79,7 @@ def test_cancels_kept_for_later_batches_are_bounded_and_dropped_once_passed(
 ) -> None:
     cancel_flags.begin_batch(0, [])
     kept = [cancel_flags.cancel(1 + i % 5, i) for i in range(MAX_EARLY + 10)]
-    assert kept.count(True) == MAX_EARLY and not any(kept[MAX_EARLY :])
+    assert kept.count(True) == MAX_EARLY and not any(kept[MAX_EARLY:])
     cancel_flags.begin_batch(6, [0])  # every batch kept for has passed without beginning
     assert not cancel_flags.flag(0).is_set()
     assert cancel_flags.cancel(7, 0)  # room again
