@@ -12,10 +12,11 @@ import importlib.util
 
 __all__ = ["COMPILED", "compiled_here"]
 
-# On the path of every request in the client, the broker or both. Not here: modules with async generators
-# (async_client, async_connection: mypyc has none), the batchers (generic frozen dataclasses with slots,
-# which mypyc refuses), the worker's model-facing modules (classes that models subclass), and the worker's
-# internals (their tests replace methods on instances, which compiled classes refuse).
+# On the path of every request in the client, the broker, the worker or all. Not here: modules with async
+# generators (async_client, async_connection: mypyc has none), the batchers (generic frozen dataclasses
+# with slots, which mypyc refuses), the worker's model-facing modules (pb_utils and its pb_* parts: their
+# objects are weakly referenced, which compiled classes refuse; model.py: models subclass its classes),
+# model_loop (asyncio runs its coroutines), and the decoupled and GPU paths (off the hot path).
 COMPILED = (
     "zinfer.client.protocol",
     "zinfer.client.framing",
@@ -46,6 +47,15 @@ COMPILED = (
     "zinfer.broker.ensemble_run",
     "zinfer.broker.registry",
     "zinfer.broker.latency_window",
+    "zinfer.workers.worker",
+    "zinfer.workers.runtime",
+    "zinfer.workers.runners",
+    "zinfer.workers.cancel_flags",
+    "zinfer.workers.batch",
+    "zinfer.workers.batch_io",
+    "zinfer.workers.request_batch",
+    "zinfer.workers.regions",
+    "zinfer.workers.triton_model",
 )
 
 

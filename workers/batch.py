@@ -3,7 +3,7 @@
 On a GPU instance the gather copies each request's rows host-to-device into one device buffer per input,
 and the scatter copies each request's rows device-to-host into its output slot; the device is
 synchronized before the result is sent. Models that answer request by request (Triton-style model.py)
-go through ``zinfer.workers.request_batch`` instead.
+go through ``zinfer.workers.request_batch`` instead (``zinfer.workers.runners`` picks one per model).
 """
 
 from __future__ import annotations
@@ -32,11 +32,10 @@ from .batch_io import (
     slot_alloc,
     unreachable,
 )
-from .cancel_flags import cancel_flag
+from .cancel_flags import CancelFlags
 from .device import CPU, Device
-from .model import AnyModel, Array, RequestModel
+from .model import Array, Model
 from .regions import RegionCache
-from .request_batch import run_requests
 from .sequence_state import ImplicitStates
 
 __all__ = ["BatchOutcome", "BatchRequest", "gather", "run_batch", "run_serial", "scatter"]
@@ -122,7 +121,7 @@ def _reshape(
 
 
 def run_batch(
-    model: AnyModel,
+    model: Model,
     sig: Signature,
     requests: Sequence[BatchRequest],
     frames: Sequence[Frame],
@@ -132,8 +131,6 @@ def run_batch(
 ) -> BatchOutcome:
     """Execute one batch; every failure becomes an error result for the requests it touches. ``states``:
     a stateful model's implicit state (read before, kept after a batch that succeeds)."""
-    if isinstance(model, RequestModel):
-        return run_requests(model, sig, requests, frames, regions, device, states)
     out = BatchOutcome()
     regions.begin_batch()
     bad = unreachable(requests, regions)
@@ -193,21 +190,20 @@ def run_batch(
 
 
 def run_serial(
-    model: AnyModel,
+    model: Model,
     sig: Signature,
     requests: Sequence[BatchRequest],
     frames: Sequence[Frame],
     regions: RegionCache,
     device: Device = CPU,
     states: ImplicitStates | None = None,
+    cancels: CancelFlags | None = None,
 ) -> BatchOutcome:
     """A run (``Execute.serial``): each request its own execution, in order, answered together. A request
-    cancelled before its turn is answered as cancelled without running."""
-    if isinstance(model, RequestModel):
-        return run_requests(model, sig, requests, frames, regions, device, states, serial=True)
+    cancelled before its turn (``cancels``: the worker's flags) is answered as cancelled without running."""
     out = BatchOutcome()
     for req in requests:
-        if cancel_flag(req.id).is_set():
+        if cancels is not None and cancels.flag(req.id).is_set():
             out.results.append(error_result(req.id, Cancelled("the request was cancelled")))
             continue
         _merge(out, run_batch(model, sig, [req], frames, regions, device, states))
@@ -215,7 +211,7 @@ def run_serial(
 
 
 def _run_singly(
-    model: AnyModel,
+    model: Model,
     sig: Signature,
     requests: Sequence[BatchRequest],
     frames: Sequence[Frame],

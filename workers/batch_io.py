@@ -68,6 +68,38 @@ def request_arrays(req: BatchRequest, frames: Sequence[Frame], regions: RegionCa
     return {ref.name: input_array(ref, frames, regions) for ref in req.inputs}
 
 
+class Opened(NamedTuple):
+    """A request whose inputs could be read: its host arrays and its row count."""
+
+    req: BatchRequest
+    arrays: dict[str, Array]
+    rows: int
+
+
+def open_requests(
+    requests: Sequence[BatchRequest],
+    frames: Sequence[Frame],
+    regions: RegionCache,
+    batching: bool,
+    out: BatchOutcome,
+    final: bool = False,
+) -> list[Opened]:
+    """The opening of a request-by-request runner: a new batch for the region cache, then each request's
+    arrays and rows; a request whose inputs cannot be read is answered in ``out`` now (``final``: as the
+    last response of a decoupled request) and left out."""
+    regions.begin_batch()
+    opened: list[Opened] = []
+    for req in requests:
+        try:
+            arrays = request_arrays(req, frames, regions)
+        except ServerError as exc:
+            bad = error_result(req.id, exc)
+            out.results.append(bad._replace(final=True) if final else bad)
+            continue
+        opened.append(Opened(req, arrays, request_rows(arrays, batching)))
+    return opened
+
+
 def unreachable(requests: Sequence[BatchRequest], regions: RegionCache) -> dict[int, ServerError]:
     """The requests (by id) whose shared-memory ranges, inputs or output slots, cannot be reached (a region
     gone, another file, a mapping refused, a range outside): each such request fails alone, with its own

@@ -1,7 +1,8 @@
 """Business logic scripting: a model's ``execute`` calling other models through the broker.
 
 The worker is then a client of its own server: a ``zinfer.client.Client`` on the server's socket, made on
-first use, tensors through its own shared-memory arena. Native models call ``infer`` / ``infer_async``;
+first use, tensors through its own shared-memory arena (``bls_link.BlsLink``, held by the worker's
+runtime). Native models call ``infer`` / ``infer_async``;
 Triton-style models use ``pb_utils.InferenceRequest(...).exec()`` / ``async_exec()``, which return errors as
 values the way Triton does.
 
@@ -13,47 +14,24 @@ waiting on each other ends in a clear error, never a silent deadlock.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from zinfer.client import Client
-from zinfer.client.errors import InvalidArgument
+from .bls_link import BLS_TIMEOUT_S as BLS_TIMEOUT_S
+from .bls_link import BlsLink
+from .runtime import current
 
-BLS_TIMEOUT_S = 60.0
 
-_lock = threading.Lock()
-_client: Client | None = None
-_url: str | None = None
-_model = ""
-_instances = 1
+def _link() -> BlsLink:
+    return current().bls
 
 
 def configure(url: str | None, model: str, instances: int) -> None:
-    """Called by the worker before the model loads: where the server is, and who is calling."""
-    global _url, _model, _instances
-    _url, _model, _instances = url, model, instances
-
-
-def _connection() -> Client:
-    global _client
-    with _lock:
-        if _client is None:
-            if _url is None:
-                raise InvalidArgument("BLS needs the server's address; this worker was not given one")
-            _client = Client(_url, timeout=BLS_TIMEOUT_S)
-        return _client
-
-
-def _check_self_call(model: str) -> None:
-    if _model and model == _model and _instances <= 1:
-        raise InvalidArgument(
-            f"model '{model}' calls itself with no other instance free to answer: it would wait forever "
-            "(give it more instances, or call another model)"
-        )
+    """Where the server is, and who is calling (the worker runtime's link; the worker sets it itself)."""
+    _link().configure(url, model, instances)
 
 
 def infer(
@@ -78,8 +56,9 @@ def infer_with_parameters(
     **options: Any,
 ) -> tuple[dict[str, npt.NDArray[Any]], dict[str, Any]]:
     """``infer``, with the response's parameters (a Triton model's) beside its outputs."""
-    _check_self_call(model)
-    result = _connection().infer(model, inputs, outputs=outputs, model_version=model_version,
+    link = _link()
+    link.check_self_call(model)
+    result = link.connection().infer(model, inputs, outputs=outputs, model_version=model_version,
                                  client_timeout=timeout_s, **options)  # fmt: skip
     return {name: np.array(result.as_numpy(name)) for name in result.output_names}, dict(result.parameters)
 
@@ -96,8 +75,9 @@ def stream(
     """The responses of a decoupled ``model`` to one request, as they come: ``(outputs, final,
     parameters)`` each; ``timeout_s`` bounds the wait for each response (raises zinfer errors).
     ``request_id`` lets :func:`cancel` reach the request while it streams."""
-    _check_self_call(model)
-    for result in _connection().stream(model, inputs, outputs=outputs, model_version=model_version,
+    link = _link()
+    link.check_self_call(model)
+    for result in link.connection().stream(model, inputs, outputs=outputs, model_version=model_version,
                                        client_timeout=timeout_s, parameters=parameters,
                                        request_id=request_id):  # fmt: skip
         outs = {name: np.array(result.as_numpy(name)) for name in result.output_names}
@@ -107,7 +87,7 @@ def stream(
 def cancel(request_id: str) -> bool:
     """Cancel the call in flight with this ``request_id`` (the model it calls sees ``is_cancelled()``);
     False when none is."""
-    return _connection().cancel(request_id)
+    return _link().connection().cancel(request_id)
 
 
 async def infer_async(
@@ -121,23 +101,15 @@ async def infer_async(
     return await asyncio.to_thread(infer, model, inputs, outputs, model_version, timeout_s)
 
 
-def close() -> None:
-    global _client
-    with _lock:
-        if _client is not None:
-            _client.close()
-            _client = None
-
-
 def load_model(name: str, config: str = "", files: Mapping[str, bytes] | None = None) -> None:
     """Load ``name`` in the server (explicit model control), as Triton's ``pb_utils.load_model``: with a
     ``config`` (JSON) and ``files`` to override, if given."""
-    _connection().load_model(name, config=config or None, files=files)
+    _link().connection().load_model(name, config=config or None, files=files)
 
 
 def unload_model(name: str) -> None:
-    _connection().unload_model(name)
+    _link().connection().unload_model(name)
 
 
 def is_model_ready(name: str, version: int | str = 0) -> bool:
-    return _connection().is_model_ready(name, version)
+    return _link().connection().is_model_ready(name, version)

@@ -1,12 +1,13 @@
-"""The cancellation flags of the requests of the running batch, which the worker sets on W_CANCEL.
+"""The cancellation flags of the requests of the running batch, which the worker sets on W_CANCEL (one
+:class:`CancelFlags` per worker, held by its ``WorkerRuntime``).
 
 A :class:`CancelFlag` is shared by the request's ``pb_utils.InferenceRequest`` and its response sender
-(``is_cancelled()``). The worker's main thread sets it when a W_CANCEL arrives: while a model runs on its
-own thread, the main thread is reading the socket anyway; while a model's ``execute`` runs on the main
-thread itself, ``is_cancelled()`` asks the worker to read what has arrived first (the hook given to
-:func:`set_poll`), so a cancel is seen as soon as the model looks, as in Triton, where the call asks the
-server. A flag is made only for a request that someone asks about or cancels: a batch of requests that
-nobody cancels costs a dict clear.
+(``is_cancelled()``). The worker's main thread sets it when a W_CANCEL arrives: while a model runs on its own
+thread, the main thread is reading the socket anyway; while a model's ``execute`` runs on the main thread
+itself, ``is_cancelled()`` asks the worker to read what has arrived first (the hook given to
+:meth:`CancelFlags.set_poll`), so a cancel is seen as soon as the model looks, as in Triton, where the call
+asks the server. A flag is made only for a request that someone asks about or cancels: a batch of requests
+that nobody cancels costs a dict clear.
 
 A cancel may come for a batch that has not begun yet (the broker sent it on while another runs, and it
 waits in the socket): it is kept, a bounded number of them, and set when that batch begins, so a request
@@ -16,102 +17,103 @@ cancelled while it waits is never run by a model that looks.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection
 
-__all__ = ["CancelFlag", "begin_batch", "cancel", "cancel_flag", "end_batch", "keep_batch", "set_poll"]
+__all__ = ["MAX_EARLY", "CancelFlag", "CancelFlags"]
 
-_lock = threading.Lock()
-_flags: dict[int, CancelFlag] = {}
-_running: frozenset[int] = frozenset()
-_batch: int | None = None
-_early: set[tuple[int, int]] = set()  # (batch, request) cancelled before its batch began
-_kept: dict[int, dict[int, CancelFlag]] = {}  # batches that run on beside the next (``keep_batch``)
 MAX_EARLY = 1024
-_poll: Callable[[], None] | None = None
-_main = threading.main_thread().ident
+_MAIN = threading.main_thread().ident
 
 
 class CancelFlag:
     """Set once, read from any thread (a bool under the GIL: no lock, no ``threading.Event``)."""
 
-    __slots__ = ("_set",)
+    __slots__ = ("_owner", "_set")
 
-    def __init__(self) -> None:
+    def __init__(self, owner: CancelFlags | None = None) -> None:
         self._set = False
+        self._owner = owner
 
     def set(self) -> None:
         self._set = True
 
     def is_set(self) -> bool:
-        if not self._set and _poll is not None and threading.get_ident() == _main:
-            _poll()  # the model runs on the main thread: read the cancels that came meanwhile
+        owner = self._owner
+        if not self._set and owner is not None and owner.poll is not None and threading.get_ident() == _MAIN:
+            owner.poll()  # the model runs on the main thread: read the cancels that came meanwhile
         return self._set
 
 
-def set_poll(poll: Callable[[], None] | None) -> None:
-    """What :meth:`CancelFlag.is_set` calls on the main thread before it answers (the worker's
-    non-blocking read of its socket); None: nothing."""
-    global _poll
-    _poll = poll
+class CancelFlags:
+    """The flags of one worker's running batch (and of the batches kept running beside it)."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._flags: dict[int, CancelFlag] = {}
+        self._running: Collection[int] = ()  # the running batch's request ids, as the worker gave them
+        self._batch: int | None = None
+        self._early: set[tuple[int, int]] = set()  # (batch, request) cancelled before its batch began
+        self._kept: dict[int, dict[int, CancelFlag]] = {}  # batches that run on beside the next
+        self.poll: Callable[[], None] | None = None
+        """What :meth:`CancelFlag.is_set` calls on the main thread before it answers (the worker's
+        non-blocking read of its socket); None: nothing."""
 
-def begin_batch(batch: int, ids: Iterable[int]) -> None:
-    """The requests of the batch now running (the last batch's flags are forgotten)."""
-    global _batch, _running
-    with _lock:
-        _batch = batch
-        _running = frozenset(ids)
-        _flags.clear()
-        if _early:
-            for b, r in list(_early):
-                if b <= batch:  # batch ids only grow: an older batch never begins now
-                    _early.discard((b, r))
-                    if b == batch and r in _running:
-                        _flag(r).set()
+    def set_poll(self, poll: Callable[[], None] | None) -> None:
+        self.poll = poll
 
+    def begin_batch(self, batch: int, ids: Collection[int]) -> None:
+        """The requests of the batch now running (the last batch's flags are forgotten). ``ids`` is kept as
+        given, not copied: it is read only when a cancel comes, and a batch is small."""
+        with self._lock:
+            self._batch = batch
+            self._running = ids
+            if self._flags:
+                self._flags.clear()
+            if self._early:
+                for b, r in list(self._early):
+                    if b <= batch:  # batch ids only grow: an older batch never begins now
+                        self._early.discard((b, r))
+                        if b == batch and r in self._running:
+                            self._flag(r).set()
 
-def keep_batch(batch: int) -> None:
-    """The running ``batch`` runs on after the next begins (a decoupled model's ``async def execute``):
-    its requests' flags stay settable until :func:`end_batch`."""
-    with _lock:
-        if batch == _batch:
-            _kept[batch] = {r: _flag(r) for r in _running}
+    def keep_batch(self, batch: int) -> None:
+        """The running ``batch`` runs on after the next begins (a decoupled model's ``async def execute``):
+        its requests' flags stay settable until :meth:`end_batch`."""
+        with self._lock:
+            if batch == self._batch:
+                self._kept[batch] = {r: self._flag(r) for r in self._running}
 
+    def end_batch(self, batch: int) -> None:
+        """A batch kept by :meth:`keep_batch` has ended."""
+        with self._lock:
+            self._kept.pop(batch, None)
 
-def end_batch(batch: int) -> None:
-    """A batch kept by :func:`keep_batch` has ended."""
-    with _lock:
-        _kept.pop(batch, None)
+    def _flag(self, request: int) -> CancelFlag:
+        """The flag of ``request``, made now if nobody asked before (``_lock`` held)."""
+        flag = self._flags.get(request)
+        if flag is None:
+            flag = self._flags[request] = CancelFlag(self)
+        return flag
 
+    def flag(self, request: int) -> CancelFlag:
+        with self._lock:
+            return self._flag(request)
 
-def _flag(request: int) -> CancelFlag:
-    """The flag of ``request``, made now if nobody asked before (``_lock`` held)."""
-    flag = _flags.get(request)
-    if flag is None:
-        flag = _flags[request] = CancelFlag()
-    return flag
-
-
-def cancel_flag(request: int) -> CancelFlag:
-    with _lock:
-        return _flag(request)
-
-
-def cancel(batch: int, request: int) -> bool:
-    """Set the flag of ``request`` of ``batch`` if it runs, or keep it for when ``batch`` begins if that
-    batch is still to come; False when neither (an older batch, or not one of this batch's requests)."""
-    with _lock:
-        if _batch is not None and batch > _batch:
-            if len(_early) >= MAX_EARLY:
+    def cancel(self, batch: int, request: int) -> bool:
+        """Set the flag of ``request`` of ``batch`` if it runs, or keep it for when ``batch`` begins if that
+        batch is still to come; False when neither (an older batch, or not one of this batch's requests)."""
+        with self._lock:
+            if self._batch is not None and batch > self._batch:
+                if len(self._early) >= MAX_EARLY:
+                    return False
+                self._early.add((batch, request))
+                return True
+            kept = self._kept.get(batch, {}).get(request)
+            if kept is not None:
+                flag = kept
+            elif batch != self._batch or request not in self._running:
                 return False
-            _early.add((batch, request))
-            return True
-        kept = _kept.get(batch, {}).get(request)
-        if kept is not None:
-            flag = kept
-        elif batch != _batch or request not in _running:
-            return False
-        else:
-            flag = _flag(request)
-    flag.set()
-    return True
+            else:
+                flag = self._flag(request)
+        flag.set()
+        return True

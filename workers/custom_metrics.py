@@ -14,19 +14,19 @@ with the same labels is the same metric (as Triton's core shares them). Misuse r
 ``pb_utils.TritonModelException`` naming what is wrong.
 
 How they reach ``/metrics``: every heartbeat of the worker (``zinfer.workers.heartbeat``, every
-``heartbeat_interval_s``) carries a snapshot of this process's families (``snapshot``), and the broker merges
-the snapshots of all workers into its Prometheus registry, labelled with ``model`` and ``version`` unless the
-model set those labels itself (``zinfer.broker.custom_metrics``). Figures therefore reach a scrape within one
-heartbeat interval. The heartbeat, not prometheus_client's multiprocess mode, because the broker already
-hears from every worker on it, a worker that dies takes nothing with it (no files left in a shared folder),
-and what a worker sends is checked and bounded like every other message (``zinfer.client.metric_snapshot``).
+``heartbeat_interval_s``) carries a snapshot of this process's families (``MetricRegistry.snapshot``, the
+worker runtime's registry), and the broker merges the snapshots of all workers into its Prometheus registry,
+labelled with ``model`` and ``version`` unless the model set those labels itself
+(``zinfer.broker.custom_metrics``). Figures therefore reach a scrape within one heartbeat interval. The
+heartbeat, not prometheus_client's multiprocess mode, because the broker already hears from every worker on
+it, a worker that dies takes nothing with it (no files left in a shared folder), and what a worker sends is
+checked and bounded like every other message (``zinfer.client.metric_snapshot``).
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-import threading
 from typing import Any, NoReturn
 
 from zinfer.client.metric_snapshot import (
@@ -35,22 +35,17 @@ from zinfer.client.metric_snapshot import (
     MAX_LABELS,
     MAX_METRICS,
     MAX_TEXT,
-    FamilySnapshot,
-    MetricSnapshot,
     check_label_name,
     check_metric_name,
 )
 
-__all__ = ["Metric", "MetricFamily", "snapshot"]
+from .metric_registry import KIND_NAMES, Family, State
+from .pb_errors import TritonModelException
+from .runtime import current
 
-_lock = threading.Lock()  # model threads write, the heartbeat thread reads
-_families: dict[str, _Family] = {}
-_metric_count = 0
-
+__all__ = ["Metric", "MetricFamily"]
 
 def _fail(message: str) -> NoReturn:
-    from .triton_python_backend_utils import TritonModelException  # its module re-exports this one
-
     raise TritonModelException(message)
 
 
@@ -60,25 +55,11 @@ def _number(value: Any, what: str) -> float:
     return float(value)
 
 
-class _Family:
-    def __init__(self, name: str, description: str, kind: int) -> None:
-        self.name, self.description, self.kind = name, description, kind
-        self.metrics: dict[tuple[tuple[str, str], ...], _State] = {}
-
-
-class _State:
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.value = 0.0
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1) if buckets else []
-        self.sum = 0.0
-
-
 class MetricFamily:
     COUNTER = 0
     GAUGE = 1
     HISTOGRAM = 2
-    _KIND_NAMES = {COUNTER: "counter", GAUGE: "gauge", HISTOGRAM: "histogram"}
+    _KIND_NAMES = KIND_NAMES
 
     def __init__(self, name: str, description: str, kind: int) -> None:
         problem = check_metric_name(name)
@@ -90,15 +71,16 @@ class MetricFamily:
             _fail(
                 f"MetricFamily {name!r}: kind must be MetricFamily.COUNTER, GAUGE or HISTOGRAM, got {kind!r}"
             )
-        with _lock:
-            found = _families.get(name)
+        registry = current().metrics
+        with registry.lock:
+            found = registry.families.get(name)
             if found is None:
-                if len(_families) >= MAX_FAMILIES:
+                if len(registry.families) >= MAX_FAMILIES:
                     _fail(f"MetricFamily {name!r}: a model may define at most {MAX_FAMILIES} metric families")
-                found = _families[name] = _Family(name, description, kind)
+                found = registry.families[name] = Family(name, description, kind)
             elif (found.description, found.kind) != (description, kind):
                 _fail(f"MetricFamily {name!r} already exists with another description or kind")
-        self._family = found
+        self._family, self._registry = found, registry
         self.name, self.description, self.kind = name, description, kind
 
     def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:  # noqa: N802 - Triton's name
@@ -109,8 +91,7 @@ class Metric:
     def __init__(
         self, family: MetricFamily, labels: dict[str, str] | None = None, buckets: list[float] | None = None
     ) -> None:
-        global _metric_count
-        fam = family._family
+        fam, registry = family._family, family._registry
         key = self._labels(fam.name, labels)
         bounds: tuple[float, ...] = ()
         if fam.kind == MetricFamily.HISTOGRAM:
@@ -121,16 +102,16 @@ class Metric:
                 _fail(f"metric of histogram family {fam.name!r}: buckets must be ascending and distinct")
         elif buckets is not None:
             _fail(f"metric of family {fam.name!r}: buckets are for HISTOGRAM families only")
-        with _lock:
+        with registry.lock:
             state = fam.metrics.get(key)
             if state is None:
-                if _metric_count >= MAX_METRICS:
+                if registry.metric_count >= MAX_METRICS:
                     _fail(f"metric of family {fam.name!r}: a model may define at most {MAX_METRICS} metrics")
-                state = fam.metrics[key] = _State(bounds)
-                _metric_count += 1
+                state = fam.metrics[key] = State(bounds)
+                registry.metric_count += 1
             elif state.buckets != bounds:
                 _fail(f"metric of histogram family {fam.name!r} with these labels exists with other buckets")
-        self._family, self._state = fam, state
+        self._family, self._state, self._lock = fam, state, registry.lock
 
     @staticmethod
     def _labels(family: str, labels: dict[str, str] | None) -> tuple[tuple[str, str], ...]:
@@ -152,14 +133,14 @@ class Metric:
             _fail(f"{self._family.name!r} is a histogram: use observe()")
         if kind == MetricFamily.COUNTER and amount < 0:
             _fail(f"counter {self._family.name!r} cannot be incremented by a negative value ({amount})")
-        with _lock:
+        with self._lock:
             self._state.value += amount
 
     def set(self, value: float) -> None:
         amount = _number(value, "value")
         if self._family.kind != MetricFamily.GAUGE:
             _fail(f"{self._family.name!r} is not a gauge: only a GAUGE metric can be set")
-        with _lock:
+        with self._lock:
             self._state.value = amount
 
     def observe(self, value: float) -> None:
@@ -167,29 +148,12 @@ class Metric:
         if self._family.kind != MetricFamily.HISTOGRAM:
             _fail(f"{self._family.name!r} is not a histogram: only a HISTOGRAM metric can observe")
         state = self._state
-        with _lock:
+        with self._lock:
             state.counts[bisect.bisect_left(state.buckets, amount)] += 1
             state.sum += amount
 
     def value(self) -> float:
         if self._family.kind == MetricFamily.HISTOGRAM:
             _fail(f"{self._family.name!r} is a histogram: it has no single value")
-        with _lock:
+        with self._lock:
             return self._state.value
-
-
-def snapshot() -> tuple[FamilySnapshot, ...]:
-    """Every family of this process as it is now (the heartbeat sends it)."""
-    with _lock:
-        return tuple(
-            FamilySnapshot(
-                f.name,
-                f.description,
-                MetricFamily._KIND_NAMES[f.kind],
-                tuple(
-                    MetricSnapshot(k, s.value, s.buckets, tuple(s.counts), s.sum)
-                    for k, s in f.metrics.items()
-                ),
-            )
-            for f in _families.values()
-        )

@@ -17,7 +17,7 @@ CPU all three do nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,6 +27,7 @@ from zinfer.client import dtypes
 from zinfer.client.errors import ConfigError
 from zinfer.client.shm import Segment
 
+from .device_wait import WaitHook
 from .model import AnyModel, Array, RequestModel
 
 if TYPE_CHECKING:
@@ -34,18 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-
-class DeviceWait(Protocol):
-    """What a device waits for: ``fd`` turns readable once it may be done (poll it beside a socket, never
-    spin); ``done()`` says whether it is."""
-
-    fd: int
-
-    def done(self) -> bool: ...
-
-
-WaitHook = Callable[[DeviceWait], None]
-"""Run while a device waits for its batch, with what it waits for."""
 
 PREFETCH_PARAMETER = "gpu_prefetch"
 _SWITCH = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False,

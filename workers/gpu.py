@@ -21,7 +21,7 @@ import numpy as np
 from zinfer.client.errors import ConfigError, InternalError
 from zinfer.client.shm import Segment
 
-from .device import WaitHook
+from .device_wait import WaitHook
 from .model import Array
 
 log = logging.getLogger(__name__)

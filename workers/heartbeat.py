@@ -27,14 +27,16 @@ from zinfer.client.metric_snapshot import families_to_wire
 from zinfer.client.protocol import Command, Frame
 from zinfer.client.transport import send_frames
 
-from . import custom_metrics
+from .metric_registry import MetricRegistry
 
 log = logging.getLogger(__name__)
 
 
 class Heartbeat:
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, identity: bytes,
-                 interval_s: float, liveness: int) -> None:  # fmt: skip
+                 interval_s: float, liveness: int,
+                 metrics: MetricRegistry | None = None) -> None:  # fmt: skip
+        self.metrics = metrics if metrics is not None else MetricRegistry()  # the model's custom metrics
         self.interval_s = interval_s
         self.liveness = liveness
         self._stop = threading.Event()
@@ -75,7 +77,7 @@ class Heartbeat:
                 header["device_bytes"] = int(self.device_bytes())
             except Exception:  # noqa: BLE001 - a figure that cannot be read is left out, never fatal
                 pass
-        families = custom_metrics.snapshot()
+        families = self.metrics.snapshot()
         if families:
             frames = protocol.encode(
                 Command.W_HEARTBEAT, {**header, "metrics": families_to_wire(families)}

@@ -20,14 +20,21 @@ from zinfer.modelconfig.model_config import ModelConfig
 from .device import CPU, Device
 from .kernels import load_kernel
 from .model import AnyModel
+from .model_loop import ModelThreads
 from .python_model import load_python_model
 
 
-def load_model(config: ModelConfig, version_dir: Path, device: Device = CPU, instance: int = 0) -> AnyModel:
+def load_model(
+    config: ModelConfig,
+    version_dir: Path,
+    device: Device = CPU,
+    instance: int = 0,
+    threads: ModelThreads | None = None,
+) -> AnyModel:
     if config.backend == "zinfer":
         return load_kernel(config, version_dir, device)
     if config.backend == "python":
-        return load_python_model(config, version_dir, device, instance)
+        return load_python_model(config, version_dir, device, instance, threads)
     if is_onnx(config):
         from .onnx_model import load_onnx_model  # onnxruntime is imported only by the models that use it
 

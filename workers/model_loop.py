@@ -1,16 +1,17 @@
 """Where a Triton-style model's ``execute`` runs: the worker's main thread, or one model thread and one
 asyncio event loop per worker.
 
-A plain ``def execute`` of a model that is not decoupled runs on the worker's main thread when the
-instance is on the CPU (see :func:`run`): a client's CANCEL is then read when the model asks
-``request.is_cancelled()``. On a GPU instance, and for every decoupled model, it runs on the model thread;
-an ``async def execute`` runs on the event loop, which lives as long as the worker, so what it awaits
-(``InferenceRequest.async_exec``, its own tasks) may outlive one call, as in Triton where the loop is
-shared by a model instance's requests. While the model runs on those, the main thread stays free to read
-the socket (a CANCEL reaches ``request.is_cancelled()`` at once) and to send what a decoupled model's
-response senders queue from any thread. The main thread waits through a *pump* the worker installs
-(``set_pump``): it runs until its predicate holds, woken by :data:`WAKE`, which every finished call and
-every queued response sets. Without a worker (unit tests) the default pump just sleeps on ``WAKE``.
+A plain ``def execute`` of a model that is not decoupled runs on the worker's main thread when the instance is
+on the CPU (see :meth:`ModelThreads.run`): a client's CANCEL is then read when the model asks
+``request.is_cancelled()``. On a GPU instance, and for every decoupled model, it runs on the model thread; an
+``async def execute`` runs on the event loop, which lives as long as the worker, so what it awaits
+(``InferenceRequest.async_exec``, its own tasks) may outlive one call, as in Triton where the loop is shared
+by a model instance's requests. While the model runs on those, the main thread stays free to read the socket
+(a CANCEL reaches ``request.is_cancelled()`` at once) and to send what a decoupled model's response senders
+queue from any thread. The main thread waits through a *pump* the worker installs
+(:meth:`ModelThreads.set_pump`): it runs until its predicate holds, woken by :attr:`ModelThreads.wake`, which
+every finished call and every queued response sets. Without a worker (unit tests) the default pump just sleeps
+on the wake. One :class:`ModelThreads` per worker, held by its ``WorkerRuntime``.
 """
 
 from __future__ import annotations
@@ -49,35 +50,15 @@ class Wake:
             pass
 
 
-WAKE = Wake()
-
 Pump = Callable[[Callable[[], bool]], bool]
 """Runs until the predicate is true (True), or gives up because the worker is stopping (False)."""
-
-
-def _sleep_pump(done: Callable[[], bool]) -> bool:
-    while not done():
-        select.select([WAKE.fd], [], [], 0.5)
-        WAKE.clear()
-    return True
-
-
-_pump: Pump = _sleep_pump
-
-
-def set_pump(pump: Pump | None) -> None:
-    global _pump
-    _pump = pump or _sleep_pump
-
-
-def pump(done: Callable[[], bool]) -> bool:
-    return _pump(done)
 
 
 class ModelLoop:
     """The model thread and the event loop thread, started on first use."""
 
-    def __init__(self, setup: Callable[[], None] | None = None) -> None:
+    def __init__(self, wake: Wake, setup: Callable[[], None] | None = None) -> None:
+        self._wake = wake
         self._setup = setup
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._run_loop, name="zinfer-model-loop", daemon=True)
@@ -104,20 +85,23 @@ class ModelLoop:
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         """Start ``fn(*args)``: a coroutine function on the loop, anything else on the model thread (an
-        awaitable it returns is then awaited on the loop). ``WAKE`` is set when it is done."""
+        awaitable it returns is then awaited on the loop). The wake is set when it is done."""
         if inspect.iscoroutinefunction(fn):
             future = asyncio.run_coroutine_threadsafe(fn(*args), self._loop)
         else:
             future = self._executor.submit(self._call, fn, *args)
-        future.add_done_callback(lambda _: WAKE.set())
+        future.add_done_callback(self._woken)
         return future
 
     def start_coroutine(self, coroutine: Any) -> concurrent.futures.Future[Any]:
         """Run an awaitable on the loop without waiting for it (a decoupled model's ``async def execute``
-        called already: its batches run side by side); ``WAKE`` is set when it is done."""
+        called already: its batches run side by side); the wake is set when it is done."""
         future = asyncio.run_coroutine_threadsafe(_awaited(coroutine), self._loop)
-        future.add_done_callback(lambda _: WAKE.set())
+        future.add_done_callback(self._woken)
         return future
+
+    def _woken(self, _: object) -> None:
+        self._wake.set()
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         result = fn(*args)
@@ -134,55 +118,69 @@ async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
 
-_lock = threading.Lock()
-_model_loop: ModelLoop | None = None
-_setup: Callable[[], None] | None = None
+class ModelThreads:
+    """One worker's model thread and event loop (started on first use), its wake and its pump."""
 
+    def __init__(self) -> None:
+        self.wake = Wake()
+        self._lock = threading.Lock()
+        self._loop: ModelLoop | None = None
+        self._setup: Callable[[], None] | None = None
+        self._pump: Pump = self._sleep_pump
 
-def configure(setup: Callable[[], None] | None) -> None:
-    """What each of the two threads runs first (a GPU instance makes its device current there); threads
-    already started are replaced."""
-    global _setup
-    close()
-    _setup = setup
+    def _sleep_pump(self, done: Callable[[], bool]) -> bool:
+        while not done():
+            select.select([self.wake.fd], [], [], 0.5)
+            self.wake.clear()
+        return True
 
+    def set_pump(self, pump: Pump | None) -> None:
+        self._pump = pump or self._sleep_pump
 
-def get() -> ModelLoop:
-    global _model_loop
-    with _lock:
-        if _model_loop is None:
-            _model_loop = ModelLoop(_setup)
-        return _model_loop
+    def pump(self, done: Callable[[], bool]) -> bool:
+        return self._pump(done)
 
+    def configure(self, setup: Callable[[], None] | None) -> None:
+        """What each of the two threads runs first (a GPU instance makes its device current there); threads
+        already started are replaced."""
+        self.close()
+        self._setup = setup
 
-def run(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` for the worker's main thread, which waits for it (pumping its socket meanwhile).
+    def get(self) -> ModelLoop:
+        with self._lock:
+            if self._loop is None:
+                self._loop = ModelLoop(self.wake, self._setup)
+            return self._loop
 
-    A plain function runs on the calling thread itself when the threads have no setup to run first (a
-    CPU instance): handing it to the model thread and back costs more than a small model's whole
-    ``execute`` on these machines (tens of µs of thread wake-ups per call). Triton's stub runs
-    ``execute`` on the thread that ran ``initialize`` too. A cancel that arrives meanwhile is read when
-    the model asks (``is_cancelled()``, see ``cancel_flags``). With a setup (a GPU instance: its device
-    current on the model thread), and for a coroutine function, the call goes to the model thread or the
-    loop as :meth:`ModelLoop.submit` says; an awaitable a plain function returns is awaited on the loop.
-    """
-    if _setup is None and not inspect.iscoroutinefunction(fn):
-        result = fn(*args)
-        if not inspect.isawaitable(result):
-            return result
-        loop = get().loop
-        future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(_awaited(result), loop)
-        future.add_done_callback(lambda _: WAKE.set())
-    else:
-        future = get().submit(fn, *args)
-    if not pump(future.done):
-        raise Unavailable("the worker is stopping")
-    return future.result()
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` for the worker's main thread, which waits for it (pumping its socket meanwhile).
 
+        A plain function runs on the calling thread itself when the threads have no setup to run first (a
+        CPU instance): handing it to the model thread and back costs more than a small model's whole
+        ``execute`` on these machines (tens of µs of thread wake-ups per call). Triton's stub runs
+        ``execute`` on the thread that ran ``initialize`` too. A cancel that arrives meanwhile is read when
+        the model asks (``is_cancelled()``, see ``cancel_flags``). With a setup (a GPU instance: its device
+        current on the model thread), and for a coroutine function, the call goes to the model thread or
+        the loop as :meth:`ModelLoop.submit` says; an awaitable a plain function returns is awaited on the
+        loop.
+        """
+        if self._setup is None and not inspect.iscoroutinefunction(fn):
+            result = fn(*args)
+            if not inspect.isawaitable(result):
+                return result
+            loop = self.get()
+            future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(
+                _awaited(result), loop.loop
+            )
+            future.add_done_callback(loop._woken)
+        else:
+            future = self.get().submit(fn, *args)
+        if not self.pump(future.done):
+            raise Unavailable("the worker is stopping")
+        return future.result()
 
-def close() -> None:
-    global _model_loop
-    with _lock:
-        if _model_loop is not None:
-            _model_loop.close()
-            _model_loop = None
+    def close(self) -> None:
+        with self._lock:
+            if self._loop is not None:
+                self._loop.close()
+                self._loop = None

@@ -32,6 +32,7 @@ from zinfer.modelconfig.model_config import ModelConfig
 from . import triton_python_backend_utils
 from .device import Device
 from .model import Array, Model, RequestModel
+from .model_loop import ModelThreads
 
 DEFAULT_FILENAME = "model.py"
 
@@ -161,8 +162,13 @@ class PythonModel:
 
 
 def load_python_model(
-    config: ModelConfig, version_dir: Path, device: Device, instance: int = 0
+    config: ModelConfig,
+    version_dir: Path,
+    device: Device,
+    instance: int = 0,
+    threads: ModelThreads | None = None,
 ) -> Model | RequestModel:
+    """``threads``: where a Triton-style model's ``execute`` runs (the worker runtime's; its own if None)."""
     path = model_file(config, version_dir)
     module = import_model_file(path, config, version_dir.name)
     cls, triton_style = find_model_class(module, path)
@@ -175,7 +181,7 @@ def load_python_model(
 
         args = initialize_args(config, version_dir, device, instance)
         call_hook(path, obj, "initialize", args)
-        return TritonModel(obj, path, config, args["model_instance_name"])
+        return TritonModel(obj, path, config, args["model_instance_name"], threads)
     if not callable(getattr(obj, "execute", None)):
         raise ConfigError(f"{path}: class {cls.__name__} has no execute method")
     call_hook(path, obj, "initialize", native_config(config, version_dir, device, instance))

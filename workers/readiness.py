@@ -16,13 +16,14 @@ import logging
 import threading
 from typing import Any
 
-from . import model_loop
+from .model_loop import ModelThreads
 
 log = logging.getLogger(__name__)
 
 
 class ReadinessCheck:
-    def __init__(self, is_ready: Any, model: str) -> None:
+    def __init__(self, is_ready: Any, model: str, threads: ModelThreads) -> None:
+        self._threads = threads
         self._is_ready = is_ready
         self._model = model
         self._lock = threading.Lock()
@@ -30,9 +31,9 @@ class ReadinessCheck:
         self._answer: bool | None = None  # an answer not yet sent to the broker
 
     @classmethod
-    def of(cls, model: Any, name: str) -> ReadinessCheck | None:
+    def of(cls, model: Any, name: str, threads: ModelThreads) -> ReadinessCheck | None:
         is_ready = getattr(getattr(model, "instance", None), "is_ready", None)
-        return cls(is_ready, name) if callable(is_ready) else None
+        return cls(is_ready, name, threads) if callable(is_ready) else None
 
     def start(self) -> None:
         """Call ``is_ready()`` now, unless a call is still running (its answer will do)."""
@@ -46,7 +47,7 @@ class ReadinessCheck:
         try:
             value = self._is_ready()
             if inspect.isawaitable(value):
-                value = asyncio.run_coroutine_threadsafe(_awaited(value), model_loop.get().loop).result()
+                value = asyncio.run_coroutine_threadsafe(_awaited(value), self._threads.get().loop).result()
             ready = value is True
             if not isinstance(value, bool):
                 log.warning("event=is_ready_not_bool model=%s value=%r", self._model, type(value).__name__)
@@ -56,7 +57,7 @@ class ReadinessCheck:
         with self._lock:
             self._running = False
             self._answer = ready
-        model_loop.WAKE.set()
+        self._threads.wake.set()
 
     def take(self) -> bool | None:
         """The answer to send to the broker, once: the result of a call that ended."""

@@ -27,11 +27,10 @@ from .batch_io import (
     error_result,
     model_failure,
     ok_result,
+    open_requests,
     output_wire,
-    request_arrays,
-    request_rows,
 )
-from .cancel_flags import cancel_flag
+from .cancel_flags import CancelFlags
 from .device import CPU, Device
 from .model import RequestInputs, RequestModel, RequestResult
 from .regions import RegionCache
@@ -85,26 +84,22 @@ def run_requests(
     device: Device = CPU,
     states: ImplicitStates | None = None,
     serial: bool = False,
+    cancels: CancelFlags | None = None,
 ) -> BatchOutcome:
-    """``serial``: a run (``Execute.serial``), each request its own execution (``_one_by_one``)."""
+    """``serial``: a run (``Execute.serial``), each request its own execution (``_one_by_one``);
+    ``cancels``: the worker's flags, which the requests' ``is_cancelled()`` read (none cancelled if None)."""
     out = BatchOutcome()
-    regions.begin_batch()
     t0 = time.perf_counter_ns()
-    runnable: list[tuple[BatchRequest, int]] = []
+    runnable = open_requests(requests, frames, regions, sig.batching, out)
     inputs: list[RequestInputs] = []
-    for req in requests:
-        try:
-            arrays = request_arrays(req, frames, regions)
-        except ServerError as exc:
-            out.results.append(error_result(req.id, exc))
-            continue
-        runnable.append((req, request_rows(arrays, sig.batching)))
-        arrays.update(control_arrays([req], sig.batching))  # a sequence request's START, END, READY, CORRID
+    for req, arrays, _ in runnable:
+        if req.sequence is not None:  # a sequence request's START, END, READY, CORRID
+            arrays.update(control_arrays([req], sig.batching))
         if states is not None:
             arrays.update(states.request_inputs(req))  # and its implicit state
         names = tuple(o.name for o in req.outputs)
         inputs.append(RequestInputs(req.request_id, arrays, names, req.sequence, req.parameters,
-                                    cancel_flag(req.id)))  # fmt: skip
+                                    None if cancels is None else cancels.flag(req.id)))  # fmt: skip
     t1 = time.perf_counter_ns()
     if not runnable:
         return out
@@ -114,10 +109,10 @@ def run_requests(
         try:
             results = _execute(model, inputs, sig.name)
         except ServerError as exc:
-            out.results.extend(error_result(req.id, exc) for req, _ in runnable)
+            out.results.extend(error_result(one.req.id, exc) for one in runnable)
             return out
     t2 = time.perf_counter_ns()
-    for (req, rows), result in zip(runnable, results, strict=True):
+    for (req, _, rows), result in zip(runnable, results, strict=True):
         if states is not None and isinstance(result, Mapping):
             try:
                 states.update([req], result, device)

@@ -1,7 +1,7 @@
 """What a worker tends between messages besides its socket: batches of a decoupled model's ``async def
 execute`` still running (``triton_stream.StreamRun``: their responses go out as their senders queue them,
 their RESULT when every request has ended) and the model's own ``is_ready()`` answers
-(``readiness.ReadinessCheck``). Both wake the worker through ``model_loop.WAKE``."""
+(``readiness.ReadinessCheck``). Both wake the worker through the runtime's ``threads.wake``."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import zmq
 from zinfer.client.protocol import Command, Frame
 from zinfer.client.worker_protocol import Readiness, WorkerResult, readiness_to_wire
 
-from . import cancel_flags, model_loop
 from .readiness import ReadinessCheck
+from .runtime import WorkerRuntime
 from .triton_stream import StreamRun
 
 SendResult = Callable[[WorkerResult, list[Frame]], None]
@@ -22,7 +22,8 @@ Send = Callable[[Command, dict[str, Any]], None]
 
 
 class SideWork:
-    def __init__(self) -> None:
+    def __init__(self, runtime: WorkerRuntime) -> None:
+        self.runtime = runtime
         self.runs: dict[int, StreamRun] = {}  # by batch id
         self.readiness: ReadinessCheck | None = None
 
@@ -32,13 +33,13 @@ class SideWork:
 
     def watch_readiness(self, model: Any, name: str) -> None:
         """Call the model's own is_ready() now, if it has one (and again when the broker asks)."""
-        self.readiness = ReadinessCheck.of(model, name)
+        self.readiness = ReadinessCheck.of(model, name, self.runtime.threads)
         if self.readiness is not None:
             self.readiness.start()
 
     def keep(self, batch_id: int, run: StreamRun) -> None:
         """A batch that runs on beside the next ones."""
-        cancel_flags.keep_batch(batch_id)
+        self.runtime.cancels.keep_batch(batch_id)
         self.runs[batch_id] = run
 
     def tend(self, send: Send, send_result: SendResult) -> None:
@@ -47,7 +48,7 @@ class SideWork:
         for batch_id, run in list(self.runs.items()):
             if run.step():
                 del self.runs[batch_id]
-                cancel_flags.end_batch(batch_id)
+                self.runtime.cancels.end_batch(batch_id)
                 outcome = run.finish()
                 timings = (outcome.input_ns, outcome.infer_ns, outcome.output_ns)
                 send_result(WorkerResult(batch_id, tuple(outcome.results), timings=timings), outcome.frames)
@@ -55,13 +56,13 @@ class SideWork:
         if answer is not None:
             send(Command.W_READINESS, readiness_to_wire(Readiness(answer)))
 
-    @staticmethod
-    def wait(sock: zmq.Socket[bytes], timeout_ms: int) -> bool:
+    def wait(self, sock: zmq.Socket[bytes], timeout_ms: int) -> bool:
         """Wait for a message or a wake-up; True when a message came."""
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
-        poller.register(model_loop.WAKE.fd, zmq.POLLIN)
+        wake = self.runtime.threads.wake
+        poller.register(wake.fd, zmq.POLLIN)
         events = dict(poller.poll(timeout_ms))
-        if model_loop.WAKE.fd in events:
-            model_loop.WAKE.clear()
+        if wake.fd in events:
+            wake.clear()
         return sock in events

@@ -24,7 +24,7 @@ from .batch_io import (
     emit,
     error_result,
     model_failure,
-    request_arrays,
+    open_requests,
 )
 from .regions import RegionCache
 
@@ -48,12 +48,9 @@ def run_stream(
 ) -> BatchOutcome:
     """Run each request on its own, sending every response as it comes; returns the final statuses."""
     out = BatchOutcome()
-    regions.begin_batch()
-    for req in requests:
+    for req, arrays, rows in open_requests(requests, frames, regions, sig.batching, out, final=True):
         t0 = time.perf_counter_ns()
         try:
-            arrays = request_arrays(req, frames, regions)
-            rows = next(iter(arrays.values())).shape[0] if sig.batching and arrays else 1
             wanted = [o.name for o in req.outputs]
             for response in _responses(model.execute(arrays)):
                 if not isinstance(response, Mapping):

@@ -27,12 +27,12 @@ from typing import Any
 from zinfer.client.errors import InternalError, ServerError
 from zinfer.modelconfig.model_config import ModelConfig
 
-from . import model_loop
 from . import triton_python_backend_utils as pb
 from .batch_io import model_failure
 from .cancel_flags import CancelFlag
 from .device import Device
 from .model import RequestInputs, RequestModel, RequestOutputs, RequestResult
+from .model_loop import ModelThreads, Wake
 from .pb_errors import server_error
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,8 @@ class _Senders:
     model has let go of it (:meth:`all_done` looks at a weak reference): it can no longer answer.
     """
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, wake: Wake) -> None:
+        self._wake = wake
         self._lock = threading.Lock()
         self._responses: list[Any] = [None] * n
         self._done = [False] * n
@@ -131,7 +132,7 @@ class _Senders:
         for ref in self._requests:
             request = ref()
             if request is not None:
-                weakref.finalize(request, model_loop.WAKE.set)
+                weakref.finalize(request, self._wake.set)
             del request
 
     def _sender(self, i: int, cancelled: CancelFlag) -> pb.InferenceResponseSender:
@@ -152,7 +153,7 @@ class _Senders:
                 self._responses[i] = response
                 self.used = True
             self._done[i] = self._done[i] or final
-        model_loop.WAKE.set()
+        self._wake.set()
 
     def all_done(self) -> bool:
         with self._lock:
@@ -193,7 +194,15 @@ class _Senders:
 
 
 class TritonModel(RequestModel):
-    def __init__(self, instance: Any, path: Path, config: ModelConfig, instance_name: str = "") -> None:
+    def __init__(
+        self,
+        instance: Any,
+        path: Path,
+        config: ModelConfig,
+        instance_name: str = "",
+        threads: ModelThreads | None = None,
+    ) -> None:
+        self.threads = threads if threads is not None else ModelThreads()  # the worker runtime's
         self.instance = instance
         self.path = path
         self.name = config.name
@@ -201,10 +210,10 @@ class TritonModel(RequestModel):
         self.decoupled = config.decoupled
 
     def execute_requests(self, requests: Sequence[RequestInputs], /) -> Sequence[RequestResult]:
-        senders = _Senders(len(requests))
+        senders = _Senders(len(requests), self.threads.wake)
         holder = [senders.attach(i, pb_request(r, self.name)) for i, r in enumerate(requests)]
         try:
-            responses = model_loop.run(call_with, self.instance.execute, holder)
+            responses = self.threads.run(call_with, self.instance.execute, holder)
         except Exception as exc:
             if not senders.used:
                 raise
@@ -216,7 +225,7 @@ class TritonModel(RequestModel):
             # Triton lets a model that is not decoupled answer through its senders too: one response each,
             # from execute or after it returned; wait until every sender sent its final flag or is gone
             senders.watch_requests()
-            if not model_loop.pump(senders.all_done):
+            if not self.threads.pump(senders.all_done):
                 raise InternalError("the worker is stopping")
             if senders.used:
                 responses = senders.responses()
@@ -245,7 +254,7 @@ class TritonModel(RequestModel):
             for i, (mine, returned) in enumerate(zip(sent, responses, strict=True)):
                 if mine is None and returned is not None:
                     senders.close(i)
-            if not model_loop.pump(senders.taken_done):
+            if not self.threads.pump(senders.taken_done):
                 raise InternalError("the worker is stopping")
             sent = senders.sent()
             responses = [mine if mine is not None else r for mine, r in zip(sent, responses, strict=True)]

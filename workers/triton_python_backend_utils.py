@@ -249,6 +249,6 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
 
 # pb_utils.ModelConfig (what auto_complete_config receives) and pb_utils.MetricFamily / Metric (custom
 # metrics), each defined in its own module
-from .auto_complete import ModelConfig as ModelConfig  # noqa: E402
 from .custom_metrics import Metric as Metric  # noqa: E402
 from .custom_metrics import MetricFamily as MetricFamily  # noqa: E402
+from .pb_model_config import ModelConfig as ModelConfig  # noqa: E402

@@ -1,12 +1,12 @@
 """A decoupled Triton-style model: responses through ``request.get_response_sender()``, from any thread.
 
-``execute`` gets the batch's requests and returns None; each request's sender sends any number of
-responses, the last with ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (or that flag alone), from ``execute``
-or from threads that run on after it returned. Senders only queue what they send and set
-``model_loop.WAKE``; the worker's main thread, pumping its socket meanwhile, takes each response off the
-queue and sends it to the broker at once, as a partial RESULT: ``final`` false, or true for the request's
-last, which ends that request's stream (its client gets it as the final response). The batch ends, and
-the instance takes its next one, when ``execute`` has returned and every request has ended.
+``execute`` gets the batch's requests and returns None; each request's sender sends any number of responses,
+the last with ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (or that flag alone), from ``execute`` or from threads
+that run on after it returned. Senders only queue what they send and set the runtime's ``threads.wake``; the
+worker's main thread, pumping its socket meanwhile, takes each response off the queue and sends it to the
+broker at once, as a partial RESULT: ``final`` false, or true for the request's last, which ends that
+request's stream (its client gets it as the final response). The batch ends, and the instance takes its next
+one, when ``execute`` has returned and every request has ended.
 
 A request whose stream cannot end normally ends with an error instead, never a hang: ``execute`` raised,
 or returned something other than None, or the request's sender was released (garbage) without the final
@@ -31,7 +31,6 @@ from zinfer.client.protocol import Frame
 from zinfer.client.worker_protocol import RequestResult
 from zinfer.modelconfig.signature import Signature
 
-from . import cancel_flags, model_loop
 from . import triton_python_backend_utils as pb
 from .batch_io import (
     BatchOutcome,
@@ -40,12 +39,14 @@ from .batch_io import (
     emit,
     error_result,
     model_failure,
+    open_requests,
     output_wire,
-    request_arrays,
 )
 from .model import RequestInputs
+from .model_loop import Wake
 from .pb_errors import server_error
 from .regions import RegionCache
+from .runtime import WorkerRuntime
 from .triton_model import TritonModel, call_with, pb_request
 
 log = logging.getLogger(__name__)
@@ -57,14 +58,15 @@ _RELEASED = object()
 class _Queue:
     """What the senders of one batch sent, in order: ``(request id, response | None | _RELEASED, final)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, wake: Wake) -> None:
+        self._wake = wake
         self._lock = threading.Lock()
         self._items: deque[tuple[int, Any, bool]] = deque()
 
     def put(self, rid: int, response: Any, final: bool) -> None:
         with self._lock:
             self._items.append((rid, response, final))
-        model_loop.WAKE.set()
+        self._wake.set()
 
     def take(self) -> list[tuple[int, Any, bool]]:
         with self._lock:
@@ -138,10 +140,11 @@ def run_triton_stream(
     frames: Sequence[Frame],
     regions: RegionCache,
     send_partial: SendPartial,
+    runtime: WorkerRuntime,
 ) -> BatchOutcome:
     """Run one batch of a decoupled Triton-style model; every request ends through ``send_partial``."""
-    run = start_triton_stream(model, sig, requests, frames, regions, send_partial)
-    if not model_loop.pump(run.step):
+    run = start_triton_stream(model, sig, requests, frames, regions, send_partial, runtime)
+    if not runtime.threads.pump(run.step):
         run.streams.end_all(InternalError("the worker is stopping"))
     return run.finish()
 
@@ -210,26 +213,20 @@ def start_triton_stream(
     frames: Sequence[Frame],
     regions: RegionCache,
     send_partial: SendPartial,
+    runtime: WorkerRuntime,
 ) -> StreamRun:
     """Start one batch of a decoupled Triton-style model: its ``execute`` runs on the model thread or the
     event loop; the caller steps the returned run until it says every request has ended."""
     out = BatchOutcome()
-    regions.begin_batch()
     streams = _Streams(sig, regions, send_partial, sig.name)
-    queue = _Queue()
+    queue = _Queue(runtime.threads.wake)
     pb_requests: list[pb.InferenceRequest] = []
     run = StreamRun(sig, streams, queue, out, time.perf_counter_ns())
     run.instance_name = model.instance_name
-    for req in requests:
-        try:
-            arrays = request_arrays(req, frames, regions)
-        except ServerError as exc:
-            out.results.append(error_result(req.id, exc))
-            continue
-        rows = next(iter(arrays.values())).shape[0] if sig.batching and arrays else 1
+    for req, arrays, rows in open_requests(requests, frames, regions, sig.batching, out):
         names = tuple(o.name for o in req.outputs)
         inputs = RequestInputs(req.request_id, arrays, names, req.sequence, req.parameters,
-                               cancel_flags.cancel_flag(req.id))  # fmt: skip
+                               runtime.cancels.flag(req.id))  # fmt: skip
         request = pb_request(inputs, model.name)
         _attach_sender(request, req.id, queue, decoupled=True)
         pb_requests.append(request)
@@ -237,8 +234,8 @@ def start_triton_stream(
     if not pb_requests:
         return run
     if runs_concurrently(model):  # the coroutine is made here and runs on the loop, not on the model thread
-        run.future = model_loop.get().start_coroutine(call_with(model.instance.execute, pb_requests))
+        run.future = runtime.threads.get().start_coroutine(call_with(model.instance.execute, pb_requests))
     else:
-        run.future = model_loop.get().submit(call_with, model.instance.execute, pb_requests)
+        run.future = runtime.threads.get().submit(call_with, model.instance.execute, pb_requests)
     del pb_requests, request  # the model alone holds the requests (and their senders) now
     return run

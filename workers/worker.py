@@ -35,7 +35,6 @@ from zinfer.client.worker_protocol import (
     CancelRequest,
     Execute,
     LoadFailed,
-    RequestResult,
     WorkerReady,
     WorkerResult,
     cancel_from_wire,
@@ -49,19 +48,18 @@ from zinfer.modelconfig.autocomplete import complete_config
 from zinfer.modelconfig.repository import read_model_dir_config
 from zinfer.modelconfig.signature import Signature
 
-from . import bls, cancel_flags, model_loop
-from .batch import BatchRequest, run_batch, run_serial
-from .batch_io import error_result, request_arrays
-from .device import CPU, Device, DeviceWait, open_device, prefetch_wanted
+from .batch_io import BatchRequest, error_result, request_arrays
+from .device import CPU, Device, open_device, prefetch_wanted
+from .device_wait import DeviceWait
 from .heartbeat import Heartbeat
 from .loader import load_model
 from .model import AnyModel
 from .regions import RegionCache
+from .runners import Reply, Runner, runner_for
+from .runtime import WorkerRuntime, install
 from .sequence_state import ImplicitStates, state_specs
 from .side_work import SideWork
-from .stream import run_stream
-from .triton_model import TritonModel
-from .triton_stream import run_triton_stream, runs_concurrently, start_triton_stream
+from .triton_stream import runs_concurrently
 from .warmup import run_warmup
 
 log = logging.getLogger(__name__)
@@ -88,8 +86,13 @@ class WorkerArgs:
 
 
 class Worker:
-    def __init__(self, args: WorkerArgs, *, tune_gc: bool = False) -> None:
+    def __init__(
+        self, args: WorkerArgs, *, tune_gc: bool = False, runtime: WorkerRuntime | None = None
+    ) -> None:
         self.args = args
+        self.runtime = (
+            runtime if runtime is not None else WorkerRuntime()
+        )  # flags, model threads, BLS, metrics
         self.regions = RegionCache(owner=args.parent)
         self.device: Device = CPU
         self.states: ImplicitStates | None = None  # a stateful model's implicit sequence state
@@ -97,7 +100,9 @@ class Worker:
         self._pending: deque[Message] = deque()  # received, not yet handled, in order
         self._staged_batch: object = None  # the batch id last looked at for staging
         self._stop = False
-        self.side = SideWork()  # async decoupled batches still running, the model's is_ready() answers
+        self.side = SideWork(
+            self.runtime
+        )  # async decoupled batches still running, the model's is_ready() answers
         self.tune_gc = tune_gc  # tune the collector once loaded (gc_tuning): only where this is the process
         self._ctx = zmq.Context()
         self.sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
@@ -108,7 +113,8 @@ class Worker:
         # the idle loop blocks in recv, not in poll: one call per message, woken by it or after POLL_MS
         self.sock.setsockopt(zmq.RCVTIMEO, POLL_MS)
         self.sock.connect(args.endpoint)
-        self.heartbeat = Heartbeat(self._ctx, args.endpoint, args.identity, args.heartbeat_s, args.liveness)
+        self.heartbeat = Heartbeat(self._ctx, args.endpoint, args.identity, args.heartbeat_s, args.liveness,
+                                   self.runtime.metrics)  # fmt: skip
         self.heartbeat.start()
 
     def request_stop(self, *_: object) -> None:
@@ -131,17 +137,20 @@ class Worker:
             frames = []
         self.send(Command.W_RESULT, result_to_wire(result), frames)
 
-    def load(self) -> tuple[Signature, AnyModel] | None:
+    def load(self) -> tuple[Signature, AnyModel, Runner] | None:
         a = self.args
         try:
             config = read_model_dir_config(a.repository / a.model)  # config.pbtxt, or what model.py implies
             config = complete_config(config, a.repository / a.model, a.version)
-            bls.configure(a.server_url, a.model, sum(g.count for g in config.instance_group))
+            self.runtime.bls.configure(a.server_url, a.model, sum(g.count for g in config.instance_group))
             self.device = open_device(a.device)
             self.heartbeat.device_bytes = getattr(self.device, "memory_used", None)
-            model_loop.configure(_device_setup(self.device))
+            threads = self.runtime.threads
+            threads.configure(_device_setup(self.device))
             self.regions.pinner = self.device
-            model = load_model(config, a.repository / a.model / str(a.version), self.device, a.instance)
+            model = load_model(
+                config, a.repository / a.model / str(a.version), self.device, a.instance, threads
+            )
             run_warmup(config, model, a.repository / a.model, self.device)  # model_warmup, before READY
             if self.heartbeat.device_bytes is not None:
                 self.heartbeat.report_now()  # the device memory the model holds, before READY
@@ -155,14 +164,19 @@ class Worker:
             log.debug("event=load_failed model=%s version=%d error=%r", a.model, a.version, error)
             self.send(Command.W_LOAD_FAILED, load_failed_to_wire(LoadFailed(error)))
             return None
-        return Signature.of(config), model
+        sig = Signature.of(config)
+        return (
+            sig,
+            model,
+            runner_for(model, sig, self.regions, self.device, self.states, self.runtime, self.side),
+        )
 
     def serve(self) -> int:
         loaded = self.load()
         if loaded is None:
             self.close()
             return 1
-        sig, model = loaded
+        _, model, runner = loaded
         a = self.args
         ready = WorkerReady(a.model, a.version, a.instance, a.device, os.getpid())
         self.send(Command.W_READY, ready_to_wire(ready))
@@ -210,7 +224,7 @@ class Worker:
                     break
                 try:
                     if msg.command == Command.W_EXECUTE:
-                        self._execute(sig, model, execute_from_wire(msg.header), msg.frames)
+                        self._execute(runner, execute_from_wire(msg.header), msg.frames)
                     elif msg.command == Command.W_DROP_REGION:
                         self.regions.drop(drop_region_from_wire(msg.header).name)
                     elif msg.command == Command.W_CANCEL:
@@ -281,53 +295,36 @@ class Worker:
             return
         log.debug("event=staged batch=%s bytes=%d", batch_id, nbytes)
 
-    def _execute(self, sig: Signature, model: AnyModel, execute: Execute, frames: list[Frame]) -> None:
+    def _execute(self, runner: Runner, execute: Execute, frames: list[Frame]) -> None:
+        """Run one EXECUTE with the model's runner; :class:`Reply` answers it on every way out."""
         batch_id = execute.batch
-        self.device.take_staged(batch_id)
-        self.regions.use_table(execute.regions)
         requests = [BatchRequest.from_broker(r) for r in execute.requests]
-        cancel_flags.begin_batch(batch_id, [r.id for r in requests])
-        if sig.decoupled:
-
-            def partial(result: RequestResult, out_frames: list[Frame]) -> None:
-                self.send_result(WorkerResult(batch_id, (result,), partial=True), out_frames)
-
-            if runs_concurrently(model):
-                run = start_triton_stream(model, sig, requests, frames, self.regions, partial)
-                if not run.step():  # runs on beside the next batches: answered when its requests end
-                    self.side.keep(batch_id, run)
-                    return
-                outcome = run.finish()
-            elif isinstance(model, TritonModel):
-                outcome = run_triton_stream(model, sig, requests, frames, self.regions, partial)
-            else:
-                outcome = run_stream(model, sig, requests, frames, self.regions, partial)
-        elif execute.serial:  # a run: each request executed alone, answered together
-            outcome = run_serial(model, sig, requests, frames, self.regions, self.device, self.states)
-        else:
-            outcome = run_batch(model, sig, requests, frames, self.regions, self.device, self.states)
-        timings = (outcome.input_ns, outcome.infer_ns, outcome.output_ns)
-        self.send_result(WorkerResult(batch_id, tuple(outcome.results), timings=timings), outcome.frames)
+        with Reply(batch_id, requests, self.send_result) as reply:
+            self.device.take_staged(batch_id)
+            self.regions.use_table(execute.regions)
+            self.runtime.cancels.begin_batch(batch_id, [r.id for r in requests])
+            reply.outcome = runner.run(batch_id, execute.serial, requests, frames, reply)
 
     def _cancel(self, cancel: CancelRequest) -> None:
-        if cancel_flags.cancel(cancel.batch, cancel.id):
+        if self.runtime.cancels.cancel(cancel.batch, cancel.id):
             log.info("event=request_cancelled batch=%d request=%d", cancel.batch, cancel.id)
 
     def _pump(self, done: Callable[[], bool]) -> bool:
-        """Wait for ``done()`` while the model runs on its own threads: read the socket (a CANCEL sets
-        its request's flag at once; anything else waits its turn in ``_pending``) and wake whenever
-        ``model_loop.WAKE`` is set. False when the worker is to stop (SHUTDOWN, SIGTERM, broker gone)."""
+        """Wait for ``done()`` while the model runs on its own threads: read the socket (a CANCEL sets its
+        request's flag at once; anything else waits its turn in ``_pending``) and wake whenever the runtime's
+        ``threads.wake`` is set. False when the worker is to stop (SHUTDOWN, SIGTERM, broker gone)."""
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
-        poller.register(model_loop.WAKE.fd, zmq.POLLIN)
+        wake = self.runtime.threads.wake
+        poller.register(wake.fd, zmq.POLLIN)
         while not done():
             if self._stop:
                 return False
             if self.side:
                 self.side.tend(self.send, self.send_result)
             events = dict(poller.poll(POLL_MS))
-            if model_loop.WAKE.fd in events:
-                model_loop.WAKE.clear()
+            if wake.fd in events:
+                wake.clear()
             if self.sock in events:
                 if not self._take_while_busy():
                     return False
@@ -351,15 +348,14 @@ class Worker:
         return msg.command != Command.W_SHUTDOWN
 
     def _poll_cancels(self) -> None:
-        """``cancel_flags``' hook while a model's ``execute`` runs on this thread: take what has arrived
+        """The cancel flags' hook while a model's ``execute`` runs on this thread: take what has arrived
         (bounded, without waiting), so a CANCEL sent meanwhile sets its flag before the model reads it."""
         for _ in range(64):
             if not self.sock.poll(0, zmq.POLLIN) or not self._take_while_busy():
                 return
 
     def close(self) -> None:
-        model_loop.close()
-        bls.close()
+        self.runtime.close()
         self.heartbeat.stop()
         self.regions.close()
         try:
@@ -387,9 +383,11 @@ def _device_setup(device: Device) -> Callable[[], None] | None:
 
 
 def main_loop(args: WorkerArgs) -> int:
-    worker = Worker(args, tune_gc=True)  # this process is the worker (not a test running one in its own)
-    model_loop.set_pump(worker._pump)
-    cancel_flags.set_poll(worker._poll_cancels)
+    runtime = WorkerRuntime()
+    install(runtime)  # what the model-facing API (pb_utils, workers.bls, MetricFamily) reaches
+    worker = Worker(args, tune_gc=True, runtime=runtime)  # this process is the worker (not a test's)
+    runtime.threads.set_pump(worker._pump)
+    runtime.cancels.set_poll(worker._poll_cancels)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the broker stops us
     signal.signal(signal.SIGTERM, worker.request_stop)
     started = time.monotonic()

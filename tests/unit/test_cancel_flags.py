@@ -7,45 +7,43 @@ from collections.abc import Iterator
 
 import pytest
 
-from zinfer.workers import cancel_flags
+from zinfer.workers.cancel_flags import MAX_EARLY, CancelFlags
 
 
-@pytest.fixture(autouse=True)
-def _clean() -> Iterator[None]:
-    yield
-    cancel_flags.set_poll(None)
-    cancel_flags.begin_batch(-1, [])
+@pytest.fixture
+def cancel_flags() -> Iterator[CancelFlags]:
+    yield CancelFlags()  # one worker's flags: nothing is shared between tests
 
 
-def test_a_cancel_before_anyone_asked_is_seen_when_the_model_asks() -> None:
+def test_a_cancel_before_anyone_asked_is_seen_when_the_model_asks(cancel_flags: CancelFlags) -> None:
     cancel_flags.begin_batch(7, [1, 2])
     assert cancel_flags.cancel(7, 2)
-    assert cancel_flags.cancel_flag(2).is_set()
-    assert not cancel_flags.cancel_flag(1).is_set()
+    assert cancel_flags.flag(2).is_set()
+    assert not cancel_flags.flag(1).is_set()
 
 
-def test_a_flag_taken_first_is_the_one_a_later_cancel_sets() -> None:
+def test_a_flag_taken_first_is_the_one_a_later_cancel_sets(cancel_flags: CancelFlags) -> None:
     cancel_flags.begin_batch(7, [1])
-    flag = cancel_flags.cancel_flag(1)
+    flag = cancel_flags.flag(1)
     assert not flag.is_set()
     assert cancel_flags.cancel(7, 1)
     assert flag.is_set()
 
 
-def test_cancels_of_other_batches_or_requests_set_nothing() -> None:
+def test_cancels_of_other_batches_or_requests_set_nothing(cancel_flags: CancelFlags) -> None:
     cancel_flags.begin_batch(7, [1])
     assert not cancel_flags.cancel(6, 1)  # an older batch
     assert not cancel_flags.cancel(7, 9)  # not in this batch
-    assert not cancel_flags.cancel_flag(1).is_set()
+    assert not cancel_flags.flag(1).is_set()
     cancel_flags.begin_batch(8, [1])  # the next batch forgets the last one's flags
     assert cancel_flags.cancel(8, 1)
     cancel_flags.begin_batch(9, [1])
-    assert not cancel_flags.cancel_flag(1).is_set()
+    assert not cancel_flags.flag(1).is_set()
 
 
-def test_is_set_on_the_main_thread_reads_what_arrived_first() -> None:
+def test_is_set_on_the_main_thread_reads_what_arrived_first(cancel_flags: CancelFlags) -> None:
     cancel_flags.begin_batch(3, [5])
-    flag = cancel_flags.cancel_flag(5)
+    flag = cancel_flags.flag(5)
     calls: list[str] = []
 
     def poll() -> None:  # what the worker does: read the socket, and a W_CANCEL sets the flag
@@ -63,25 +61,27 @@ def test_is_set_on_the_main_thread_reads_what_arrived_first() -> None:
     assert flag.is_set() and len(calls) == 1  # once set, no more reads
 
 
-def test_a_cancel_for_a_batch_still_to_come_is_set_when_that_batch_begins() -> None:
+def test_a_cancel_for_a_batch_still_to_come_is_set_when_that_batch_begins(cancel_flags: CancelFlags) -> None:
     cancel_flags.begin_batch(7, [1])
     assert cancel_flags.cancel(9, 2)  # batch 9 waits in the worker's socket behind 7 (and 8)
-    assert not cancel_flags.cancel_flag(1).is_set()
+    assert not cancel_flags.flag(1).is_set()
     cancel_flags.begin_batch(8, [2])  # another batch of the same request number: not the one cancelled
-    assert not cancel_flags.cancel_flag(2).is_set()
+    assert not cancel_flags.flag(2).is_set()
     cancel_flags.begin_batch(9, [2, 3])
-    assert cancel_flags.cancel_flag(2).is_set()
-    assert not cancel_flags.cancel_flag(3).is_set()
+    assert cancel_flags.flag(2).is_set()
+    assert not cancel_flags.flag(3).is_set()
     cancel_flags.begin_batch(10, [2])  # used once
-    assert not cancel_flags.cancel_flag(2).is_set()
+    assert not cancel_flags.flag(2).is_set()
 
 
-def test_cancels_kept_for_later_batches_are_bounded_and_dropped_once_passed() -> None:
+def test_cancels_kept_for_later_batches_are_bounded_and_dropped_once_passed(
+    cancel_flags: CancelFlags,
+) -> None:
     cancel_flags.begin_batch(0, [])
-    kept = [cancel_flags.cancel(1 + i % 5, i) for i in range(cancel_flags.MAX_EARLY + 10)]
-    assert kept.count(True) == cancel_flags.MAX_EARLY and not any(kept[cancel_flags.MAX_EARLY :])
+    kept = [cancel_flags.cancel(1 + i % 5, i) for i in range(MAX_EARLY + 10)]
+    assert kept.count(True) == MAX_EARLY and not any(kept[MAX_EARLY:])
     cancel_flags.begin_batch(6, [0])  # every batch kept for has passed without beginning
-    assert not cancel_flags.cancel_flag(0).is_set()
+    assert not cancel_flags.flag(0).is_set()
     assert cancel_flags.cancel(7, 0)  # room again
     cancel_flags.begin_batch(7, [0])
-    assert cancel_flags.cancel_flag(0).is_set()
+    assert cancel_flags.flag(0).is_set()

@@ -11,17 +11,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from zinfer.broker.custom_metrics import STALE_S, CustomMetrics
 from zinfer.client.errors import ProtocolError
 from zinfer.client.metric_snapshot import MAX_FAMILIES, families_from_wire, families_to_wire
-from zinfer.workers import custom_metrics
 from zinfer.workers import triton_python_backend_utils as pb
+from zinfer.workers.runtime import WorkerRuntime, current, install
 
 
 @pytest.fixture(autouse=True)
 def fresh() -> Iterator[None]:
-    custom_metrics._families.clear()
-    custom_metrics._metric_count = 0
+    install(WorkerRuntime())  # a worker's own registry, empty
     yield
-    custom_metrics._families.clear()
-    custom_metrics._metric_count = 0
+    install(WorkerRuntime())
 
 
 def test_counter_gauge_histogram_as_triton_documents() -> None:
@@ -38,7 +36,7 @@ def test_counter_gauge_histogram_as_triton_documents() -> None:
     hist = pb.MetricFamily("latency_s", "Latency", pb.MetricFamily.HISTOGRAM).Metric(buckets=[0.1, 1.0])
     for v in (0.05, 0.1, 0.5, 3.0):
         hist.observe(v)
-    snap = {f.name: f for f in custom_metrics.snapshot()}
+    snap = {f.name: f for f in current().metrics.snapshot()}
     assert snap["requests_done"].kind == "counter" and snap["requests_done"].metrics[0].labels == (
         ("route", "a"),
     )
@@ -129,11 +127,11 @@ def test_the_broker_merges_instances_and_labels_model_and_version() -> None:
     counter.increment(2)
     gauge.set(4)
     hist.observe(0.5)
-    wire = families_from_wire(families_to_wire(custom_metrics.snapshot()))
+    wire = families_from_wire(families_to_wire(current().metrics.snapshot()))
     store.update(b"w0", "m", 1, wire)
     gauge.set(9)
     now[0] += 1
-    store.update(b"w1", "m", 1, families_from_wire(families_to_wire(custom_metrics.snapshot())))
+    store.update(b"w1", "m", 1, families_from_wire(families_to_wire(current().metrics.snapshot())))
     v = _scrape(store)
     mv = {("model", "m"), ("version", "1")}
     assert v[("done", frozenset(mv | {("route", "a")}))] == 4  # two instances, summed (Triton: no _total)

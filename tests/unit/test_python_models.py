@@ -21,11 +21,12 @@ from zinfer.modelconfig.model_config import ModelConfig, load_model_config, pars
 from zinfer.modelconfig.sequence_batching import control_specs
 from zinfer.modelconfig.signature import Signature
 from zinfer.workers import triton_python_backend_utils as pb
-from zinfer.workers.batch import BatchRequest, run_batch
+from zinfer.workers.batch import BatchRequest
 from zinfer.workers.device import open_device
 from zinfer.workers.loader import load_model
 from zinfer.workers.model import AnyModel
 from zinfer.workers.regions import RegionCache
+from zinfer.workers.runners import run_once
 
 MODELS = Path(__file__).resolve().parents[2] / "configs" / "models"
 
@@ -69,7 +70,7 @@ def _request(
 
 
 def _run(model: AnyModel, config: ModelConfig, reqs: list[BatchRequest], frames: list[Any]) -> Any:
-    return run_batch(model, Signature.of(config), reqs, frames, RegionCache())
+    return run_once(model, Signature.of(config), reqs, frames, RegionCache())
 
 
 def _output(outcome: Any, rid: int, name: str = "SUM") -> np.ndarray:
@@ -194,7 +195,7 @@ def test_native_model_on_a_gpu_gets_device_arrays(tmp_path: Path, monkeypatch: p
     """
     model, config = _load(tmp_path, code, device="gpu:1")
     frames: list[Any] = []
-    out = run_batch(
+    out = run_once(
         model,
         Signature.of(config),
         [_request(1, 2, frames, 4.0)],

@@ -1,5 +1,6 @@
-"""A worker's run (``Execute.serial``, ``workers.batch.run_serial``): each request of the EXECUTE is its own
-execution, one after the other, answered together; a failure or a cancel touches its own request only."""
+"""A worker's run (``Execute.serial``, ``workers.batch.run_serial`` and ``request_batch.run_requests``): each
+request of the EXECUTE is its own execution, one after the other, answered together; a failure or a cancel
+touches its own request only."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from zinfer.client.protocol import OutputRequest, TensorRef
 from zinfer.client.worker_protocol import Execute, execute_from_wire, execute_to_wire, request_result_to_wire
 from zinfer.modelconfig.model_config import ModelConfig, parse_model_config
 from zinfer.modelconfig.signature import Signature
-from zinfer.workers import cancel_flags
-from zinfer.workers.batch import BatchRequest, run_serial
+from zinfer.workers.batch import BatchRequest
 from zinfer.workers.device import open_device
 from zinfer.workers.loader import load_model
 from zinfer.workers.model import AnyModel
 from zinfer.workers.regions import RegionCache
+from zinfer.workers.runners import run_once
+from zinfer.workers.runtime import WorkerRuntime
 
 CONFIG = """
 name: "m"
@@ -77,8 +79,6 @@ def _restore_import_state() -> Iterator[None]:
     sys.path[:] = path
     for name in set(sys.modules) - modules:
         del sys.modules[name]
-    cancel_flags.set_poll(None)
-    cancel_flags.begin_batch(-1, [])
 
 
 def _load(tmp_path: Path, code: str) -> tuple[AnyModel, ModelConfig, list[list[float]]]:
@@ -117,7 +117,7 @@ def _answers(outcome: Any) -> dict[int, dict[str, Any]]:
 def test_each_request_of_a_run_is_its_own_execution(tmp_path: Path, code: str) -> None:
     model, config, calls = _load(tmp_path, code)
     reqs, frames = _requests([1.0, 2.0, 3.0, 4.0], rows=2)
-    outcome = run_serial(model, Signature.of(config), reqs, frames, RegionCache())
+    outcome = run_once(model, Signature.of(config), reqs, frames, RegionCache(), serial=True)
     assert (
         calls == [[1.0], [2.0], [3.0], [4.0]] if code is TRITON else calls == [[v, v] for v in (1, 2, 3, 4)]
     )
@@ -134,7 +134,7 @@ def test_each_request_of_a_run_is_its_own_execution(tmp_path: Path, code: str) -
 def test_a_model_failure_in_a_run_fails_that_request_only(tmp_path: Path) -> None:
     model, config, calls = _load(tmp_path, TRITON)
     reqs, frames = _requests([1.0, 13.0, 3.0])
-    got = _answers(run_serial(model, Signature.of(config), reqs, frames, RegionCache()))
+    got = _answers(run_once(model, Signature.of(config), reqs, frames, RegionCache(), serial=True))
     assert got[100]["Y"].tolist() == [[2.0]] and got[102]["Y"].tolist() == [[6.0]]
     assert got[101]["status"] == Status.INTERNAL and "thirteen" in got[101]["error"]
     assert calls == [[1.0], [13.0], [3.0]]
@@ -143,6 +143,8 @@ def test_a_model_failure_in_a_run_fails_that_request_only(tmp_path: Path) -> Non
 def test_a_request_cancelled_before_its_turn_is_not_run(tmp_path: Path) -> None:
     model, config, calls = _load(tmp_path, TRITON)
     reqs, frames = _requests([1.0, 2.0, 3.0])
+    runtime = WorkerRuntime()  # the worker's: its cancel flags, read by the model's is_cancelled()
+    cancel_flags = runtime.cancels
     cancel_flags.begin_batch(5, [r.id for r in reqs])
     polled: list[int] = []
 
@@ -152,7 +154,8 @@ def test_a_request_cancelled_before_its_turn_is_not_run(tmp_path: Path) -> None:
             cancel_flags.cancel(5, 102)
 
     cancel_flags.set_poll(poll)
-    got = _answers(run_serial(model, Signature.of(config), reqs, frames, RegionCache()))
+    got = _answers(run_once(model, Signature.of(config), reqs, frames, RegionCache(), serial=True,
+                            runtime=runtime))  # fmt: skip
     assert calls == [[1.0], [2.0]]
     assert got[102]["status"] == Status.CANCELLED and got[101]["Y"].tolist() == [[4.0]]
     assert polled == [0, 1, 2]  # the socket is read before each execution

@@ -1,0 +1,135 @@
+"""The worker's runner per model kind (chosen once at load) and the Reply guard that answers every EXECUTE."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from zinfer.client.errors import InvalidArgument, Status
+from zinfer.client.protocol import Frame, OutputRequest, TensorRef
+from zinfer.client.worker_protocol import RequestResult, WorkerResult
+from zinfer.modelconfig.model_config import parse_model_config
+from zinfer.modelconfig.signature import Signature
+from zinfer.workers.batch import BatchRequest
+from zinfer.workers.batch_io import BatchOutcome, ok_result
+from zinfer.workers.device import CPU
+from zinfer.workers.kernels import AddKernel
+from zinfer.workers.model import RequestInputs, RequestModel
+from zinfer.workers.model import RequestResult as ModelResult
+from zinfer.workers.regions import RegionCache
+from zinfer.workers.runners import DenseRunner, Reply, RequestRunner, StreamRunner, runner_for
+from zinfer.workers.runtime import WorkerRuntime
+from zinfer.workers.side_work import SideWork
+
+CONFIG = parse_model_config(
+    """
+    name: "m"
+    backend: "zinfer"
+    max_batch_size: 8
+    input [ { name: "A" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 2 ] } ]
+    output [ { name: "S" data_type: TYPE_FP32 dims: [ 2 ] } ]
+    parameters { key: "kernel" value: { string_value: "add" } }
+    """,
+    source="test",
+    model_name="m",
+)
+SIG = Signature.of(CONFIG)
+
+
+def _requests(n: int) -> tuple[list[BatchRequest], list[Any]]:
+    frames: list[Any] = []
+    reqs = []
+    for rid in range(n):
+        refs = []
+        for name in ("A", "B"):
+            frames.append(np.full((1, 2), rid, np.float32).tobytes())
+            refs.append(TensorRef(name, "FP32", (1, 2), frame=len(frames) - 1))
+        reqs.append(BatchRequest(rid, tuple(refs), (OutputRequest("S"),)))
+    return reqs, frames
+
+
+class Echo(RequestModel):
+    def execute_requests(self, requests: Sequence[RequestInputs], /) -> Sequence[ModelResult]:
+        return [{"S": np.asarray(r.inputs["A"]) + np.asarray(r.inputs["B"])} for r in requests]
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.results: list[WorkerResult] = []
+
+    def __call__(self, result: WorkerResult, frames: list[Frame]) -> None:
+        self.results.append(result)
+
+
+def _runner(model: Any, sig: Signature = SIG) -> object:
+    runtime = WorkerRuntime()
+    return runner_for(model, sig, RegionCache(), CPU, None, runtime, SideWork(runtime))
+
+
+def test_each_model_kind_gets_its_runner_once() -> None:
+    assert isinstance(_runner(AddKernel(CONFIG, None)), DenseRunner)
+    assert isinstance(_runner(Echo()), RequestRunner)
+    decoupled = Signature.of(parse_model_config(
+        'name: "d" backend: "python" model_transaction_policy { decoupled: true }'
+        ' input [ { name: "A" data_type: TYPE_FP32 dims: [ 1 ] } ]'
+        ' output [ { name: "S" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+        source="test", model_name="d",
+    ))  # fmt: skip
+    assert isinstance(_runner(AddKernel(CONFIG, None), decoupled), StreamRunner)
+
+
+@pytest.mark.parametrize("model", [AddKernel(CONFIG, None), Echo()])
+def test_the_runner_answers_every_request(model: Any) -> None:
+    reqs, frames = _requests(3)
+    runner = _runner(model)
+    sent = Sent()
+    with Reply(7, reqs, sent) as reply:
+        reply.outcome = runner.run(7, False, reqs, frames, reply)  # type: ignore[attr-defined]
+    (result,) = sent.results
+    assert result.batch == 7 and [r.id for r in result.results] == [0, 1, 2]
+    assert all(r.status == Status.OK for r in result.results)
+
+
+def test_a_runner_that_raises_still_answers_each_request_once() -> None:
+    reqs, _ = _requests(3)
+    sent = Sent()
+    with Reply(9, reqs, sent) as reply:
+        out = BatchOutcome()
+        out.results.append(ok_result(1, []))  # answered before the failure: kept as it is
+        reply.outcome = out
+        raise RuntimeError("the device went away")
+    (result,) = sent.results
+    by_id = {r.id: r for r in result.results}
+    assert sorted(by_id) == [0, 1, 2] and len(result.results) == 3
+    assert by_id[1].status == Status.OK
+    assert by_id[0].status == by_id[2].status == Status.INTERNAL
+    assert "RuntimeError: the device went away" in by_id[0].error
+
+
+def test_a_batch_handed_on_is_not_answered_now() -> None:
+    reqs, _ = _requests(1)
+    sent = Sent()
+    with Reply(3, reqs, sent) as reply:
+        reply.partial(RequestResult(0, final=False), [])
+        reply.outcome = None  # runs on beside the next batches (an async decoupled execute)
+    assert [r.partial for r in sent.results] == [True]
+
+
+def test_an_exit_that_is_not_an_error_is_answered_and_goes_on() -> None:
+    reqs, _ = _requests(2)
+    sent = Sent()
+    with pytest.raises(KeyboardInterrupt), Reply(4, reqs, sent):
+        raise KeyboardInterrupt
+    assert [r.status for r in sent.results[0].results] == [Status.INTERNAL, Status.INTERNAL]
+
+
+def test_a_server_error_that_escapes_the_runner_reaches_its_requests_as_it_is() -> None:
+    reqs, _ = _requests(1)
+    sent = Sent()
+    with Reply(5, reqs, sent):
+        raise InvalidArgument("shared-memory region is no longer registered")
+    (entry,) = sent.results[0].results
+    assert entry.status == Status.INVALID_ARGUMENT and "no longer registered" in entry.error
