@@ -23,6 +23,7 @@ from zinfer.client.errors import (
 )
 from zinfer.client.paths import SOCKET_NAME, WORKER_SOCKET_NAME, client_endpoint, worker_endpoint
 from zinfer.client.protocol import Command, Frame, Reply
+from zinfer.client.receive import recv_frames
 from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
 from zinfer.client.shm import reap_orphans
 from zinfer.client.worker_protocol import (
@@ -298,7 +299,7 @@ class Broker:
         """Handle what ``sock`` has (bounded, so one busy socket cannot starve the others). Client identities
         are tagged with the socket they came from, so replies go back the same way."""
         for _ in range(256):
-            frames = sock.recv_multipart(copy=False)
+            frames = recv_frames(sock)
             handle(tag + frames[0].bytes, [f.buffer for f in frames[1:]])
             if not int(sock.get(_EVENTS)) & _POLLIN:
                 return

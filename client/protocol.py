@@ -1,10 +1,12 @@
 """The zinfer wire protocol: frames, limits, field checks and the client half's records; no sockets.
 
-A message is a list of ZeroMQ frames::
+A message is a list of ZeroMQ frames, the first of them the envelope::
 
-    [PROTOCOL, command (1 byte), msgpack header, inline tensor frame 0, inline tensor frame 1, ...]
+    [PROTOCOL + command (1 byte) + msgpack header, inline tensor frame 0, inline tensor frame 1, ...]
 
-``PROTOCOL`` names the protocol and its version, so a peer can reject a message from anything else. The
+``PROTOCOL`` names the protocol and its version, so a peer can reject a message from anything else. One
+envelope frame rather than three saves two sends and two receives per message in every process on the
+way; a peer still sending protocol, command and header as frames of their own gets a clear error. The
 header is a msgpack map decoded with hard limits (``MAX_HEADER_BYTES`` and per-container caps); pickle is
 never used. Records are frozen dataclasses or NamedTuples; ``*_to_wire``/``*_from_wire`` turn them into
 header maps and back, checking every field's type, because every field that arrives from a peer is hostile
@@ -156,7 +158,9 @@ WORKER_COMMANDS = frozenset(
     {Command.W_READY, Command.W_HEARTBEAT, Command.W_RESULT, Command.W_LOAD_FAILED, Command.W_READINESS}
 )
 
-_COMMAND_BYTES = {c: bytes([c]) for c in Command}
+_PREFIX = {c: PROTOCOL + bytes([c]) for c in Command}
+ENVELOPE_HEAD = len(PROTOCOL) + 2
+"""The shortest envelope frame: the protocol, the command byte and a header of at least one byte."""
 _COMMAND_BY_INT = {int(c): c for c in Command}
 _STATUS_BY_INT = {int(s): s for s in Status}
 COPY_THRESHOLD = framing.COPY_THRESHOLD
@@ -171,41 +175,49 @@ class Message:
 
 
 def encode(command: Command, header: Mapping[str, Any], frames: Sequence[Frame] = ()) -> list[Frame]:
-    """Frames for one message: its small inline frames packed into one when there are several
-    (``framing``)."""
+    """Frames for one message: the envelope (protocol, command and header in one frame), then its inline
+    frames, the small ones packed into one when there are several (``framing``)."""
     if len(frames) < 2 or not framing.worth_packing(frames):
-        return [PROTOCOL, _COMMAND_BYTES[command], msgpack.packb(header, use_bin_type=True), *frames]
+        return [_PREFIX[command] + msgpack.packb(header, use_bin_type=True), *frames]
     return _encode_packed(int(command), header, frames)
 
 
 def _encode_packed(command: int, payload: Any, frames: Sequence[Frame]) -> list[Frame]:
     refs, blob, large = framing.pack(frames)
     top = msgpack.packb((refs, payload), use_bin_type=True)
-    return [PROTOCOL, bytes([command | framing.PACKED]), top, blob, *large]
+    return [PROTOCOL + bytes([command | framing.PACKED]) + top, blob, *large]
 
 
 def _open(frames: Sequence[Frame], limit: int) -> tuple[Command, Any, list[Frame]]:
     """The command, the unpacked header (any type) and the inline frames (unpacked) of one message."""
-    if len(frames) < 3:
-        raise ProtocolError("message has fewer than 3 frames")
-    if bytes(frames[0]) != PROTOCOL:
+    if not frames:
+        raise ProtocolError("message has no frames")
+    envelope = frames[0]
+    size = len(envelope)
+    if size < ENVELOPE_HEAD or envelope[:4] != PROTOCOL:
+        if size == len(PROTOCOL) and envelope == PROTOCOL:
+            raise ProtocolError(
+                "the envelope is one frame of protocol, command and header: the older shape with "
+                "each in a frame of its own is not accepted"
+            )
+        if size == len(PROTOCOL) + 1 and envelope[:4] == PROTOCOL:
+            raise ProtocolError("the envelope has no header after its command byte")
         raise ProtocolError("unknown protocol or version")
-    cmd_frame = bytes(frames[1])
-    if len(cmd_frame) != 1:
-        raise ProtocolError("command frame must be one byte")
-    command = _COMMAND_BY_INT.get(cmd_frame[0] & ~framing.PACKED)
+    cmd = envelope[4]
+    command = _COMMAND_BY_INT.get(cmd & ~framing.PACKED)
     if command is None:
-        raise ProtocolError(f"unknown command 0x{cmd_frame[0]:02x}")
-    if not cmd_frame[0] & framing.PACKED:
-        if len(frames) - 3 > limit:
+        raise ProtocolError(f"unknown command 0x{cmd:02x}")
+    head = memoryview(envelope)[ENVELOPE_HEAD - 1 :]
+    if not cmd & framing.PACKED:
+        if len(frames) - 1 > limit:
             raise ProtocolError("too many inline frames")
-        return command, _unpack(frames[2]), list(frames[3:])
-    if len(frames) < 4 or len(frames) - 4 > limit:
+        return command, _unpack(head), list(frames[1:])
+    if len(frames) < 2 or len(frames) - 2 > limit:
         raise ProtocolError("packed message: a blob frame and at most the inline frame limit")
-    top = _unpack(frames[2])
+    top = _unpack(head)
     if not (isinstance(top, list) and len(top) == 2):
         raise ProtocolError("packed message: its header is [refs, header]")
-    return command, top[1], framing.unpack(top[0], frames[3], frames[4:], limit)
+    return command, top[1], framing.unpack(top[0], frames[1], frames[2:], limit)
 
 
 def decode(frames: Sequence[Frame], allowed: frozenset[Command] | None = None) -> Message:
@@ -223,14 +235,14 @@ def encode_bundle(items: Sequence[tuple[Command, Mapping[str, Any], Sequence[Fra
     index = [(int(c), h, len(fs)) for c, h, fs in items]
     frames = [f for _, _, fs in items for f in fs]
     if len(frames) < 2 or not framing.worth_packing(frames):
-        return [PROTOCOL, _COMMAND_BYTES[Command.BUNDLE], msgpack.packb(index, use_bin_type=True), *frames]
+        return [_PREFIX[Command.BUNDLE] + msgpack.packb(index, use_bin_type=True), *frames]
     return _encode_packed(int(Command.BUNDLE), index, frames)
 
 
 def is_bundle(frames: Sequence[Frame]) -> bool:
-    if len(frames) < 3 or len(frames[1]) != 1:
+    if not frames or len(frames[0]) < ENVELOPE_HEAD:
         return False
-    return bytes(frames[1])[0] & ~framing.PACKED == Command.BUNDLE
+    return frames[0][4] & ~framing.PACKED == Command.BUNDLE
 
 
 def decode_many(frames: Sequence[Frame], allowed: frozenset[Command] | None = None) -> list[Message]:
