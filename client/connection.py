@@ -31,8 +31,7 @@ from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
 from .paths import check_server_socket
 from .protocol import Command, Frame, Reply, is_final
-from .receive import recv_frames
-from .transport import NOBLOCK, send_messages
+from .transport import NOBLOCK, recv_frames, send_messages
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,7 @@ from zinfer.client import protocol
 from zinfer.client.errors import ConfigError, ProtocolError, ResourceExhausted
 from zinfer.client.gc_tuning import tune_for_serving
 from zinfer.client.protocol import Command, Frame, Message
-from zinfer.client.receive import recv_frames
-from zinfer.client.transport import send_frames
+from zinfer.client.transport import recv_frames, send_frames
 from zinfer.client.worker_protocol import (
     MAX_SLOT,
     CancelRequest,
