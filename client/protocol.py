@@ -84,13 +84,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgpack
+import msgspec
 
 from . import framing
 from .errors import ProtocolError, Status
+from .wire_records import NO_PARAMETERS as NO_PARAMETERS
+from .wire_records import InferRequest as InferRequest
+from .wire_records import OutputRequest as OutputRequest
+from .wire_records import Reply as Reply
+from .wire_records import ShmRef as ShmRef
+from .wire_records import TensorRef as TensorRef
 
 PROTOCOL = b"ZNF1"
 MAX_HEADER_BYTES = 1 << 20
@@ -309,6 +315,11 @@ def _unpack(data: Frame) -> Any:
 
 # ---------------------------------------------------------------------------------------------- checks
 
+_convert = msgspec.convert
+"""A header map (or a part of one) as its record, checked in C; ``msgspec.ValidationError`` when it is not
+one (the field-by-field checks then name what is wrong)."""
+
+
 
 def _get(h: Mapping[str, Any], key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
     if key not in h:
@@ -353,55 +364,9 @@ def _optional_list(h: Mapping[str, Any], key: str, limit: int) -> list[Any] | No
 # ---------------------------------------------------------------------------------------------- records
 
 
-# The per-request records are NamedTuples rather than frozen dataclasses: just as immutable and typed, and
-# several times cheaper to build, which counts on the hot path (several per request in every process).
-
-
-class ShmRef(NamedTuple):
-    """A byte range of a registered region."""
-
-    region: str
-    offset: int
-    nbytes: int
-
-
-class TensorRef(NamedTuple):
-    """A tensor: its bytes are either in a region (``shm``) or in inline frame number ``frame``."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    shm: ShmRef | None = None
-    frame: int | None = None
-
-
-class OutputRequest(NamedTuple):
-    """An output the client wants; ``slot`` is where the client would like its bytes written."""
-
-    name: str
-    slot: ShmRef | None = None
-
-
-NO_PARAMETERS: Mapping[str, Any] = MappingProxyType({})
-
-
-class InferRequest(NamedTuple):
-    request_id: str
-    model: str
-    version: int  # 0 = the server's choice (latest ready)
-    inputs: tuple[TensorRef, ...]
-    outputs: tuple[OutputRequest, ...] | None = None  # None = every output
-    priority: int = 0
-    timeout_us: int = 0
-    parameters: Mapping[str, Any] = NO_PARAMETERS
-    caller_id: str = ""  # the id the user gave the request ("" if none); request_id is the wire's
-
-
-class Reply(NamedTuple):
-    request_id: str
-    status: Status
-    error: str = ""
-    body: Any = None
+# The per-request records are msgspec Structs, declared once in ``wire_records`` (not compiled: mypyc takes
+# no Struct subclasses); a header becomes its record in C, and only what that refuses is checked field by
+# field below, to name what is wrong.
 
 
 def is_final(reply: Reply) -> bool:
@@ -414,6 +379,10 @@ def shm_to_wire(ref: ShmRef) -> list[Any]:
 
 
 def shm_from_wire(value: Any) -> ShmRef:
+    try:
+        return _convert(value, ShmRef)
+    except msgspec.ValidationError:
+        pass
     if not (isinstance(value, list) and len(value) == 3):
         raise ProtocolError("shared-memory reference must be [region, offset, nbytes]")
     region, offset, nbytes = value
@@ -441,37 +410,10 @@ INT63_LIMIT = 1 << 63
 
 def tensor_from_wire(d: Any) -> TensorRef:
     """A tensor entry of a header, every field checked (see :func:`_tensor_checked` for the errors)."""
-    # The fast path: the exact types msgpack builds, every bound checked inline; anything it does not
-    # take goes through the field-by-field checks, which accept the same and name what is wrong.
-    if type(d) is dict and len(d) == 4:
-        name = d.get("name")
-        datatype = d.get("datatype")
-        shape = d.get("shape")
-        if (
-            type(name) is str
-            and 0 < len(name) <= MAX_NAME
-            and type(datatype) is str
-            and 0 < len(datatype) <= MAX_NAME
-            and type(shape) is list
-            and len(shape) <= MAX_DIMS
-            and all(type(x) is int and 0 <= x < _SHAPE_LIMIT for x in shape)
-        ):
-            frame = d.get("frame")
-            if type(frame) is int and 0 <= frame <= MAX_TENSORS:
-                return TensorRef(name, datatype, tuple(shape), None, frame)
-            shm = d.get("shm")
-            if type(shm) is list and len(shm) == 3:
-                region, offset, nbytes = shm
-                if (
-                    type(region) is str
-                    and 0 < len(region) <= MAX_NAME
-                    and type(offset) is int
-                    and type(nbytes) is int
-                    and 0 <= offset < INT63_LIMIT
-                    and 0 <= nbytes < INT63_LIMIT
-                ):
-                    return TensorRef(name, datatype, tuple(shape), ShmRef(region, offset, nbytes))
-    return _tensor_checked(d)
+    try:
+        return _convert(d, TensorRef)
+    except msgspec.ValidationError:
+        return _tensor_checked(d)
 
 
 def _tensor_checked(d: Any) -> TensorRef:
@@ -496,10 +438,10 @@ def output_to_wire(o: OutputRequest) -> dict[str, Any]:
 
 
 def output_from_wire(d: Any) -> OutputRequest:
-    if type(d) is dict and len(d) == 1:
-        name = d.get("name")
-        if type(name) is str and 0 < len(name) <= MAX_NAME:
-            return OutputRequest(name)
+    try:
+        return _convert(d, OutputRequest)
+    except msgspec.ValidationError:
+        pass
     if not isinstance(d, dict):
         raise ProtocolError("requested output must be a map")
     return OutputRequest(_name(d), shm_from_wire(d["slot"]) if "slot" in d else None)
@@ -525,45 +467,12 @@ def infer_to_wire(r: InferRequest) -> dict[str, Any]:
     return d
 
 
-_INFER_KEYS = frozenset(("id", "model", "version", "inputs", "outputs", "priority", "timeout_us"))
-
-
 def infer_from_wire(d: Mapping[str, Any]) -> InferRequest:
     """An INFER header as a request, every field checked (see :func:`_infer_checked` for the errors)."""
-    # The fast path, for the common header (no parameters, no caller id; exact msgpack types): what it
-    # does not take goes through the field-by-field checks, which accept the same and name what is wrong.
-    if _INFER_KEYS.issuperset(d):
-        rid = d.get("id")
-        model = d.get("model")
-        version = d.get("version", 0)
-        inputs = d.get("inputs")
-        outputs = d.get("outputs")
-        priority = d.get("priority", 0)
-        timeout_us = d.get("timeout_us", 0)
-        if (
-            type(rid) is str
-            and type(model) is str
-            and 0 < len(model) <= MAX_NAME
-            and type(version) is int
-            and type(priority) is int
-            and type(timeout_us) is int
-            and 0 <= version < INT63_LIMIT
-            and 0 <= priority < INT63_LIMIT
-            and 0 <= timeout_us < INT63_LIMIT
-            and type(inputs) is list
-            and len(inputs) <= MAX_TENSORS
-            and ((type(outputs) is list and len(outputs) <= MAX_TENSORS) or "outputs" not in d)
-        ):
-            return InferRequest(
-                rid,
-                model,
-                version,
-                tuple([tensor_from_wire(t) for t in inputs]),
-                None if outputs is None else tuple([output_from_wire(o) for o in outputs]),
-                priority,
-                timeout_us,
-            )
-    return _infer_checked(d)
+    try:
+        return _convert(d, InferRequest)
+    except msgspec.ValidationError:
+        return _infer_checked(d)
 
 
 def _infer_checked(d: Mapping[str, Any]) -> InferRequest:
@@ -592,6 +501,10 @@ def reply_to_wire(r: Reply) -> dict[str, Any]:
 
 
 def reply_from_wire(d: Mapping[str, Any]) -> Reply:
+    try:
+        return _convert(d, Reply)
+    except msgspec.ValidationError:
+        pass
     status = _STATUS_BY_INT.get(_int(d, "status", lo=0, hi=255), Status.INTERNAL)
     return Reply(_get(d, "id", str), status, _get(d, "error", str, ""), d.get("body"))
 
