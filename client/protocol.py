@@ -165,6 +165,8 @@ WORKER_COMMANDS = frozenset(
 )
 
 _PREFIX = {c: PROTOCOL + bytes([c]) for c in Command}
+_pack = msgspec.msgpack.Encoder().encode
+"""A header as MessagePack (maps, lists, strings, bytes as bin, numbers, records), encoded in C."""
 ENVELOPE_HEAD = len(PROTOCOL) + 2
 """The shortest envelope frame: the protocol, the command byte and a header of at least one byte."""
 _COMMAND_BY_INT = {int(c): c for c in Command}
@@ -184,13 +186,13 @@ def encode(command: Command, header: Mapping[str, Any], frames: Sequence[Frame] 
     """Frames for one message: the envelope (protocol, command and header in one frame), then its inline
     frames, the small ones packed into one when there are several (``framing``)."""
     if len(frames) < 2 or not framing.worth_packing(frames):
-        return [_PREFIX[command] + msgpack.packb(header, use_bin_type=True), *frames]
+        return [_PREFIX[command] + _pack(header), *frames]
     return _encode_packed(int(command), header, frames)
 
 
 def _encode_packed(command: int, payload: Any, frames: Sequence[Frame]) -> list[Frame]:
     refs, blob, large = framing.pack(frames)
-    top = msgpack.packb((refs, payload), use_bin_type=True)
+    top = _pack((refs, payload))
     return [PROTOCOL + bytes([command | framing.PACKED]) + top, blob, *large]
 
 
@@ -241,7 +243,7 @@ def encode_bundle(items: Sequence[tuple[Command, Mapping[str, Any], Sequence[Fra
     index = [(int(c), h, len(fs)) for c, h, fs in items]
     frames = [f for _, _, fs in items for f in fs]
     if len(frames) < 2 or not framing.worth_packing(frames):
-        return [_PREFIX[Command.BUNDLE] + msgpack.packb(index, use_bin_type=True), *frames]
+        return [_PREFIX[Command.BUNDLE] + _pack(index), *frames]
     return _encode_packed(int(Command.BUNDLE), index, frames)
 
 
