@@ -50,18 +50,14 @@ class ShmRef(NamedTuple):
     nbytes: Count
 
 
-Tensors = Annotated[tuple["TensorRef", ...], msgspec.Meta(max_length=MAX_TENSORS)]
-Outputs = Annotated[tuple["OutputRequest", ...], msgspec.Meta(max_length=MAX_TENSORS)]
-
 # A field that may be absent (None in the record) but is never null on the wire, as the field-by-field
 # checks have it: readers see ``X | None``; msgspec, which reads the annotations at run time, sees ``X``
 # (absent takes the default None; an explicit null is refused).
 if TYPE_CHECKING:
     AbsentShm = ShmRef | None
     AbsentFrame = FrameNumber | None
-    AbsentOutputs = Outputs | None
 else:
-    AbsentShm, AbsentFrame, AbsentOutputs = ShmRef, FrameNumber, Outputs
+    AbsentShm, AbsentFrame = ShmRef, FrameNumber
 
 
 class _Record(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -90,6 +86,13 @@ class OutputRequest(_Record, frozen=True, omit_defaults=True):
     name: Name
     slot: AbsentShm = None
 
+
+Tensors = Annotated[tuple[TensorRef, ...], msgspec.Meta(max_length=MAX_TENSORS)]
+Outputs = Annotated[tuple[OutputRequest, ...], msgspec.Meta(max_length=MAX_TENSORS)]
+if TYPE_CHECKING:
+    AbsentOutputs = Outputs | None
+else:
+    AbsentOutputs = Outputs
 
 NO_PARAMETERS: Mapping[str, Any] = MappingProxyType({})
 
