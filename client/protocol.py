@@ -165,7 +165,18 @@ WORKER_COMMANDS = frozenset(
 )
 
 _PREFIX = {c: PROTOCOL + bytes([c]) for c in Command}
-_pack = msgspec.msgpack.Encoder().encode
+_PLAIN = (str, bytes, bytearray, int, float, dict, list, tuple)
+
+
+def _as_plain(value: Any) -> Any:
+    """A subclass of a plain type as that type (msgpack takes them as their base; msgspec asks this)."""
+    for kind in _PLAIN:
+        if isinstance(value, kind):
+            return kind(value)
+    raise TypeError(f"can not serialize {type(value).__name__!r} object")
+
+
+_pack = msgspec.msgpack.Encoder(enc_hook=_as_plain).encode
 """A header as MessagePack (maps, lists, strings, bytes as bin, numbers, records), encoded in C."""
 ENVELOPE_HEAD = len(PROTOCOL) + 2
 """The shortest envelope frame: the protocol, the command byte and a header of at least one byte."""

@@ -129,3 +129,21 @@ def test_what_the_struct_refuses_gets_the_field_by_field_error(header: dict[str,
 def test_malformed_envelopes_are_refused_clearly(frames: list[bytes], message: str) -> None:
     with pytest.raises(ProtocolError, match=message):
         protocol.decode(frames)
+
+
+def test_subclasses_of_plain_types_encode_as_msgpack_always_took_them() -> None:
+    """A model name that is a str subclass (BLS with a NumPy string, a user's enum) encodes as its base type,
+    byte for byte what msgpack wrote; what msgpack refused is still refused."""
+
+    class Name(str):
+        pass
+
+    class Table(dict[str, Any]):
+        pass
+
+    header = {"model": Name("add"), "parameters": Table(n=Status.OK), "ids": (Name("a"), 2)}
+    wire = protocol.encode(Command.INFER, header)
+    assert bytes(wire[0][5:]) == msgpack.packb(header, use_bin_type=True)
+    assert protocol.decode(wire).header == {"model": "add", "parameters": {"n": 0}, "ids": ["a", 2]}
+    with pytest.raises(TypeError):
+        protocol.encode(Command.INFER, {"x": object()})
