@@ -172,7 +172,8 @@ def _as_plain(value: Any) -> Any:
     """A subclass of a plain type as that type (msgpack takes them as their base; msgspec asks this)."""
     for kind in _PLAIN:
         if isinstance(value, kind):
-            return kind(value)
+            plain: Any = kind
+            return plain(value)
     raise TypeError(f"can not serialize {type(value).__name__!r} object")
 
 
