@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from zinfer.client.errors import InvalidArgument
-from zinfer.client.protocol import Frame
+from zinfer.client.protocol import Frame, TensorRef
 from zinfer.client.worker_protocol import Execute, ExecuteRequest, SequenceControl
 
 from .model_state import Pending
@@ -63,7 +63,7 @@ def execute_message(
             for t in inputs:
                 if t.frame is not None:
                     frames.append(p.frames[t.frame])
-                    t = t._replace(frame=len(frames) - 1)
+                    t = TensorRef(t.name, t.datatype, t.shape, None, len(frames) - 1)
                 renumbered.append(t)
             inputs = tuple(renumbered)
         sequence = None if p.sequence is None else p.sequence._replace(controls=controls)

@@ -5,6 +5,9 @@ admission and completion, model control) is handed this outbox instead of the se
 identities carry a one-byte tag of the socket they came in on (``IPC_TAG``, ``TCP_TAG``), so a reply goes
 back the same way. Nothing here blocks: a peer that is gone or not reading is logged and skipped.
 
+The outbox remembers which sockets it sent on (``take_sent``), so the server's wait asks ``EVENTS`` only of
+the sockets a turn used (a send may take a message's wake-up from the socket's descriptor).
+
 Between ``hold`` and ``flush`` (one turn of the server loop) the replies to a connection that speaks bundles
 (it has sent one, ``bundles_to``) are kept, and ``flush`` sends them as one BUNDLE message (one when there
 is only one), in the order they were made: one send instead of one per request.
@@ -47,6 +50,7 @@ class Outbox:
         self._backend: zmq.Socket[bytes] | None = None
         self._bundling: set[bytes] = set()  # connections that speak bundles
         self._held: dict[bytes, list[_Held]] | None = None  # replies kept until ``flush``
+        self._sent_on: list[zmq.Socket[bytes]] = []  # sockets sent on since ``take_sent`` (repeats allowed)
 
     def attach(
         self,
@@ -59,7 +63,14 @@ class Outbox:
 
     def _client_socket(self, identity: bytes) -> zmq.Socket[bytes]:
         assert self._frontend is not None
-        return self._tcp if identity[:1] == TCP_TAG and self._tcp is not None else self._frontend
+        sock = self._tcp if identity[:1] == TCP_TAG and self._tcp is not None else self._frontend
+        self._sent_on.append(sock)
+        return sock
+
+    def take_sent(self) -> list[zmq.Socket[bytes]]:
+        """The sockets sent on (or tried) since the last call, each at least once; forgets them."""
+        sent, self._sent_on = self._sent_on, []
+        return sent
 
     def send_client(self, identity: bytes, reply: Reply, frames: list[Frame] | None = None) -> None:
         """A reply to the client connection ``identity`` (tagged with its socket)."""
@@ -152,6 +163,7 @@ class Outbox:
     ) -> bool:
         """A message to the worker ``identity``; False when it could not be reached."""
         assert self._backend is not None
+        self._sent_on.append(self._backend)
         try:
             send_frames(self._backend, [identity, *protocol.encode(command, header, frames or ())], NOBLOCK)
             return True

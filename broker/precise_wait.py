@@ -83,6 +83,10 @@ class PreciseWait:
     def touch_all(self) -> None:
         self._touched.update(self._sockets.values())
 
+    def touch_each(self, socks: list[zmq.Socket[bytes]]) -> None:
+        """Each of ``socks`` was used (repeats allowed)."""
+        self._touched.update(socks)
+
     def close(self) -> None:
         self._epoll.close()
 

@@ -20,6 +20,7 @@ from zinfer.client.paths import SOCKET_NAME, WORKER_SOCKET_NAME, client_endpoint
 from zinfer.client.protocol import Command, Frame, Reply
 from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
 from zinfer.client.shm import reap_orphans
+from zinfer.client.transport import recv_frames
 from zinfer.client.worker_protocol import (
     DropRegion,
     Shutdown,
@@ -248,12 +249,12 @@ class Broker:
         while not self._should_exit(stop_requests()):
             events = waiter.poll(self.dispatcher.poll_timeout_ms())
             self.outbox.hold()  # replies of this turn to one connection go in one message
-            if self.backend in events:
-                self._drain(self.backend, self.worker_inbox.on_message, b"")
-            if self.frontend in events:
-                self._drain(self.frontend, self._on_client, IPC_TAG)
-            if tcp is not None and tcp in events:
-                self._drain(tcp, self._on_client, TCP_TAG)
+            if self.backend in events and self._drain(self.backend, self.worker_inbox.on_message, b""):
+                waiter.touch(self.backend)
+            if self.frontend in events and self._drain(self.frontend, self._on_client, IPC_TAG):
+                waiter.touch(self.frontend)
+            if tcp is not None and tcp in events and self._drain(tcp, self._on_client, TCP_TAG):
+                waiter.touch(tcp)
             if intake is not None and len(events) > (self.backend in events) + (self.frontend in events):
                 for fd in intake.fds() & events.keys():  # raw descriptors woke it: the hand-off's
                     intake.on_readable(fd)
@@ -274,7 +275,7 @@ class Broker:
                 self.on_demand.poll(now)
             self._log_ready_once()
             self.outbox.flush()
-            waiter.touch_all()  # the outbox may have sent on any socket, taking a message's wake-up
+            waiter.touch_each(self.outbox.take_sent())  # a send may take a message's wake-up
         waiter.close()
 
     def _should_exit(self, requests: int) -> bool:
@@ -289,16 +290,15 @@ class Broker:
             return True
         return not self.pool.running() and not self.dispatcher.queued()
 
-    def _drain(
-        self, sock: zmq.Socket[bytes], handle: Callable[[bytes, list[Frame]], None], tag: bytes
-    ) -> None:
-        """Handle what ``sock`` has (bounded, so one busy socket cannot starve the others). Client identities
-        are tagged with the socket they came from, so replies go back the same way."""
+    def _drain(self, sock: zmq.Socket[bytes], on: Callable[[bytes, list[Frame]], None], tag: bytes) -> bool:
+        """Handle what ``sock`` has (bounded: True when messages are left, else EVENTS was just asked). Client
+        identities are tagged with the socket they came from, so replies go back the same way."""
         for _ in range(256):
-            frames = sock.recv_multipart(copy=False)
-            handle(tag + frames[0].bytes, [f.buffer for f in frames[1:]])
+            frames = recv_frames(sock)
+            on(tag + frames[0].bytes, [f.buffer for f in frames[1:]])
             if not int(sock.get(_EVENTS)) & _POLLIN:
-                return
+                return False
+        return True
 
     def _log_ready_once(self) -> None:
         if self._ready_logged:

@@ -32,7 +32,7 @@ from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
 from .paths import check_server_socket
 from .protocol import Command, Frame, Reply, is_final
-from .transport import NOBLOCK, send_messages
+from .transport import NOBLOCK, recv_frames, send_messages
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +291,7 @@ class AsyncConnection:
             for _ in range(_DRAIN):
                 if not int(sock.getsockopt(_EVENTS)) & _POLLIN:
                     return
-                raw = sock.recv_multipart(NOBLOCK, copy=False)
+                raw = recv_frames(sock, NOBLOCK)
                 try:
                     self._dispatch(raw)
                 except Exception:  # one bad reply must not stop the reader every request waits on

@@ -31,7 +31,7 @@ from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
 from .paths import check_server_socket
 from .protocol import Command, Frame, Reply, is_final
-from .transport import NOBLOCK, send_messages
+from .transport import NOBLOCK, recv_frames, send_messages
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ class Connection:
         got: list[list[zmq.Frame]] = []
         sock = self._sock
         while len(got) < 1024 and int(sock.getsockopt(_EVENTS)) & _POLLIN:
-            got.append(sock.recv_multipart(NOBLOCK, copy=False))
+            got.append(recv_frames(sock, NOBLOCK))
         self._flush()  # what came in meanwhile goes out before this thread reads replies
         for raw in got:
             self._dispatch([f.buffer for f in raw])
@@ -299,7 +299,7 @@ class Connection:
             self._rcvtimeo = timeout
             self._sock.setsockopt(zmq.RCVTIMEO, timeout)
         try:
-            raw = self._sock.recv_multipart(copy=False)
+            raw = recv_frames(self._sock)
         except zmq.Again:
             return False
         self._flush()  # a thread that came meanwhile: its message goes out before replies are read

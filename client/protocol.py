@@ -1,10 +1,12 @@
 """The zinfer wire protocol: frames, limits, field checks and the client half's records; no sockets.
 
-A message is a list of ZeroMQ frames::
+A message is a list of ZeroMQ frames, the first of them the envelope::
 
-    [PROTOCOL, command (1 byte), msgpack header, inline tensor frame 0, inline tensor frame 1, ...]
+    [PROTOCOL + command (1 byte) + msgpack header, inline tensor frame 0, inline tensor frame 1, ...]
 
-``PROTOCOL`` names the protocol and its version, so a peer can reject a message from anything else. The
+``PROTOCOL`` names the protocol and its version, so a peer can reject a message from anything else. One
+envelope frame rather than three saves two sends and two receives per message in every process on the
+way; a peer still sending protocol, command and header as frames of their own gets a clear error. The
 header is a msgpack map decoded with hard limits (``MAX_HEADER_BYTES`` and per-container caps); pickle is
 never used. Records are frozen dataclasses or NamedTuples; ``*_to_wire``/``*_from_wire`` turn them into
 header maps and back, checking every field's type, because every field that arrives from a peer is hostile
@@ -85,13 +87,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgpack
+import msgspec
 
 from . import framing
 from .errors import ProtocolError, Status
+from .wire_records import NO_PARAMETERS as NO_PARAMETERS
+from .wire_records import InferRequest as InferRequest
+from .wire_records import OutputRequest as OutputRequest
+from .wire_records import Reply as Reply
+from .wire_records import ShmRef as ShmRef
+from .wire_records import TensorRef as TensorRef
 
 PROTOCOL = b"ZNF1"
 MAX_HEADER_BYTES = 1 << 20
@@ -159,7 +167,23 @@ WORKER_COMMANDS = frozenset(
     {Command.W_READY, Command.W_HEARTBEAT, Command.W_RESULT, Command.W_LOAD_FAILED, Command.W_READINESS}
 )
 
-_COMMAND_BYTES = {c: bytes([c]) for c in Command}
+_PREFIX = {c: PROTOCOL + bytes([c]) for c in Command}
+_PLAIN = (str, bytes, bytearray, int, float, dict, list, tuple)
+
+
+def _as_plain(value: Any) -> Any:
+    """A subclass of a plain type as that type (msgpack takes them as their base; msgspec asks this)."""
+    for kind in _PLAIN:
+        if isinstance(value, kind):
+            plain: Any = kind
+            return plain(value)
+    raise TypeError(f"can not serialize {type(value).__name__!r} object")
+
+
+_pack = msgspec.msgpack.Encoder(enc_hook=_as_plain).encode
+"""A header as MessagePack (maps, lists, strings, bytes as bin, numbers, records), encoded in C."""
+ENVELOPE_HEAD = len(PROTOCOL) + 2
+"""The shortest envelope frame: the protocol, the command byte and a header of at least one byte."""
 _COMMAND_BY_INT = {int(c): c for c in Command}
 _STATUS_BY_INT = {int(s): s for s in Status}
 COPY_THRESHOLD = framing.COPY_THRESHOLD
@@ -174,41 +198,49 @@ class Message:
 
 
 def encode(command: Command, header: Mapping[str, Any], frames: Sequence[Frame] = ()) -> list[Frame]:
-    """Frames for one message: its small inline frames packed into one when there are several
-    (``framing``)."""
+    """Frames for one message: the envelope (protocol, command and header in one frame), then its inline
+    frames, the small ones packed into one when there are several (``framing``)."""
     if len(frames) < 2 or not framing.worth_packing(frames):
-        return [PROTOCOL, _COMMAND_BYTES[command], msgpack.packb(header, use_bin_type=True), *frames]
+        return [_PREFIX[command] + _pack(header), *frames]
     return _encode_packed(int(command), header, frames)
 
 
 def _encode_packed(command: int, payload: Any, frames: Sequence[Frame]) -> list[Frame]:
     refs, blob, large = framing.pack(frames)
-    top = msgpack.packb((refs, payload), use_bin_type=True)
-    return [PROTOCOL, bytes([command | framing.PACKED]), top, blob, *large]
+    top = _pack((refs, payload))
+    return [PROTOCOL + bytes([command | framing.PACKED]) + top, blob, *large]
 
 
 def _open(frames: Sequence[Frame], limit: int) -> tuple[Command, Any, list[Frame]]:
     """The command, the unpacked header (any type) and the inline frames (unpacked) of one message."""
-    if len(frames) < 3:
-        raise ProtocolError("message has fewer than 3 frames")
-    if bytes(frames[0]) != PROTOCOL:
+    if not frames:
+        raise ProtocolError("message has no frames")
+    envelope = frames[0]
+    size = len(envelope)
+    if size < ENVELOPE_HEAD or envelope[:4] != PROTOCOL:
+        if size == len(PROTOCOL) and envelope == PROTOCOL:
+            raise ProtocolError(
+                "the envelope is one frame of protocol, command and header: the older shape with "
+                "each in a frame of its own is not accepted"
+            )
+        if size == len(PROTOCOL) + 1 and envelope[:4] == PROTOCOL:
+            raise ProtocolError("the envelope has no header after its command byte")
         raise ProtocolError("unknown protocol or version")
-    cmd_frame = bytes(frames[1])
-    if len(cmd_frame) != 1:
-        raise ProtocolError("command frame must be one byte")
-    command = _COMMAND_BY_INT.get(cmd_frame[0] & ~framing.PACKED)
+    cmd = envelope[4]
+    command = _COMMAND_BY_INT.get(cmd & ~framing.PACKED)
     if command is None:
-        raise ProtocolError(f"unknown command 0x{cmd_frame[0]:02x}")
-    if not cmd_frame[0] & framing.PACKED:
-        if len(frames) - 3 > limit:
+        raise ProtocolError(f"unknown command 0x{cmd:02x}")
+    head = memoryview(envelope)[ENVELOPE_HEAD - 1 :]
+    if not cmd & framing.PACKED:
+        if len(frames) - 1 > limit:
             raise ProtocolError("too many inline frames")
-        return command, _unpack(frames[2]), list(frames[3:])
-    if len(frames) < 4 or len(frames) - 4 > limit:
+        return command, _unpack(head), list(frames[1:])
+    if len(frames) < 2 or len(frames) - 2 > limit:
         raise ProtocolError("packed message: a blob frame and at most the inline frame limit")
-    top = _unpack(frames[2])
+    top = _unpack(head)
     if not (isinstance(top, list) and len(top) == 2):
         raise ProtocolError("packed message: its header is [refs, header]")
-    return command, top[1], framing.unpack(top[0], frames[3], frames[4:], limit)
+    return command, top[1], framing.unpack(top[0], frames[1], frames[2:], limit)
 
 
 def decode(frames: Sequence[Frame], allowed: frozenset[Command] | None = None) -> Message:
@@ -226,14 +258,14 @@ def encode_bundle(items: Sequence[tuple[Command, Mapping[str, Any], Sequence[Fra
     index = [(int(c), h, len(fs)) for c, h, fs in items]
     frames = [f for _, _, fs in items for f in fs]
     if len(frames) < 2 or not framing.worth_packing(frames):
-        return [PROTOCOL, _COMMAND_BYTES[Command.BUNDLE], msgpack.packb(index, use_bin_type=True), *frames]
+        return [_PREFIX[Command.BUNDLE] + _pack(index), *frames]
     return _encode_packed(int(Command.BUNDLE), index, frames)
 
 
 def is_bundle(frames: Sequence[Frame]) -> bool:
-    if len(frames) < 3 or len(frames[1]) != 1:
+    if not frames or len(frames[0]) < ENVELOPE_HEAD:
         return False
-    return bytes(frames[1])[0] & ~framing.PACKED == Command.BUNDLE
+    return frames[0][4] & ~framing.PACKED == Command.BUNDLE
 
 
 def decode_many(frames: Sequence[Frame], allowed: frozenset[Command] | None = None) -> list[Message]:
@@ -300,6 +332,11 @@ def _unpack(data: Frame) -> Any:
 
 # ---------------------------------------------------------------------------------------------- checks
 
+_convert = msgspec.convert
+"""A header map (or a part of one) as its record, checked in C; ``msgspec.ValidationError`` when it is not
+one (the field-by-field checks then name what is wrong)."""
+
+
 
 def _get(h: Mapping[str, Any], key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
     if key not in h:
@@ -344,55 +381,9 @@ def _optional_list(h: Mapping[str, Any], key: str, limit: int) -> list[Any] | No
 # ---------------------------------------------------------------------------------------------- records
 
 
-# The per-request records are NamedTuples rather than frozen dataclasses: just as immutable and typed, and
-# several times cheaper to build, which counts on the hot path (several per request in every process).
-
-
-class ShmRef(NamedTuple):
-    """A byte range of a registered region."""
-
-    region: str
-    offset: int
-    nbytes: int
-
-
-class TensorRef(NamedTuple):
-    """A tensor: its bytes are either in a region (``shm``) or in inline frame number ``frame``."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    shm: ShmRef | None = None
-    frame: int | None = None
-
-
-class OutputRequest(NamedTuple):
-    """An output the client wants; ``slot`` is where the client would like its bytes written."""
-
-    name: str
-    slot: ShmRef | None = None
-
-
-NO_PARAMETERS: Mapping[str, Any] = MappingProxyType({})
-
-
-class InferRequest(NamedTuple):
-    request_id: str
-    model: str
-    version: int  # 0 = the server's choice (latest ready)
-    inputs: tuple[TensorRef, ...]
-    outputs: tuple[OutputRequest, ...] | None = None  # None = every output
-    priority: int = 0
-    timeout_us: int = 0
-    parameters: Mapping[str, Any] = NO_PARAMETERS
-    caller_id: str = ""  # the id the user gave the request ("" if none); request_id is the wire's
-
-
-class Reply(NamedTuple):
-    request_id: str
-    status: Status
-    error: str = ""
-    body: Any = None
+# The per-request records are msgspec Structs, declared once in ``wire_records`` (not compiled: mypyc takes
+# no Struct subclasses); a header becomes its record in C, and only what that refuses is checked field by
+# field below, to name what is wrong.
 
 
 def is_final(reply: Reply) -> bool:
@@ -405,6 +396,10 @@ def shm_to_wire(ref: ShmRef) -> list[Any]:
 
 
 def shm_from_wire(value: Any) -> ShmRef:
+    try:
+        return _convert(value, ShmRef)
+    except msgspec.ValidationError:
+        pass
     if not (isinstance(value, list) and len(value) == 3):
         raise ProtocolError("shared-memory reference must be [region, offset, nbytes]")
     region, offset, nbytes = value
@@ -432,37 +427,10 @@ INT63_LIMIT = 1 << 63
 
 def tensor_from_wire(d: Any) -> TensorRef:
     """A tensor entry of a header, every field checked (see :func:`_tensor_checked` for the errors)."""
-    # The fast path: the exact types msgpack builds, every bound checked inline; anything it does not
-    # take goes through the field-by-field checks, which accept the same and name what is wrong.
-    if type(d) is dict and len(d) == 4:
-        name = d.get("name")
-        datatype = d.get("datatype")
-        shape = d.get("shape")
-        if (
-            type(name) is str
-            and 0 < len(name) <= MAX_NAME
-            and type(datatype) is str
-            and 0 < len(datatype) <= MAX_NAME
-            and type(shape) is list
-            and len(shape) <= MAX_DIMS
-            and all(type(x) is int and 0 <= x < _SHAPE_LIMIT for x in shape)
-        ):
-            frame = d.get("frame")
-            if type(frame) is int and 0 <= frame <= MAX_TENSORS:
-                return TensorRef(name, datatype, tuple(shape), None, frame)
-            shm = d.get("shm")
-            if type(shm) is list and len(shm) == 3:
-                region, offset, nbytes = shm
-                if (
-                    type(region) is str
-                    and 0 < len(region) <= MAX_NAME
-                    and type(offset) is int
-                    and type(nbytes) is int
-                    and 0 <= offset < INT63_LIMIT
-                    and 0 <= nbytes < INT63_LIMIT
-                ):
-                    return TensorRef(name, datatype, tuple(shape), ShmRef(region, offset, nbytes))
-    return _tensor_checked(d)
+    try:
+        return _convert(d, TensorRef)
+    except msgspec.ValidationError:
+        return _tensor_checked(d)
 
 
 def _tensor_checked(d: Any) -> TensorRef:
@@ -487,10 +455,10 @@ def output_to_wire(o: OutputRequest) -> dict[str, Any]:
 
 
 def output_from_wire(d: Any) -> OutputRequest:
-    if type(d) is dict and len(d) == 1:
-        name = d.get("name")
-        if type(name) is str and 0 < len(name) <= MAX_NAME:
-            return OutputRequest(name)
+    try:
+        return _convert(d, OutputRequest)
+    except msgspec.ValidationError:
+        pass
     if not isinstance(d, dict):
         raise ProtocolError("requested output must be a map")
     return OutputRequest(_name(d), shm_from_wire(d["slot"]) if "slot" in d else None)
@@ -516,45 +484,12 @@ def infer_to_wire(r: InferRequest) -> dict[str, Any]:
     return d
 
 
-_INFER_KEYS = frozenset(("id", "model", "version", "inputs", "outputs", "priority", "timeout_us"))
-
-
 def infer_from_wire(d: Mapping[str, Any]) -> InferRequest:
     """An INFER header as a request, every field checked (see :func:`_infer_checked` for the errors)."""
-    # The fast path, for the common header (no parameters, no caller id; exact msgpack types): what it
-    # does not take goes through the field-by-field checks, which accept the same and name what is wrong.
-    if _INFER_KEYS.issuperset(d):
-        rid = d.get("id")
-        model = d.get("model")
-        version = d.get("version", 0)
-        inputs = d.get("inputs")
-        outputs = d.get("outputs")
-        priority = d.get("priority", 0)
-        timeout_us = d.get("timeout_us", 0)
-        if (
-            type(rid) is str
-            and type(model) is str
-            and 0 < len(model) <= MAX_NAME
-            and type(version) is int
-            and type(priority) is int
-            and type(timeout_us) is int
-            and 0 <= version < INT63_LIMIT
-            and 0 <= priority < INT63_LIMIT
-            and 0 <= timeout_us < INT63_LIMIT
-            and type(inputs) is list
-            and len(inputs) <= MAX_TENSORS
-            and ((type(outputs) is list and len(outputs) <= MAX_TENSORS) or "outputs" not in d)
-        ):
-            return InferRequest(
-                rid,
-                model,
-                version,
-                tuple([tensor_from_wire(t) for t in inputs]),
-                None if outputs is None else tuple([output_from_wire(o) for o in outputs]),
-                priority,
-                timeout_us,
-            )
-    return _infer_checked(d)
+    try:
+        return _convert(d, InferRequest)
+    except msgspec.ValidationError:
+        return _infer_checked(d)
 
 
 def _infer_checked(d: Mapping[str, Any]) -> InferRequest:
@@ -583,6 +518,10 @@ def reply_to_wire(r: Reply) -> dict[str, Any]:
 
 
 def reply_from_wire(d: Mapping[str, Any]) -> Reply:
+    try:
+        return _convert(d, Reply)
+    except msgspec.ValidationError:
+        pass
     status = _STATUS_BY_INT.get(_int(d, "status", lo=0, hi=255), Status.INTERNAL)
     return Reply(_get(d, "id", str), status, _get(d, "error", str, ""), d.get("body"))
 

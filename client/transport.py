@@ -1,7 +1,11 @@
-"""Sending frames with plain-int flags, and queues of messages as BUNDLEs.
+"""Sending frames with plain-int flags, queues of messages as BUNDLEs, and receiving a message's frames.
 
 pyzmq's ``send_multipart`` combines its flag enums for every frame, which costs more than the send itself
 for small frames; this does the same with ints. Frames of 64 KiB or more go without a copy.
+
+pyzmq's ``recv_multipart`` asks the socket ``RCVMORE`` after every frame (a Python-level ``getsockopt``);
+``recv_frames`` reads ``Frame.more`` of each frame received without copying instead (the message itself
+says whether more follow). With the envelope in one frame most messages are one or two frames.
 """
 
 from __future__ import annotations
@@ -51,3 +55,14 @@ def send_messages(
     except zmq.Again:
         pass
     return sent
+
+
+def recv_frames(sock: zmq.Socket[Any], flags: int = 0) -> list[zmq.Frame]:
+    """The frames of the next message on ``sock`` (``flags`` apply to the first receive, e.g. ``NOBLOCK``:
+    the rest of a message is there once its first frame is)."""
+    frame = sock.recv(flags, copy=False)
+    frames = [frame]
+    while frame.more:
+        frame = sock.recv(copy=False)
+        frames.append(frame)
+    return frames

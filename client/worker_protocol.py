@@ -11,7 +11,9 @@ Every ``*_from_wire`` checks each field's type and range and raises ``ProtocolEr
 trust, and a worker takes nothing on trust from a socket either. Unknown keys are ignored, so either side
 may add an optional field without breaking the other.
 
-The per-request records are NamedTuples, as in ``protocol``: several are built for every request.
+The per-request records (EXECUTE's requests, RESULT's entries, sequence flags) are msgspec Structs declared
+once in ``worker_records`` and read from a header in C; what that refuses goes through the field-by-field
+checks here, which name the fault.
 """
 
 from __future__ import annotations
@@ -19,15 +21,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
+
+import msgspec
 
 from .errors import ProtocolError, Status
 from .protocol import (
     INT63_LIMIT,
     MAX_NAME,
     MAX_TENSORS,
-    OutputRequest,
-    TensorRef,
+    _convert,
     _get,
     _int,
     _list,
@@ -37,6 +40,12 @@ from .protocol import (
     tensor_from_wire,
     tensor_to_wire,
 )
+from .worker_records import MAX_PARAMETER_TEXT as MAX_PARAMETER_TEXT
+from .worker_records import NO_PARAMETERS as NO_PARAMETERS
+from .worker_records import ExecuteRequest as ExecuteRequest
+from .worker_records import RequestResult as RequestResult
+from .worker_records import SequenceControl as SequenceControl
+from .worker_records import SequenceFlags as SequenceFlags
 
 MAX_REQUESTS = 1 << 16
 """The most requests one EXECUTE or RESULT names (msgpack's array cap of ``unpack_header``)."""
@@ -153,43 +162,7 @@ def shutdown_from_wire(h: Mapping[str, Any]) -> Shutdown:
 # ---------------------------------------------------------------------------------------------- W_EXECUTE
 
 
-class SequenceControl(NamedTuple):
-    """One control input of a sequence model (``sequence_batching.control_input``), as the worker builds
-    it: its input name, kind, config data type and, but for CORRID, its ``[false, true]`` values."""
-
-    name: str
-    kind: str  # START, END, READY or CORRID
-    data_type: str  # TYPE_*
-    values: tuple[bool | int | float, ...] = ()
-
-
-class SequenceFlags(NamedTuple):
-    """A sequence request's id and flags, and the model's control inputs the worker adds to its batch."""
-
-    id: int | str
-    start: bool
-    end: bool
-    controls: tuple[SequenceControl, ...] = ()
-
-
 NO_REGIONS: Mapping[str, tuple[int, int, int]] = MappingProxyType({})
-NO_PARAMETERS: Mapping[str, bool | int | float | str] = MappingProxyType({})
-MAX_PARAMETER_TEXT = 1 << 12
-"""The longest string value of a request parameter the worker takes."""
-
-
-class ExecuteRequest(NamedTuple):
-    """One request of an EXECUTE. ``id`` is the broker's number for it (its RESULT entry names it);
-    ``request_id`` is the id its client gave it (``""`` if none), which Triton-style models read."""
-
-    id: int
-    inputs: tuple[TensorRef, ...]
-    outputs: tuple[OutputRequest, ...]
-    request_id: str = ""
-    sequence: SequenceFlags | None = None
-    parameters: Mapping[str, bool | int | float | str] = NO_PARAMETERS  # the client's, for model code
-
-
 @dataclass(frozen=True)
 class Execute:
     """W_EXECUTE: a batch. Inline input frames are numbered across the whole batch. ``regions`` names,
@@ -271,33 +244,12 @@ def parameters_from_wire(value: Any) -> Mapping[str, bool | int | float | str]:
     return MappingProxyType(out)
 
 
-_EXECUTE_REQUEST_KEYS = frozenset(("id", "inputs", "outputs", "request_id"))
-
-
 def execute_request_from_wire(d: Any) -> ExecuteRequest:
-    # The fast path: a request with no sequence and no parameters, in the exact types msgpack builds;
-    # what it does not take goes through the field-by-field checks, which accept the same and name the fault.
-    if type(d) is dict and _EXECUTE_REQUEST_KEYS.issuperset(d):
-        rid = d.get("id")
-        inputs = d.get("inputs")
-        outputs = d.get("outputs")
-        request_id = d.get("request_id", "")
-        if (
-            type(rid) is int
-            and 0 <= rid < INT63_LIMIT
-            and type(inputs) is list
-            and len(inputs) <= MAX_TENSORS
-            and type(outputs) is list
-            and len(outputs) <= MAX_TENSORS
-            and type(request_id) is str
-        ):
-            return ExecuteRequest(
-                rid,
-                tuple([tensor_from_wire(t) for t in inputs]),
-                tuple([output_from_wire(o) for o in outputs]),
-                request_id,
-            )
-    return _execute_request_checked(d)
+    """One request of an EXECUTE, every field checked (see :func:`_execute_request_checked` for errors)."""
+    try:
+        return _convert(d, ExecuteRequest)
+    except msgspec.ValidationError:
+        return _execute_request_checked(d)
 
 
 def _execute_request_checked(d: Any) -> ExecuteRequest:
@@ -369,19 +321,6 @@ def cancel_from_wire(h: Mapping[str, Any]) -> CancelRequest:
 # ---------------------------------------------------------------------------------------------- W_RESULT
 
 
-class RequestResult(NamedTuple):
-    """One request's answer in a RESULT: its outputs (inline frames numbered across the RESULT), or a
-    status and the error text ``"Class: message"``. A decoupled model's entries carry ``final``: False on
-    each response of its stream, True on the last (which has no outputs)."""
-
-    id: int
-    status: Status = Status.OK
-    error: str = ""
-    outputs: tuple[TensorRef, ...] = ()
-    final: bool | None = None
-    parameters: Mapping[str, bool | int | float | str] = NO_PARAMETERS  # a Triton response's parameters
-
-
 Timings = tuple[int, int, int]
 """Nanoseconds the worker spent gathering the inputs, in the model, and scattering the outputs."""
 
@@ -411,22 +350,11 @@ def request_result_to_wire(r: RequestResult) -> dict[str, Any]:
 
 
 def request_result_from_wire(d: Any) -> RequestResult:
-    # The fast path: an OK result with outputs and nothing else, in the exact types msgpack builds; what
-    # it does not take goes through the field-by-field checks, which accept the same and name what is wrong.
-    if type(d) is dict and len(d) == 3:
-        rid = d.get("id")
-        outputs = d.get("outputs")
-        status = d.get("status")
-        if (
-            type(status) is int
-            and status == 0
-            and type(rid) is int
-            and 0 <= rid < INT63_LIMIT
-            and type(outputs) is list
-            and len(outputs) <= MAX_TENSORS
-        ):
-            return RequestResult(rid, Status.OK, "", tuple([tensor_from_wire(t) for t in outputs]))
-    return _request_result_checked(d)
+    """One entry of a RESULT, every field checked (see :func:`_request_result_checked` for the errors)."""
+    try:
+        return _convert(d, RequestResult)
+    except msgspec.ValidationError:
+        return _request_result_checked(d)
 
 
 def _request_result_checked(d: Any) -> RequestResult:

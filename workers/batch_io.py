@@ -275,7 +275,10 @@ def emit(
 def ok_result(req_id: int, outputs: Sequence[TensorRef], base: int = 0) -> RequestResult:
     """A request's outputs; ``base`` is added to their inline frame numbers (frames of the whole RESULT)."""
     if base:
-        outputs = [t if t.frame is None else t._replace(frame=t.frame + base) for t in outputs]
+        outputs = [
+            t if t.frame is None else TensorRef(t.name, t.datatype, t.shape, None, t.frame + base)
+            for t in outputs
+        ]
     return RequestResult(req_id, outputs=tuple(outputs))
 
 

@@ -82,10 +82,10 @@ class Heartbeat:
             frames = protocol.encode(
                 Command.W_HEARTBEAT, {**header, "metrics": families_to_wire(families)}
             )
-            if len(frames[2]) <= protocol.MAX_HEADER_BYTES // 2:
+            if len(frames[0]) <= protocol.MAX_HEADER_BYTES // 2:
                 return frames
             if not self._too_big_logged:
-                log.warning("event=custom_metrics_too_big bytes=%d action=not_sent", len(frames[2]))
+                log.warning("event=custom_metrics_too_big bytes=%d action=not_sent", len(frames[0]))
                 self._too_big_logged = True
         return protocol.encode(Command.W_HEARTBEAT, header)
 

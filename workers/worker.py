@@ -29,7 +29,7 @@ from zinfer.client import protocol
 from zinfer.client.errors import ConfigError, ProtocolError, ResourceExhausted
 from zinfer.client.gc_tuning import tune_for_serving
 from zinfer.client.protocol import Command, Frame, Message
-from zinfer.client.transport import send_frames
+from zinfer.client.transport import recv_frames, send_frames
 from zinfer.client.worker_protocol import (
     MAX_SLOT,
     CancelRequest,
@@ -244,7 +244,7 @@ class Worker:
     def _receive(self) -> Message | None:
         """The next message, None when it is malformed (logged); waits up to POLL_MS (the socket's
         RCVTIMEO) for one, then raises ``zmq.Again`` (callers that polled first never wait)."""
-        frames = self.sock.recv_multipart(copy=False)
+        frames = recv_frames(self.sock)
         try:
             return protocol.decode([f.buffer for f in frames])
         except ProtocolError as exc:

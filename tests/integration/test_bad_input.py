@@ -146,12 +146,12 @@ def region(raw: Raw) -> Iterator[Segment]:
 @pytest.mark.parametrize(
     "frames, message",
     [
-        ([b"ZNF1", b"\x01", b"\xc1\xc1"], "malformed header"),
-        ([b"ZNF1", b"\x01", msgpack.packb([1, 2, 3])], "must be a map"),
-        ([b"ZNF1", b"\x7e", msgpack.packb({})], "unknown command"),
-        ([b"ZNF1", bytes([Command.W_READY]), msgpack.packb({})], "not accepted"),
-        ([b"ZNF1", b"\x01", b"\xdd" + b"\xff" * 4 + b"\x00" * 8], "malformed header"),  # array of 2**32 items
-        ([b"ZNF1", b"\x01", b"\x00" * (protocol.MAX_HEADER_BYTES + 10)], "over the"),
+        ([b"ZNF1" + b"\x01" + b"\xc1\xc1"], "malformed header"),
+        ([b"ZNF1" + b"\x01" + msgpack.packb([1, 2, 3])], "must be a map"),
+        ([b"ZNF1" + b"\x7e" + msgpack.packb({})], "unknown command"),
+        ([b"ZNF1" + bytes([Command.W_READY]) + msgpack.packb({})], "not accepted"),
+        ([b"ZNF1\x01" + b"\xdd" + b"\xff" * 4 + b"\x00" * 8], "malformed header"),  # array of 2**32 items
+        ([b"ZNF1" + b"\x01" + b"\x00" * (protocol.MAX_HEADER_BYTES + 10)], "over the"),
     ],
 )
 def test_malformed_messages_get_errors(client: Client, raw: Raw, frames: list[bytes], message: str) -> None:

@@ -130,7 +130,7 @@ def test_mixed_models_and_errors_in_one_message(sock: zmq.Socket[bytes]) -> None
 def test_a_malformed_bundle_is_refused_whole(
     sock: zmq.Socket[bytes], index: Any, frames: list[bytes]
 ) -> None:
-    sock.send_multipart([protocol.PROTOCOL, bytes([Command.BUNDLE]), msgpack.packb(index), *frames])
+    sock.send_multipart([protocol.PROTOCOL + bytes([Command.BUNDLE]) + msgpack.packb(index), *frames])
     sock.send_multipart(protocol.encode(Command.SERVER_LIVE, {"id": "after"}))
     got, _ = _collect(sock, {"", "after"})
     assert got[""][0].status == Status.INVALID_ARGUMENT and "ProtocolError" in got[""][0].error

@@ -55,6 +55,6 @@ def test_a_plain_message_decodes_as_one() -> None:
     ],
 )
 def test_malformed_bundles_raise_protocol_error(index: object, extra: list[bytes], why: str) -> None:
-    frames = [protocol.PROTOCOL, bytes([Command.BUNDLE]), msgpack.packb(index), *extra]
+    frames = [protocol.PROTOCOL + bytes([Command.BUNDLE]) + msgpack.packb(index), *extra]
     with pytest.raises(ProtocolError, match=why):
         protocol.decode_many(frames, protocol.CLIENT_COMMANDS)

@@ -20,10 +20,10 @@ _frames = st.one_of(st.binary(max_size=16), st.sampled_from([b"L" * BIG, b"M" * 
 @given(st.lists(_frames, max_size=8))
 def test_round_trip_keeps_every_frame_in_order(frames: list[bytes]) -> None:
     wire = protocol.encode(Command.REPLY, {"id": "r"}, frames)
-    packed = bool(wire[1][0] & framing.PACKED)
+    packed = bool(wire[0][4] & framing.PACKED)
     assert packed == (sum(len(f) < BIG for f in frames) >= 2)
     if packed:  # the small ones travel as one frame, the large ones as their own
-        assert len(wire) == 4 + sum(len(f) >= BIG for f in frames)
+        assert len(wire) == 2 + sum(len(f) >= BIG for f in frames)
     msg = protocol.decode(wire)
     assert (msg.command, msg.header) == (Command.REPLY, {"id": "r"})
     assert [bytes(f) for f in msg.frames] == frames
@@ -32,14 +32,17 @@ def test_round_trip_keeps_every_frame_in_order(frames: list[bytes]) -> None:
 def test_a_packed_bundle_keeps_each_entry_s_frames() -> None:
     entries = [(Command.INFER, {"id": str(i)}, [bytes([i]) * 4, bytes([i]) * 8]) for i in range(100)]
     wire = protocol.encode_bundle(entries)
-    assert len(wire) == 4 and protocol.is_bundle(wire)
+    assert len(wire) == 2 and protocol.is_bundle(wire)
     out = protocol.decode_many(wire, protocol.CLIENT_COMMANDS)
     assert [(m.command, m.header, [bytes(f) for f in m.frames]) for m in out] == entries
 
 
+_PACKED_REPLY = protocol.PROTOCOL + bytes([Command.REPLY | framing.PACKED])
+
+
 def _packed(refs: object, blob: bytes, *large: bytes, header: object = None) -> list[bytes]:
     top = msgpack.packb([refs, {"id": "x"} if header is None else header])
-    return [protocol.PROTOCOL, bytes([Command.REPLY | framing.PACKED]), top, blob, *large]
+    return [_PACKED_REPLY + top, blob, *large]
 
 
 @pytest.mark.parametrize(
@@ -55,8 +58,8 @@ def _packed(refs: object, blob: bytes, *large: bytes, header: object = None) -> 
         (_packed({"a": 1}, b""), "refs must be a list"),
         (_packed([[0, 0]] * (protocol.MAX_TENSORS + 1), b""), "refs must be a list"),
         (_packed([[0, 1]], b"a", header=[1]), "header must be a map"),
-        ([protocol.PROTOCOL, bytes([Command.REPLY | framing.PACKED]), msgpack.packb({"id": "x"})], "blob"),
-        ([protocol.PROTOCOL, bytes([Command.REPLY | framing.PACKED]), msgpack.packb([1]), b""], "refs, head"),
+        ([_PACKED_REPLY + msgpack.packb({"id": "x"})], "blob"),
+        ([_PACKED_REPLY + msgpack.packb([1]), b""], "refs, head"),
     ],
 )
 def test_malformed_packed_messages_raise_protocol_error(frames: list[bytes], why: str) -> None:

@@ -138,3 +138,23 @@ def test_a_connection_that_does_not_read_holds_at_most_the_unread_limit() -> Non
         for sock in (peer, front, back):
             sock.close(linger=0)
         ctx.term()
+
+
+def test_the_outbox_reports_the_sockets_it_sent_on(wired: Wired) -> None:
+    """The server's wait asks EVENTS only of the sockets a turn used: the outbox says which it sent on."""
+    outbox, peers, _ = wired
+    front, tcp, back = outbox._frontend, outbox._tcp, outbox._backend
+    assert outbox.take_sent() == []
+    outbox.send_client(TCP_TAG + b"c2", Reply("r", Status.OK))
+    outbox.send_worker(b"w1", Command.W_HEARTBEAT, {})
+    outbox.send_worker(b"gone", Command.W_HEARTBEAT, {})  # tried and failed: used all the same
+    sent = outbox.take_sent()
+    assert {id(s) for s in sent} == {id(tcp), id(back)} and all(s is not front for s in sent)
+    assert outbox.take_sent() == []  # forgotten once taken
+    outbox.bundles_to(IPC_TAG + b"c1")
+    outbox.hold()
+    outbox.send_client(IPC_TAG + b"c1", Reply("held", Status.OK))
+    assert outbox.take_sent() == []  # kept for the bundle: not sent yet
+    outbox.flush()
+    assert [id(s) for s in outbox.take_sent()] == [id(front)]
+    assert _reply_of(peers["ipc"]).request_id == "held"

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import zmq
@@ -134,3 +135,37 @@ def test_the_timer_slack_becomes_one_microsecond() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "1000"
+
+
+class _Counting(zmq.Socket[bytes]):
+    """A socket that counts how often its EVENTS are asked."""
+
+    asked = 0
+
+    def get(self, option: int) -> Any:
+        if option == zmq.EVENTS:
+            self.asked += 1
+        return super().get(option)
+
+
+def test_only_the_sockets_a_turn_used_are_asked_their_events(
+    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+) -> None:
+    a, b = pair
+    ctx = zmq.Context.instance()
+    idle = ctx.socket(zmq.PAIR, socket_class=_Counting)
+    idle.bind(f"inproc://precise-idle-{uuid.uuid4().hex}")
+    try:
+        w = _waiter(a)
+        w.register(idle)
+        assert w.poll(0) == {}  # the first look asks every registered socket
+        before = idle.asked
+        b.send(b"x")
+        assert a.poll(1000) == zmq.POLLIN
+        a.send(b"y")  # a use of the socket: it may take the message's wake-up from the descriptor
+        w.touch_each([a, a])
+        assert w.poll(0) == {a: zmq.POLLIN}
+        assert idle.asked == before, "a socket nobody used was asked its EVENTS"
+        assert a.recv(zmq.NOBLOCK) == b"x" and b.recv(zmq.NOBLOCK) == b"y"
+    finally:
+        idle.close(linger=0)

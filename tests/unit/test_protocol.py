@@ -50,15 +50,17 @@ def test_reply_round_trip() -> None:
 @pytest.mark.parametrize(
     "frames, message",
     [
-        ([b"ZNF1", b"\x01"], "fewer than 3 frames"),
-        ([b"HTTP", b"\x01", msgpack.packb({})], "unknown protocol"),
-        ([b"ZNF1", b"\x01\x02", msgpack.packb({})], "one byte"),
-        ([b"ZNF1", b"\x7f", msgpack.packb({})], "unknown command"),
-        ([b"ZNF1", b"\x01", b"\xc1"], "malformed header"),
-        ([b"ZNF1", b"\x01", msgpack.packb([1, 2])], "must be a map"),
-        ([b"ZNF1", b"\x01", b"\x00" * (protocol.MAX_HEADER_BYTES + 1)], "over the"),
-        ([b"ZNF1", b"\x01", msgpack.packb({}) + b"extra"], "malformed header"),
-        ([b"ZNF1", b"\x01", b"\x91" * 5000], "malformed header"),  # deep nesting
+        ([], "no frames"),
+        ([b"ZNF1\x01"], "no header"),
+        ([b"HTTP\x01" + msgpack.packb({})], "unknown protocol"),
+        ([b"ZNF", b"\x01"], "unknown protocol"),
+        ([b"ZNF1", b"\x01", msgpack.packb({})], "older shape"),
+        ([b"ZNF1\x7f" + msgpack.packb({})], "unknown command"),
+        ([b"ZNF1\x01" + b"\xc1"], "malformed header"),
+        ([b"ZNF1\x01" + msgpack.packb([1, 2])], "must be a map"),
+        ([b"ZNF1\x01" + b"\x00" * (protocol.MAX_HEADER_BYTES + 1)], "over the"),
+        ([b"ZNF1\x01" + msgpack.packb({}) + b"extra"], "malformed header"),
+        ([b"ZNF1\x01" + b"\x91" * 5000], "malformed header"),  # deep nesting
     ],
 )
 def test_decode_rejects(frames: list[bytes], message: str) -> None:
@@ -75,7 +77,7 @@ def test_decode_restricts_commands() -> None:
 def test_no_pickle_extension_types() -> None:
     packed = msgpack.packb({"x": msgpack.ExtType(1, b"evil")})
     with pytest.raises(ProtocolError):
-        protocol.decode([b"ZNF1", b"\x01", packed])
+        protocol.decode([b"ZNF1\x01" + packed])
 
 
 def _infer(**over: object) -> dict[str, object]:

@@ -1,0 +1,120 @@
+"""The per-request records of the client half of the wire contract, each declared once as a msgspec
+``Struct``: its fields, their wire names and their bounds in one place.
+
+A header map that arrives is turned into its record by msgspec in C (``msgspec.convert``: types, lengths
+and ranges checked, unknown keys ignored); what msgspec refuses goes through ``protocol``'s field-by-field
+checks, which accept exactly the same and name what is wrong in the words the error replies have always
+used. The bounds here are never looser than those checks: anything the Struct takes, they take too.
+
+This module is not compiled with mypyc (``zinfer.broker.compiled``): mypyc takes no ``Struct`` subclasses.
+The records are immutable (``frozen``), as the NamedTuples they replace were, and as cheap to build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, Self
+
+import msgspec
+import msgspec.structs
+
+from .errors import Status
+
+__all__ = [
+    "NO_PARAMETERS",
+    "InferRequest",
+    "OutputRequest",
+    "Reply",
+    "ShmRef",
+    "TensorRef",
+]
+
+MAX_NAME = 256
+MAX_DIMS = 16
+MAX_TENSORS = 256
+_INT63_MAX = (1 << 63) - 1  # msgspec takes int64 bounds: below 2**63 is at most 2**63 - 1
+
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=_INT63_MAX)]
+Dim = Annotated[int, msgspec.Meta(ge=0, lt=1 << 40)]
+FrameNumber = Annotated[int, msgspec.Meta(ge=0, le=MAX_TENSORS)]
+
+
+class ShmRef(NamedTuple):
+    """A byte range of a registered region; on the wire ``[region, offset, nbytes]`` (a NamedTuple, which
+    msgspec reads as that array with each item's bounds; it compares equal to a plain tuple)."""
+
+    region: Name
+    offset: Count
+    nbytes: Count
+
+
+# A field that may be absent (None in the record) but is never null on the wire, as the field-by-field
+# checks have it: readers see ``X | None``; msgspec, which reads the annotations at run time, sees ``X``
+# (absent takes the default None; an explicit null is refused).
+if TYPE_CHECKING:
+    AbsentShm = ShmRef | None
+    AbsentFrame = FrameNumber | None
+else:
+    AbsentShm, AbsentFrame = ShmRef, FrameNumber
+
+
+class _Record(msgspec.Struct, frozen=True, omit_defaults=True):
+    def _replace(self, **changes: Any) -> Self:
+        """A copy with ``changes`` (the NamedTuples' name for it, which these records replace)."""
+        return msgspec.structs.replace(self, **changes)
+
+
+class TensorRef(_Record, frozen=True, omit_defaults=True):
+    """A tensor: its bytes are either in a region (``shm``) or in inline frame number ``frame``."""
+
+    name: Name
+    datatype: Name
+    shape: Annotated[tuple[Dim, ...], msgspec.Meta(max_length=MAX_DIMS)]
+    shm: AbsentShm = None
+    frame: AbsentFrame = None
+
+    def __post_init__(self) -> None:
+        if (self.shm is None) == (self.frame is None):
+            raise ValueError("tensor needs exactly one of 'shm' or 'frame'")
+
+
+class OutputRequest(_Record, frozen=True, omit_defaults=True):
+    """An output the client wants; ``slot`` is where the client would like its bytes written."""
+
+    name: Name
+    slot: AbsentShm = None
+
+
+Tensors = Annotated[tuple[TensorRef, ...], msgspec.Meta(max_length=MAX_TENSORS)]
+Outputs = Annotated[tuple[OutputRequest, ...], msgspec.Meta(max_length=MAX_TENSORS)]
+if TYPE_CHECKING:
+    AbsentOutputs = Outputs | None
+else:
+    AbsentOutputs = Outputs
+
+NO_PARAMETERS: Mapping[str, Any] = MappingProxyType({})
+
+
+class InferRequest(_Record, frozen=True, omit_defaults=True):
+    """INFER's header."""
+
+    request_id: str = msgspec.field(name="id")
+    model: Name
+    version: Count  # 0 = the server's choice (latest ready)
+    inputs: Tensors
+    outputs: AbsentOutputs = None  # None: every output
+    priority: Count = 0
+    timeout_us: Count = 0
+    parameters: Mapping[str, Any] = NO_PARAMETERS
+    caller_id: str = ""  # the id the user gave the request ("" if none); request_id is the wire's
+
+
+class Reply(_Record, frozen=True, omit_defaults=True):
+    """REPLY's header; ``status`` an unknown code is read as INTERNAL (by ``protocol.reply_from_wire``)."""
+
+    request_id: str = msgspec.field(name="id")
+    status: Status
+    error: str = ""
+    body: Any = None

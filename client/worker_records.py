@@ -1,0 +1,95 @@
+"""The per-request records of the broker<->worker half of the wire contract, each declared once as a
+msgspec ``Struct`` (as ``wire_records`` does for the client half; not compiled with mypyc either).
+
+``worker_protocol`` turns a header's entries into these in C and, for what msgspec refuses, runs its
+field-by-field checks, which accept exactly the same and name the fault; the bounds here are never looser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Annotated, Literal
+
+import msgspec
+import msgspec.structs
+
+from .errors import Status
+from .wire_records import MAX_NAME, MAX_TENSORS, Count, Name, Outputs, Tensors, _Record
+
+__all__ = ["NO_PARAMETERS", "ExecuteRequest", "RequestResult", "SequenceControl", "SequenceFlags"]
+
+MAX_PARAMETER_TEXT = 1 << 12
+"""The longest string value of a request parameter the worker takes."""
+
+ParameterValue = bool | int | float | str
+NO_PARAMETERS: Mapping[str, ParameterValue] = MappingProxyType({})
+_Parameters = Annotated[
+    dict[Name, bool | int | float | Annotated[str, msgspec.Meta(max_length=MAX_PARAMETER_TEXT)]],
+    msgspec.Meta(max_length=MAX_TENSORS),
+]
+_SequenceId = Count | Annotated[str, msgspec.Meta(max_length=MAX_NAME)]  # ints to 2**64 by the checks
+
+
+class SequenceControl(_Record, frozen=True, omit_defaults=True):
+    """One control input of a sequence model (``sequence_batching.control_input``), as the worker builds
+    it: its input name, kind, config data type and, but for CORRID, its ``[false, true]`` values."""
+
+    name: Name
+    kind: Literal["START", "END", "READY", "CORRID"]
+    data_type: Name  # TYPE_*
+    values: Annotated[tuple[bool | int | float, ...], msgspec.Meta(max_length=2)] = ()
+
+
+class SequenceFlags(_Record, frozen=True):
+    """A sequence request's id and flags, and the model's control inputs the worker adds to its batch."""
+
+    id: _SequenceId
+    start: bool = False
+    end: bool = False
+    controls: Annotated[tuple[SequenceControl, ...], msgspec.Meta(max_length=MAX_TENSORS)] = ()
+
+
+# Absent (None, or no parameters) in the record, never null on the wire (see ``wire_records``).
+if TYPE_CHECKING:
+    AbsentSequence = SequenceFlags | None
+    AbsentBool = bool | None
+    Parameters = Mapping[str, ParameterValue]
+else:
+    AbsentSequence, AbsentBool, Parameters = SequenceFlags, bool, _Parameters
+
+
+def _frozen_parameters(record: msgspec.Struct, parameters: Mapping[str, ParameterValue]) -> None:
+    if parameters and type(parameters) is dict:  # model code gets them read-only, as before
+        msgspec.structs.force_setattr(record, "parameters", MappingProxyType(parameters))
+
+
+class ExecuteRequest(_Record, frozen=True, omit_defaults=True):
+    """One request of an EXECUTE. ``id`` is the broker's number for it (its RESULT entry names it);
+    ``request_id`` is the id its client gave it (``""`` if none), which Triton-style models read."""
+
+    id: Count
+    inputs: Tensors
+    outputs: Outputs
+    request_id: str = ""
+    sequence: AbsentSequence = None
+    parameters: Parameters = NO_PARAMETERS  # the client's, for model code
+
+    def __post_init__(self) -> None:
+        _frozen_parameters(self, self.parameters)
+
+
+class RequestResult(_Record, frozen=True, omit_defaults=True):
+    """One request's answer in a RESULT: its outputs (inline frames numbered across the RESULT), or a
+    status and the error text ``"Class: message"``. A decoupled model's entries carry ``final``: False on
+    each response of its stream, True on the last (which has no outputs)."""
+
+    id: Count
+    status: Status = Status.OK
+    error: str = ""
+    outputs: Tensors = ()
+    final: AbsentBool = None
+    parameters: Parameters = NO_PARAMETERS  # a Triton response's parameters
+
+    def __post_init__(self) -> None:
+        _frozen_parameters(self, self.parameters)
