@@ -65,6 +65,21 @@ _DURATIONS = (
 )  # fmt: skip
 
 
+CONSUMED_PARAMETERS = frozenset(
+    ("priority", "timeout", "sequence_id", "sequence_start", "sequence_end", "binary_data_output")
+)
+"""Request parameters the door reads itself (fields of zinfer's request, or the door's own options); the
+others, but for Triton's reserved ``triton_`` ones, go to the model."""
+
+
+def model_parameters(parameters: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The parameters of a request that reach the model (None when there are none)."""
+    if not parameters:
+        return None
+    out = {k: v for k, v in parameters.items() if k not in CONSUMED_PARAMETERS and k[:7] != "triton_"}
+    return out or None
+
+
 HEALTH_TIMEOUT_S = 5.0
 """How long a health call waits for the broker before it answers False (probes have short timeouts)."""
 
@@ -244,6 +259,7 @@ class Bridge:
             sequence_id=call.sequence_id,
             sequence_start=call.sequence_start,
             sequence_end=call.sequence_end,
+            parameters=model_parameters(call.parameters),
             trace_context=call.traceparent or None,
         )
         return _reply(result, call.request_id)
@@ -263,7 +279,7 @@ class Bridge:
             sequence_id=call.sequence_id,
             sequence_start=call.sequence_start,
             sequence_end=call.sequence_end,
-            parameters={TRACEPARENT: call.traceparent} if call.traceparent else None,
+            parameters=_with_trace(model_parameters(call.parameters), call.traceparent),
         )
         try:
             async for result in responses:
@@ -273,6 +289,12 @@ class Bridge:
 
     def _wait(self, call: InferCall) -> float:
         return self.timeout + call.timeout_us / 1e6
+
+
+def _with_trace(parameters: dict[str, Any] | None, traceparent: str) -> dict[str, Any] | None:
+    if not traceparent:
+        return parameters
+    return {**(parameters or {}), TRACEPARENT: traceparent}
 
 
 def _specs(items: Sequence[Mapping[str, Any]]) -> tuple[TensorSpec, ...]:

@@ -55,15 +55,19 @@ Alloc = Callable[[tuple[int, ...], np.dtype[Any]], npt.NDArray[Any]]
 # ---------------------------------------------------------------------------------------- parameters
 
 
-def parameter(p: service_pb2.InferParameter) -> bool | int | float | str:
+Param = bool | int | float | str | bytes
+"""A parameter's value (``bytes_param``'s only in a load's ``file:`` overrides)."""
+
+
+def parameter(p: service_pb2.InferParameter) -> Param:
     kind = p.WhichOneof("parameter_choice")
     if kind is None:
         return ""
-    value: bool | int | float | str = getattr(p, kind)
+    value: Param = getattr(p, kind)
     return value
 
 
-def parameters(entries: Mapping[str, service_pb2.InferParameter]) -> dict[str, bool | int | float | str]:
+def parameters(entries: Mapping[str, service_pb2.InferParameter]) -> dict[str, Param]:
     return {k: parameter(v) for k, v in entries.items()}
 
 
@@ -169,6 +173,11 @@ def infer_call(
     if not model:
         raise InvalidArgument("the request names no model")
     params = parameters(request.parameters)
+    for key, value in params.items():
+        if isinstance(value, bytes):  # InferParameter's bytes_param: nothing a model's parameters can hold
+            raise InvalidArgument(
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
+            )
     raw = list(request.raw_input_contents)
     used_raw = 0
     inputs = []
