@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from zinfer.client import AsyncClient, InferResult
+from zinfer.client import InferResult
 from zinfer.client.dtypes import numpy_to_wire
 from zinfer.client.errors import ConnectionFailed, NotFound, RequestTimeout
 from zinfer.client.protocol import TRACEPARENT
@@ -41,6 +41,7 @@ from .bridge_records import (
     Tensor,
     TensorSpec,
 )
+from .door_client import DoorClient
 from .errors import unknown_model
 from .shortcut import Shortcut, from_environment
 
@@ -116,7 +117,7 @@ class Bridge:
 
     def __init__(self, url: str | None = None, *, timeout: float = 60.0) -> None:
         self.timeout = timeout
-        self._client = AsyncClient(url, timeout=timeout)
+        self._client = DoorClient(url, timeout=timeout)
         self.url = self._client.url
         self._decoupled: dict[tuple[str, str], bool] = {}
         # benchmarks only (ZINFER_FRONTDOOR_SHORTCUT=1): answer from a recorded reply, without the broker
@@ -247,22 +248,9 @@ class Bridge:
         return await self._infer(call)
 
     async def _infer(self, call: InferCall) -> InferReply:
-        result = await self._client.infer(
-            call.model,
-            {t.name: t.data for t in call.inputs},
-            outputs=list(call.outputs) or None,
-            request_id=call.request_id or None,
-            model_version=parse_version(call.model, call.version),
-            priority=call.priority,
-            timeout=call.timeout_us or None,
-            client_timeout=self._wait(call),
-            sequence_id=call.sequence_id,
-            sequence_start=call.sequence_start,
-            sequence_end=call.sequence_end,
-            parameters=model_parameters(call.parameters),
-            trace_context=call.traceparent or None,
-        )
-        return _reply(result, call.request_id)
+        parameters = _with_trace(model_parameters(call.parameters), call.traceparent)
+        version = parse_version(call.model, call.version)
+        return await self._client.infer_call(call, version, parameters, self._wait(call))
 
     async def stream(self, call: InferCall) -> AsyncIterator[InferReply]:
         """A decoupled model's responses to one request as they come; a plain model's one response. The

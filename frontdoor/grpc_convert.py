@@ -189,7 +189,7 @@ def infer_call(
         if t.datatype not in dtypes.WIRE_TYPES:
             raise InvalidArgument(f"input '{t.name}' has an unknown data type {t.datatype!r}")
         shape = _shape(t.name, t.shape)
-        ref = _shm_ref(parameters(t.parameters), f"input '{t.name}'")
+        ref = _shm_ref(parameters(t.parameters), f"input '{t.name}'") if t.parameters else None
         data: npt.NDArray[Any]
         if ref is not None:
             if shm is None:
@@ -216,7 +216,7 @@ def infer_call(
     outputs = []
     class_counts: dict[str, int] = {}
     for o in request.outputs:
-        oparams = parameters(o.parameters)
+        oparams = parameters(o.parameters) if o.parameters else {}
         if "classification" in oparams:
             count = parse_class_count(oparams["classification"], o.name)
             if count and "shared_memory_region" in oparams:
@@ -244,6 +244,8 @@ def output_regions(request: service_pb2.ModelInferRequest) -> dict[str, tuple[st
     """The outputs the request wants written into shared memory: ``{name: (region, offset, byte_size)}``."""
     found = {}
     for o in request.outputs:
+        if not o.parameters:
+            continue
         ref = _shm_ref(parameters(o.parameters), f"output '{o.name}'")
         if ref is not None:
             found[o.name] = ref
