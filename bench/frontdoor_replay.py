@@ -170,7 +170,7 @@ def h2corn_server(upstream: str, port: int, grpc_mode: bool) -> None:
             import grpc
 
             channel = grpc.aio.insecure_channel(upstream)
-        server = h2corn.Server(app, h2corn.Config(bind=(f"127.0.0.1:{port}",)))
+        server = h2corn.Server(app, h2corn.Config(bind=(f"127.0.0.1:{port}",), access_log=False))
         task = asyncio.ensure_future(server.serve())
         await server.wait_started()
         print("ready", flush=True)
