@@ -2,17 +2,21 @@
 
 One Triton model repository (``vs_triton_repo.py``: the ``TritonPythonModel`` ``add``, max_batch_size 64,
 preferred [16, 32, 64], delay 500 µs; ``big``, 4 MiB in and out) is served by Triton (``tritonserver`` from
-the pip wheels, see ``triton_side.py``) and then by ``zinfer serve --grpc --http`` (its front door), each
-measured by the same ``perf_analyzer`` binary (tritonclient 2.51's):
+the pip wheels, see ``triton_side.py``) and by ``zinfer serve --grpc --http`` (its front door), both up at
+once and measured in turns, Triton then zinfer within each step, by the same ``perf_analyzer`` binary
+(tritonclient 2.51's):
 
 * ``add`` at concurrency 32: throughput over gRPC and over HTTP;
 * ``add`` at concurrency 1: p50 latency over gRPC and over HTTP;
 * ``big`` (4 MiB) at concurrency 8 with ``--shared-memory system``: throughput over gRPC and over HTTP.
 
-Ratios, zinfer / Triton, against the issue's goals: gRPC and HTTP throughput at c32 >= 1.0, p50 at c1
-<= 1.2, big with system shared memory >= 1.5. A step that fails is recorded with its error. Every step is
-bounded (perf_analyzer's measurement windows and trials, a timeout per call); every server is stopped by
-its pid.
+Ratios, zinfer / Triton, against the goals of issue 33: HTTP throughput at c32 >= 1.0, gRPC >= 0.6, p50 at
+c1 <= 1.5 on both, big with system shared memory >= 1.5. Beside them, the door process's CPU per request at
+c32 (its CPU time over the requests perf_analyzer counted in the same step) against the native
+``AsyncClient``'s own CPU per request at 32 in flight on the same ``add`` (goal: at most 150 µs more). A
+step that fails is recorded with its error. Every step is bounded (perf_analyzer's measurement windows and
+trials, a timeout per call); every server is stopped by its pid. ``grpc_server`` in the results says which
+server the gRPC door ran on (pygrpc-native when the ``frontdoor-native`` extra is installed).
 
 Usage: ``.venv/bin/python bench/bench_frontdoor.py --triton-venv DIR [--quick] [--frontdoor-workers N]``.
 Without a Triton install (no ``--triton-venv``, or no Triton there) nothing can drive the load: perf_analyzer
@@ -23,6 +27,7 @@ Results: bench/results/bench_frontdoor.json (replaced by each run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import shutil
@@ -50,10 +55,10 @@ MODELS = ("add", "big")
 FULL = {"interval_ms": 3000}
 QUICK = {"interval_ms": 1000}
 GOALS = {  # (key, goal, "higher" or "lower" is better)
-    "grpc_c32_throughput": (1.0, "higher"),
+    "grpc_c32_throughput": (0.6, "higher"),
     "http_c32_throughput": (1.0, "higher"),
-    "grpc_c1_p50": (1.2, "lower"),
-    "http_c1_p50": (1.2, "lower"),
+    "grpc_c1_p50": (1.5, "lower"),
+    "http_c1_p50": (1.5, "lower"),
     "big_c8_shm_throughput": (1.5, "higher"),
     "big_c8_shm_http_throughput": (1.5, "higher"),
 }
@@ -74,6 +79,8 @@ class Target:
     name: str
     grpc: str
     http: str
+    door_pid: int | None = None  # zinfer's front-door process (its CPU is measured)
+    broker_url: str = ""
 
 
 def _free_port() -> int:
@@ -110,7 +117,9 @@ def perf_analyzer(
             ]  # fmt: skip
             for name, n in shapes.items():
                 cmd += ["--shape", f"{name}:{n}"]
+            cpu0, t0 = _cpu(target.door_pid), time.monotonic()
             run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, check=False)
+            cpu1, t1 = _cpu(target.door_pid), time.monotonic()
             if out.exists():
                 with open(out) as f:
                     row = next(csv.DictReader(f))
@@ -123,13 +132,83 @@ def perf_analyzer(
                     "server_queue_us": fig.get("Server Queue", 0.0),
                     "server_compute_infer_us": fig.get("Server Compute Infer", 0.0),
                     "stability_percentage": stability,
+                    **_cpu_per_request(cpu1 - cpu0, t1 - t0, fig["Inferences/Second"]),
                 }
             errors.append(f"({run.returncode}) {run.stdout[-1500:]}{run.stderr[-1500:]}")
     raise RuntimeError(f"perf_analyzer failed on {target.name} {protocol} {model}:\n" + "\n".join(errors))
 
 
-def measure(pa: Path, env: dict[str, str], target: Target, interval_ms: int) -> dict[str, Any]:
-    """Every step; one that fails is recorded with its error (and has no ratio), the others still run."""
+def _cpu(pid: int | None) -> float:
+    """User and system CPU seconds of process ``pid`` so far (0 when none)."""
+    if pid is None:
+        return 0.0
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(times.user + times.system)
+
+
+def _cpu_per_request(cpu_s: float, wall_s: float, per_s: float) -> dict[str, float]:
+    if cpu_s <= 0 or per_s <= 0:
+        return {}
+    return {"door_cpu_us_per_request": round(1e6 * cpu_s / (wall_s * per_s), 1)}
+
+
+NATIVE = """
+import asyncio, os, sys, time
+import numpy as np
+from zinfer.client import AsyncClient
+
+async def main(url, seconds):
+    async with AsyncClient(url) as client:
+        a = np.ones((1, 1), np.float32)
+        inputs = {"INPUT_A": a, "INPUT_B": a}
+        await client.infer("add", inputs)
+        done = 0
+        end = time.monotonic() + seconds
+        async def one():
+            nonlocal done
+            while time.monotonic() < end:
+                await client.infer("add", inputs)
+                done += 1
+        c0, t0 = time.process_time(), time.monotonic()
+        await asyncio.gather(*(one() for _ in range(32)))
+        c1, t1 = time.process_time(), time.monotonic()
+        print(done / (t1 - t0), 1e6 * (c1 - c0) / done)
+
+asyncio.run(main(sys.argv[1], float(sys.argv[2])))
+"""
+
+
+def native_client(url: str, seconds: float) -> dict[str, Any]:
+    """The native ``AsyncClient`` at 32 in flight on ``add``: its throughput and its own CPU per request."""
+    run = subprocess.run([sys.executable, "-c", NATIVE, url, str(seconds)], capture_output=True, text=True,
+                         timeout=seconds + 120, check=False)  # fmt: skip
+    try:
+        per_s, cpu_us = (float(x) for x in run.stdout.split())
+    except ValueError:
+        return {"error": (run.stdout + run.stderr)[-600:]}
+    return {"throughput_s": round(per_s, 1), "client_cpu_us_per_request": round(cpu_us, 1)}
+
+
+def door_cpu(zinfer: dict[str, Any], native: dict[str, Any]) -> dict[str, Any]:
+    """The door's CPU per request at c32 against the native client's (goal: at most 150 µs more)."""
+    out: dict[str, Any] = {}
+    base = native.get("client_cpu_us_per_request")
+    for step in ("grpc_c32", "http_c32"):
+        door = zinfer.get(step, {}).get("door_cpu_us_per_request")
+        if door is None or base is None:
+            continue
+        out[step] = {"door_us": door, "native_client_us": base, "extra_us": round(door - base, 1),
+                     "goal_extra_us": 150, "met": bool(door - base <= 150)}  # fmt: skip
+    return out
+
+
+def measure(pa: Path, env: dict[str, str], targets: list[Target], interval_ms: int) -> dict[str, Any]:
+    """Every step on every target, the targets one after the other within each step (both servers up, so
+    that a change in the shared machine's load falls on both sides of a ratio); one that fails is recorded
+    with its error (and has no ratio), the others still run. ``{target name: {step: figures}}``."""
     add = {"INPUT_A": 1, "INPUT_B": 1}
     big = {"INPUT0": vs_triton_repo.BIG_ELEMENTS}
     shm = ("--shared-memory", "system", "--output-shared-memory-size", str(4 << 20))
@@ -141,15 +220,15 @@ def measure(pa: Path, env: dict[str, str], target: Target, interval_ms: int) -> 
         "big_c8_shm": ("grpc", "big", 8, big, shm),
         "big_c8_shm_http": ("http", "big", 8, big, shm),
     }
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {t.name: {} for t in targets}
     for name, (protocol, model, concurrency, shapes, extra) in steps.items():
-        try:
-            out[name] = perf_analyzer(
-                pa, env, target, protocol, model, concurrency, shapes, interval_ms, extra
-            )
-        except (RuntimeError, subprocess.TimeoutExpired) as exc:
-            out[name] = {"error": str(exc)[-600:]}
-            print(f"{target.name} {name}: failed: {str(exc)[:300]}")
+        for target in targets:
+            try:
+                fig = perf_analyzer(pa, env, target, protocol, model, concurrency, shapes, interval_ms, extra)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                fig = {"error": str(exc)[-600:]}
+                print(f"{target.name} {name}: failed: {str(exc)[:300]}")
+            out[target.name][name] = fig
     return out
 
 
@@ -180,7 +259,10 @@ def zinfer_front_door(repository: Path, workers: int) -> Iterator[Target]:
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError(f"the front door did not get ready:\n{log_path.read_text()[-2000:]}")
             time.sleep(0.1)
-        yield Target("zinfer", grpc, http)
+        doors = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                 if "zinfer.frontdoor.process" in " ".join(p.cmdline())]  # fmt: skip
+        yield Target("zinfer", grpc, http, doors[0].pid if len(doors) == 1 else None,
+                     f"ipc://{tmp / 'rt' / 'zinfer.sock'}")  # fmt: skip
     finally:
         if proc is not None:
             _stop(proc)
@@ -220,6 +302,15 @@ def report(triton: dict[str, Any] | None, zinfer: dict[str, Any], r: dict[str, A
         print(f"{label:26} {zs} {ts} {r[key]['ratio']:8.3f}  {sign} {goal} {mark}")
 
 
+def _grpc_server() -> str:
+    """Which server the gRPC door ran on (frontdoor/grpc_server.py's choice in this environment)."""
+    try:
+        from zinfer.frontdoor.grpc_server import use_native
+    except ImportError:
+        return "unknown"
+    return "pygrpc-native" if use_native(False) else "grpcio"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -248,24 +339,36 @@ def main() -> int:
         env = triton_side._environment(install, env_dir)
         with tempfile.TemporaryDirectory(prefix="zfd-repo-") as tmp:
             repo = vs_triton_repo.write(Path(tmp) / "models", zinfer_only=False)
-            triton = None
-            if triton_side.find(args.triton_venv) is not None:
-                with triton_side.serve(install, repo, MODELS) as s:
-                    triton = measure(pa, env, Target("triton", s.grpc, s.http), int(p["interval_ms"]))
-            else:
-                print("no tritonserver in --triton-venv: zinfer's half only, no ratios")
-            with zinfer_front_door(repo, args.frontdoor_workers) as target:
-                zinfer = measure(pa, env, target, int(p["interval_ms"]))
+            with contextlib.ExitStack() as stack:
+                targets = []
+                if triton_side.find(args.triton_venv) is not None:
+                    s = stack.enter_context(triton_side.serve(install, repo, MODELS))
+                    targets.append(Target("triton", s.grpc, s.http))
+                else:
+                    print("no tritonserver in --triton-venv: zinfer's half only, no ratios")
+                target = stack.enter_context(zinfer_front_door(repo, args.frontdoor_workers))
+                figures = measure(pa, env, [*targets, target], int(p["interval_ms"]))
+                native = native_client(target.broker_url, 3.0 if args.quick else 6.0)
+            triton, zinfer = figures.get("triton"), figures["zinfer"]
     finally:
         shutil.rmtree(env_dir, ignore_errors=True)
     r = ratios(triton, zinfer)
     report(triton, zinfer, r)
+    cpu = door_cpu(zinfer, native)
+    for step, fig in cpu.items():
+        mark = "met" if fig["met"] else "MISSED"
+        door, base, extra = fig["door_us"], fig["native_client_us"], fig["extra_us"]
+        print(f"{step} door CPU {door:.0f} us/request, native AsyncClient {base:.0f} us: +{extra:.0f} us "
+              f"(goal <= +150) {mark}")  # fmt: skip
     result = {
         "machine": machine(),
         "params": {**p, "frontdoor_workers": args.frontdoor_workers, "quick": args.quick},
         "triton": triton,
         "zinfer": zinfer,
         "ratios": r,
+        "native_client_c32": native,
+        "door_cpu": cpu,
+        "grpc_server": _grpc_server(),
         "note": None if triton else "zinfer's half only: no tritonserver in --triton-venv",
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -2,15 +2,17 @@
 Triton 2.51 and zinfer's door, all measured by perf_analyzer in one run.
 
 ``frontdoor_replay.py`` answers perf_analyzer's ``add`` infers with bytes recorded from zinfer's door (no
-decoding, no broker, no model) on grpcio's asyncio server (zinfer's door), the same on uvloop, grpcio's
+decoding, no broker, no model) on grpcio's asyncio server (zinfer's door), the same on uvloop, pygrpc-native's
+grpc.aio-compatible server (HTTP/2 and gRPC in Rust, ``pip install pygrpc-native``), grpcio's
 thread-pool server, aiohttp's low-level server (zinfer's door) and a bare asyncio protocol around httptools.
 Each is measured at concurrency 32 (throughput) and 1 (p50), as ``bench_frontdoor.py`` measures the door.
 The ratio of each to Triton says how far the issue's goals (gRPC and HTTP at c32 >= 1.0x Triton, c1 p50 <=
 1.2x) can be reached by a door on that stack at all, on this machine: a replay is an upper bound, the door
 does strictly more (decode, the broker's hop, the model, encode) on the same cores.
 
-Usage: ``.venv/bin/python bench/bench_frontdoor_ceiling.py --triton-venv DIR [--quick]``. Stacks whose
-library is not installed (uvloop, httptools: ``pip install uvloop httptools``) are skipped and said so.
+Usage: ``.venv/bin/python bench/bench_frontdoor_ceiling.py --triton-venv DIR [--quick] [--kinds K,...]``.
+Stacks whose library is not installed (uvloop, httptools: ``pip install uvloop httptools``) are
+skipped and said so.
 Results: bench/results/bench_frontdoor_ceiling.json (replaced by each run).
 """
 
@@ -39,6 +41,9 @@ ADD = {"INPUT_A": 1, "INPUT_B": 1}
 STACKS = {  # kind -> (protocol, library it needs beyond the front door's)
     "grpc-aio": ("grpc", None),
     "grpc-aio-uvloop": ("grpc", "uvloop"),
+    "grpc-native-aio": ("grpc", "pygrpc_native"),
+    "grpc-h2corn": ("grpc", "h2corn"),
+    "h2corn": ("http", "h2corn"),
     "grpc-sync-2": ("grpc", None),
     "grpc-sync-16": ("grpc", None),
     "aiohttp": ("http", None),
@@ -114,7 +119,12 @@ def main() -> int:
         help="venv with nvidia-pytriton 0.7.0 and tritonclient[all] 2.51",
     )
     ap.add_argument("--quick", action="store_true", help="1 s measurement windows instead of 2 s")
+    ap.add_argument("--kinds", help=f"only these stacks, comma-separated (of {', '.join(STACKS)})")
     args = ap.parse_args()
+    kinds = args.kinds.split(",") if args.kinds else list(STACKS)
+    if unknown := [k for k in kinds if k not in STACKS]:
+        print(f"unknown stacks: {', '.join(unknown)}")
+        return 2
     pa = args.triton_venv / "bin" / "perf_analyzer"
     if not pa.exists():
         print("no perf_analyzer in --triton-venv (tritonclient 2.51's wheel): nothing to measure with")
@@ -139,7 +149,8 @@ def main() -> int:
                 print("no tritonserver in --triton-venv: no ratios")
             with zinfer_front_door(repo, 1) as door:
                 rows["zinfer door"] = steps(pa, env, door, ("grpc", "http"), ms)
-                for kind, (_, library) in STACKS.items():
+                for kind in kinds:
+                    library = STACKS[kind][1]
                     missing = [m for m in ("uvloop",) * kind.endswith("-uvloop") + (library or "",) if m]
                     missing = [m for m in missing if importlib.util.find_spec(m) is None]
                     if missing:

@@ -9,7 +9,9 @@ still). What perf_analyzer measures against this is the ceiling of the server li
 built on it can go faster.
 
 KIND is one of ``grpc-aio`` (grpcio's asyncio server, as zinfer's door), ``grpc-aio-uvloop`` (the same on
-uvloop's event loop), ``grpc-sync-N`` (grpcio's thread-pool server with N threads), ``aiohttp`` (aiohttp's
+uvloop's event loop), ``grpc-native-aio`` (pygrpc-native's grpc.aio-compatible server, its HTTP/2 in
+Rust), ``grpc-h2corn`` and ``h2corn`` (h2corn's Rust HTTP/2 and HTTP/1.1 server under an ASGI
+application), ``grpc-sync-N`` (grpcio's thread-pool server with N threads), ``aiohttp`` (aiohttp's
 low-level server, as zinfer's door), ``httptools`` (an asyncio protocol around the httptools parser;
 keep-alive HTTP/1.1 only, enough for perf_analyzer). Prints ``ready`` once listening; runs until killed.
 """
@@ -70,6 +72,109 @@ def grpc_aio(upstream: str, port: int) -> None:
         await server.start()
         print("ready", flush=True)
         await server.wait_for_termination()
+
+    asyncio.run(main())
+
+
+def grpc_native_aio(upstream: str, port: int) -> None:
+    """pygrpc-native's grpc.aio-compatible server (HTTP/2 and gRPC framing in Rust, outside the GIL): the
+    infer method registered by name, as grpcio-tools' generated code registers it (a generic handler would
+    go to its grpcio fallback server)."""
+    import grpc
+    import pygrpc_native.aio
+
+    async def main() -> None:
+        channel = grpc.aio.insecure_channel(upstream)
+        record: dict[tuple[str, bytes], bytes] = {}
+        count = _Count()
+        service = "inference.GRPCInferenceService"
+
+        def handler(name: str) -> Any:
+            method = f"/{service}/{name}"
+            infer = name == "ModelInfer"
+
+            async def answer(request: bytes, context: Any) -> bytes:
+                key = _record_key(method, request, infer)
+                reply = record.get(key)
+                if reply is None or not infer:
+                    reply = record[key] = await channel.unary_unary(method)(request)
+                elif count.forward_now():
+                    asyncio.ensure_future(channel.unary_unary(method)(request))
+                return reply
+
+            return grpc.unary_unary_rpc_method_handler(answer)
+
+        names = ("ModelInfer", "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
+                 "ModelConfig", "ModelStatistics", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
+                 "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus")  # fmt: skip
+        server = pygrpc_native.aio.server()
+        server.add_registered_method_handlers(service, {n: handler(n) for n in names})
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        print("ready", flush=True)
+        await server.wait_for_termination()
+
+    asyncio.run(main())
+
+
+def h2corn_server(upstream: str, port: int, grpc_mode: bool) -> None:
+    """h2corn (HTTP/1.1 and h2c in Rust, an ASGI application in Python): for gRPC, each recorded reply framed
+    as gRPC frames it (a flag byte, a 4-byte length) with ``grpc-status: 0`` in the trailers."""
+    import h2corn
+
+    channel: Any = None
+    record: dict[tuple[str, str, bytes], tuple[int, list[tuple[bytes, bytes]], bytes]] = {}
+    count = _Count()
+
+    async def forward(method: str, path: str, headers: dict[str, str], body: bytes) -> Any:
+        if grpc_mode:
+            message = await channel.unary_unary(path)(body[5:])
+            return 200, [(b"content-type", b"application/grpc")], message
+        loop = asyncio.get_running_loop()
+        status, got, reply = await loop.run_in_executor(None, _fetch, upstream, method, path, headers, body)
+        return status, [(k.lower().encode(), v.encode()) for k, v in got.items()], reply
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        chunks = []
+        while True:
+            event = await receive()
+            chunks.append(event.get("body", b""))
+            if not event.get("more_body"):
+                break
+        body, method, path = b"".join(chunks), scope["method"], scope["path"]
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"] if k.decode().lower() in KEEP}
+        infer = path.endswith(("/infer", "/ModelInfer"))
+        key = (method, path, b"" if infer else body)
+        hit = record.get(key)
+        if hit is None or path.endswith(("/stats", "/ModelStatistics")):
+            hit = record[key] = await forward(method, path, headers, body)
+        elif infer and count.forward_now():
+            asyncio.ensure_future(forward(method, path, headers, body))
+        status, reply_headers, reply = hit
+        if grpc_mode:
+            framed = b"\x00" + len(reply).to_bytes(4, "big") + reply
+            start = {"type": "http.response.start", "status": 200, "headers": reply_headers, "trailers": True}
+            await send(start)
+            await send({"type": "http.response.body", "body": framed})
+            await send({"type": "http.response.trailers", "headers": [(b"grpc-status", b"0")]})
+            return
+        reply_headers = [*reply_headers, (b"content-length", str(len(reply)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": reply_headers})
+        await send({"type": "http.response.body", "body": reply})
+
+    async def main() -> None:
+        nonlocal channel
+        if grpc_mode:
+            import grpc
+
+            channel = grpc.aio.insecure_channel(upstream)
+        server = h2corn.Server(app, h2corn.Config(bind=(f"127.0.0.1:{port}",), access_log=False))
+        task = asyncio.ensure_future(server.serve())
+        await server.wait_started()
+        print("ready", flush=True)
+        await task
 
     asyncio.run(main())
 
@@ -208,6 +313,10 @@ def main(argv: list[str]) -> None:
         kind = kind.removesuffix("-uvloop")
     if kind == "grpc-aio":
         grpc_aio(upstream, port)
+    elif kind == "grpc-native-aio":
+        grpc_native_aio(upstream, port)
+    elif kind in ("grpc-h2corn", "h2corn"):
+        h2corn_server(upstream, port, kind == "grpc-h2corn")
     elif kind.startswith("grpc-sync-"):
         grpc_sync(upstream, port, int(kind.removeprefix("grpc-sync-")))
     elif kind == "aiohttp":

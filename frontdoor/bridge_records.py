@@ -8,18 +8,19 @@ ready version); tensor data is a NumPy array (an object array of ``bytes`` for `
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import numpy.typing as npt
 
+NONE: Mapping[str, Any] = MappingProxyType({})
 
-def _empty() -> Mapping[str, Any]:
-    return {}
+# Tensor, InferCall and InferReply are made for every request, several times over: named tuples, as the
+# wire records of ``zinfer.client.protocol`` (several times cheaper to build than frozen dataclasses).
 
 
-@dataclass(frozen=True)
-class Tensor:
+class Tensor(NamedTuple):
     """One input or output: ``data`` has ``shape`` and the NumPy dtype of ``datatype``."""
 
     name: str
@@ -93,8 +94,7 @@ class RepositoryModel:
     reason: str
 
 
-@dataclass(frozen=True)
-class InferCall:
+class InferCall(NamedTuple):
     """One inference request. ``outputs`` names the outputs wanted (empty: all of them); ``timeout_us``
     0 means the model's default; ``sequence_id`` 0 or ``""`` means no sequence."""
 
@@ -108,14 +108,13 @@ class InferCall:
     sequence_id: int | str = 0
     sequence_start: bool = False
     sequence_end: bool = False
-    parameters: Mapping[str, Any] = field(default_factory=_empty)  # the other parameters, for the layers
+    parameters: Mapping[str, Any] = NONE  # the request's parameters (the model's, and the door's own)
     # outputs asked for as their top classes (Triton's classification extension): {output: class count}
-    class_counts: Mapping[str, int] = field(default_factory=_empty)
+    class_counts: Mapping[str, int] = NONE
     traceparent: str = ""  # the caller's W3C trace context (header or metadata), for the server's trace
 
 
-@dataclass(frozen=True)
-class InferReply:
+class InferReply(NamedTuple):
     """One response: the only one of a plain model, or one of a decoupled model's stream (``final`` marks
     the last; a decoupled model's final response may hold no outputs)."""
 
@@ -124,7 +123,7 @@ class InferReply:
     request_id: str
     outputs: tuple[Tensor, ...]
     final: bool = True
-    parameters: Mapping[str, Any] = field(default_factory=_empty)  # the response's (a Triton model's)
+    parameters: Mapping[str, Any] = NONE  # the response's (a Triton model's)
     trace: str = ""  # the broker traced the request: its trace's token (``door_trace``)
 
     def output(self, name: str) -> Tensor | None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -183,4 +182,4 @@ async def classify_reply(
             outputs.append(await asyncio.to_thread(top_k, t, n, batched, labels))
         else:
             outputs.append(top_k(t, n, batched, labels))
-    return replace(reply, outputs=tuple(outputs))
+    return reply._replace(outputs=tuple(outputs))

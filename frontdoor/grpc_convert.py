@@ -55,15 +55,19 @@ Alloc = Callable[[tuple[int, ...], np.dtype[Any]], npt.NDArray[Any]]
 # ---------------------------------------------------------------------------------------- parameters
 
 
-def parameter(p: service_pb2.InferParameter) -> bool | int | float | str:
+Param = bool | int | float | str | bytes
+"""A parameter's value (``bytes_param``'s only in a load's ``file:`` overrides)."""
+
+
+def parameter(p: service_pb2.InferParameter) -> Param:
     kind = p.WhichOneof("parameter_choice")
     if kind is None:
         return ""
-    value: bool | int | float | str = getattr(p, kind)
+    value: Param = getattr(p, kind)
     return value
 
 
-def parameters(entries: Mapping[str, service_pb2.InferParameter]) -> dict[str, bool | int | float | str]:
+def parameters(entries: Mapping[str, service_pb2.InferParameter]) -> dict[str, Param]:
     return {k: parameter(v) for k, v in entries.items()}
 
 
@@ -169,6 +173,11 @@ def infer_call(
     if not model:
         raise InvalidArgument("the request names no model")
     params = parameters(request.parameters)
+    for key, value in params.items():
+        if isinstance(value, bytes):  # InferParameter's bytes_param: nothing a model's parameters can hold
+            raise InvalidArgument(
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
+            )
     raw = list(request.raw_input_contents)
     used_raw = 0
     inputs = []
@@ -180,7 +189,7 @@ def infer_call(
         if t.datatype not in dtypes.WIRE_TYPES:
             raise InvalidArgument(f"input '{t.name}' has an unknown data type {t.datatype!r}")
         shape = _shape(t.name, t.shape)
-        ref = _shm_ref(parameters(t.parameters), f"input '{t.name}'")
+        ref = _shm_ref(parameters(t.parameters), f"input '{t.name}'") if t.parameters else None
         data: npt.NDArray[Any]
         if ref is not None:
             if shm is None:
@@ -207,7 +216,7 @@ def infer_call(
     outputs = []
     class_counts: dict[str, int] = {}
     for o in request.outputs:
-        oparams = parameters(o.parameters)
+        oparams = parameters(o.parameters) if o.parameters else {}
         if "classification" in oparams:
             count = parse_class_count(oparams["classification"], o.name)
             if count and "shared_memory_region" in oparams:
@@ -235,6 +244,8 @@ def output_regions(request: service_pb2.ModelInferRequest) -> dict[str, tuple[st
     """The outputs the request wants written into shared memory: ``{name: (region, offset, byte_size)}``."""
     found = {}
     for o in request.outputs:
+        if not o.parameters:
+            continue
         ref = _shm_ref(parameters(o.parameters), f"output '{o.name}'")
         if ref is not None:
             found[o.name] = ref

@@ -1,7 +1,18 @@
 """The grpc.aio server of a front-door process: bound with SO_REUSEPORT (every front-door process on the
-same port), TLS when given, message sizes bounded by ``--max-tensor-bytes``."""
+same port), TLS when given, message sizes bounded by ``--max-tensor-bytes``.
+
+With the ``frontdoor-native`` extra (pygrpc-native) installed, an insecure port is served by its
+grpc.aio-compatible server, whose HTTP/2 and gRPC framing run in Rust outside the GIL: the same servicer,
+the same statuses and texts, unary calls (every one but ModelStreamInfer) answered natively, the stream by a
+grpcio server behind it on a Unix socket. TLS stays on grpcio. ``ZINFER_GRPC_SERVER=grpcio`` keeps grpcio
+regardless (``native`` insists on pygrpc-native: an error when it is missing)."""
 
 from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2_grpc
@@ -12,7 +23,31 @@ from zinfer.client.errors import ConfigError
 from .door import FrontDoor
 from .grpc_service import InferenceService
 
-__all__ = ["start_grpc"]
+__all__ = ["SERVER_ENV", "start_grpc", "use_native"]
+
+log = logging.getLogger(__name__)
+
+SERVER_ENV = "ZINFER_GRPC_SERVER"
+
+
+def use_native(tls: bool) -> bool:
+    """Whether the gRPC door runs on pygrpc-native: installed, asked for or not refused, and no TLS."""
+    choice = os.environ.get(SERVER_ENV, "").strip().lower()
+    if choice not in ("", "grpcio", "native"):
+        raise ConfigError(f"{SERVER_ENV} must be 'grpcio' or 'native', got {choice!r}")
+    if choice == "grpcio" or tls:
+        return False
+    found = importlib.util.find_spec("pygrpc_native") is not None
+    if choice == "native" and not found:
+        hint = "pip install 'zinfer[frontdoor-native]'"
+        raise ConfigError(f"{SERVER_ENV}=native but pygrpc-native is not installed: {hint}")
+    return found
+
+
+def _server(options: list[tuple[str, Any]], native: bool) -> Any:
+    if native:  # an optional extra: imported by name, so the door types check without it installed
+        return importlib.import_module("pygrpc_native.aio").server(options=options)
+    return grpc.aio.server(options=options)
 
 
 def _credentials(door: FrontDoor) -> grpc.ServerCredentials | None:
@@ -28,20 +63,20 @@ def _credentials(door: FrontDoor) -> grpc.ServerCredentials | None:
     )
 
 
-async def start_grpc(door: FrontDoor, address: str) -> grpc.aio.Server:
+async def start_grpc(door: FrontDoor, address: str) -> Any:
     """Start serving ``inference.GRPCInferenceService`` on ``address``; returns the running server."""
     o = door.options
     problem = listen_problem(address, o.tls, o.insecure_remote)
     if problem is not None:
         raise ConfigError(problem)
     limit = o.message_limit
-    server = grpc.aio.server(
-        options=[
-            ("grpc.so_reuseport", 1),
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
-        ]
-    )
+    options: list[tuple[str, Any]] = [
+        ("grpc.so_reuseport", 1),
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", limit),
+    ]
+    native = use_native(o.tls)
+    server = _server(options, native)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(door), server)
     credentials = _credentials(door)
     if credentials is None:
@@ -51,4 +86,5 @@ async def start_grpc(door: FrontDoor, address: str) -> grpc.aio.Server:
     if port == 0:
         raise ConfigError(f"cannot listen on {address}")
     await server.start()
+    log.info("event=grpc_server address=%s server=%s", address, "pygrpc-native" if native else "grpcio")
     return server

@@ -9,7 +9,6 @@ offers instead.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import time
@@ -50,8 +49,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     def _shm(self, context: Any) -> CallerShm:
         """The system shared memory registry as this call's peer sees it (its uid looked up when first
         needed: a call that names no region never looks)."""
-        peer = str(context.peer())
-        return self.door.shm.caller(uid_of=lambda: grpc_peer_uid(peer, self.door.options.grpc))
+        return self.door.shm.caller(uid_of=lambda: grpc_peer_uid(str(context.peer()), self.door.options.grpc))
 
     async def _answer(
         self, context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[T]]
@@ -177,7 +175,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         alloc = self.bridge.empty if self.bridge.uses_shm else None
         call = convert.infer_call(request, shm, alloc)
         if traceparent:  # the caller's W3C trace context, from the call's metadata
-            call = dataclasses.replace(call, traceparent=traceparent)
+            call = call._replace(traceparent=traceparent)
         return call, convert.output_regions(request)
 
     async def ModelStreamInfer(

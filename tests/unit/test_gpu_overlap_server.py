@@ -36,7 +36,7 @@ def _report():
     with open(path, "w") as f:
         devices = fake_cupy.calls("device")
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        # the process's own command line: the worker empties sys.argv before model code runs (as Triton's stub)
+        # the process's own command line: the worker empties sys.argv before model code runs
         with open("/proc/self/cmdline", "rb") as cmd:
             argv = [a.decode() for a in cmd.read().split(bytes(1)) if a]
         json.dump({"argv": argv, "hazards": fake_cupy.HAZARDS, "sets": sets, "visible": visible,

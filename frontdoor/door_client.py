@@ -1,0 +1,141 @@
+"""The bridge's connection to the broker: an ``AsyncClient`` whose inference takes the door's call as it is.
+
+``infer_call`` turns an ``InferCall`` straight into zinfer's wire request (``protocol.infer_to_wire`` of an
+``InferRequest`` whose tensors name the call's own buffers as frames, or their arena slots), and the reply's
+frames and slots straight into the reply's tensors (zero-copy arrays over them): no dict of arrays, no
+``InferResult``, no second pass over the outputs. The rest (the model's metadata cache, the arena, slots
+held for a late reply, cancel on timeout, registering regions again after a broker restart) is the client's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from zinfer.client import AsyncClient, dtypes, protocol
+from zinfer.client.arena import Slot
+from zinfer.client.base import _ModelInfo, _Prepared
+from zinfer.client.errors import ProtocolError, Status, from_status
+from zinfer.client.protocol import TRACE_ID, Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef
+from zinfer.client.request_parameters import sequence_parameters, user_parameters
+
+from .bridge_records import InferCall, InferReply, Tensor
+
+__all__ = ["DoorClient"]
+
+
+class DoorClient(AsyncClient):
+    async def infer_call(
+        self, call: InferCall, version: int, parameters: Mapping[str, Any] | None, wait: float
+    ) -> InferReply:
+        """Run ``call`` (its model's ``version``, 0 the newest) with ``parameters`` (the model's, and the
+        trace context); ``wait`` bounds the wait for the reply."""
+        info = await self._model_info(call.model, version)
+        p = self._prepare_call(info, call, parameters)
+        try:
+            await self._register_new()
+            reply, rframes = await self._exchange(p, wait)
+            if self._unknown_region(reply):
+                await self._register_all()
+                reply, rframes = await self._exchange(p, wait)
+        except BaseException as exc:
+            self._abandon(p, exc)
+            raise
+        return self._reply_of(p, reply, rframes, call.request_id)
+
+    def _prepare_call(
+        self, info: _ModelInfo, call: InferCall, parameters: Mapping[str, Any] | None
+    ) -> _Prepared:
+        slots: list[Slot] = []
+        frames: list[Frame] = []
+        keep: list[Any] = []
+        refs: list[TensorRef] = []
+        out_slots: dict[str, Slot] = {}
+        outputs: list[OutputRequest] = []
+        use_shm = self._use_shm
+        try:
+            batch, input_bytes = 1, 0
+            for i, t in enumerate(call.inputs):
+                arr = t.data
+                if i == 0 and t.shape:
+                    batch = t.shape[0]
+                in_arena = use_shm and self._owned and t.datatype != dtypes.BYTES
+                owned = self._owned_ref(arr) if in_arena else None
+                if owned is not None:  # read into the arena by the door (shared memory): sent where it is
+                    refs.append(TensorRef(t.name, t.datatype, t.shape, owned))
+                    keep.append(arr)
+                    input_bytes += owned.nbytes
+                    continue
+                data = _raw(t)
+                nbytes = data.nbytes
+                if use_shm and nbytes > self.inline_threshold:
+                    slot = self._arena_get().alloc(nbytes)
+                    slots.append(slot)
+                    np.frombuffer(slot.view(), dtype=np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
+                    where = ShmRef(slot.region, slot.offset, nbytes)
+                    refs.append(TensorRef(t.name, t.datatype, t.shape, where))
+                    input_bytes += nbytes
+                else:
+                    frames.append(data)
+                    refs.append(TensorRef(t.name, t.datatype, t.shape, None, len(frames) - 1))
+            names = call.outputs
+            wanted = info.outputs if not names else tuple(self._output_spec(info, n) for n in names)
+            for spec in wanted:
+                size = self._output_capacity(spec, batch, info, input_bytes) if use_shm else None
+                if size is None or size <= self.inline_threshold:
+                    outputs.append(OutputRequest(spec.name))
+                    continue
+                slot = self._arena_get().alloc(size)
+                slots.append(slot)
+                out_slots[spec.name] = slot
+                outputs.append(OutputRequest(spec.name, ShmRef(slot.region, slot.offset, size)))
+        except BaseException:
+            self._free(slots)
+            raise
+        sequence = sequence_parameters(call.sequence_id, call.sequence_start, call.sequence_end)
+        params = {**user_parameters(parameters), **sequence}
+        request = InferRequest(
+            "", info.name, info.version, tuple(refs), tuple(outputs), call.priority, call.timeout_us,
+            params, call.request_id,
+        )  # fmt: skip
+        header = protocol.infer_to_wire(request)
+        return _Prepared(header, frames, slots, out_slots, call.request_id, keep=keep)
+
+    def _reply_of(self, p: _Prepared, reply: Reply, frames: list[Frame], request_id: str) -> InferReply:
+        """The reply's outputs as tensors over its frames and slots; frees the input slots."""
+        outs = p.out_slots
+        if reply.status != Status.OK:
+            self._free(p.slots)
+            raise from_status(reply.status, reply.error)
+        used: set[str] = set()
+        body = reply.body
+        try:
+            if not isinstance(body, dict):
+                raise ProtocolError("malformed infer reply")
+            tensors = []
+            for d in body.get("outputs", []):
+                ref = protocol.tensor_from_wire(d)
+                data = self._output_array(ref, frames, outs, used)
+                tensors.append(Tensor(ref.name, ref.datatype, ref.shape, data))
+        finally:  # the input slots, and the output slots no array holds (an array frees its own)
+            out_ids = {id(s) for s in outs.values()}
+            unused = [s for n, s in outs.items() if n not in used]
+            self._free([s for s in p.slots if id(s) not in out_ids] + unused)
+        params = body.get("parameters")
+        params = dict(params) if isinstance(params, dict) else {}
+        trace = params.pop(TRACE_ID, "") if params else ""  # the broker traced it: the door adds its stamps
+        return InferReply(
+            str(body.get("model", "")), str(body.get("version", 0)), request_id, tuple(tensors), True,
+            params, str(trace),
+        )  # fmt: skip
+
+
+def _raw(t: Tensor) -> memoryview:
+    """A tensor's bytes as the wire carries them (BYTES: Triton's length-prefixed items)."""
+    if t.datatype == dtypes.BYTES:
+        return memoryview(dtypes.serialize_bytes(t.data))
+    arr: npt.NDArray[Any] = t.data if t.data.flags.c_contiguous else np.ascontiguousarray(t.data)
+    return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
