@@ -5,6 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import asyncio
+import threading
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -20,9 +25,18 @@ from zinfer.workers.kernels import AddKernel
 from zinfer.workers.model import RequestInputs, RequestModel
 from zinfer.workers.model import RequestResult as ModelResult
 from zinfer.workers.regions import RegionCache
-from zinfer.workers.runners import DenseRunner, Reply, RequestRunner, StreamRunner, runner_for
+from zinfer.workers import triton_python_backend_utils as pb
+from zinfer.workers.runners import (
+    DenseRunner,
+    Reply,
+    RequestRunner,
+    SideRequestRunner,
+    StreamRunner,
+    runner_for,
+)
 from zinfer.workers.runtime import WorkerRuntime
 from zinfer.workers.side_work import SideWork
+from zinfer.workers.triton_model import TritonModel
 
 CONFIG = parse_model_config(
     """
@@ -133,3 +147,63 @@ def test_a_server_error_that_escapes_the_runner_reaches_its_requests_as_it_is() 
         raise InvalidArgument("shared-memory region is no longer registered")
     (entry,) = sent.results[0].results
     assert entry.status == Status.INVALID_ARGUMENT and "no longer registered" in entry.error
+
+
+class AsyncAdd:
+    """A Triton-style model whose ``async def execute`` returns its responses (not decoupled): each batch
+    waits until ``go`` is set; A < 0 raises."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.running = 0
+        self.most = 0
+
+    async def execute(self, requests: list[Any]) -> list[Any]:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            while not self.go.is_set():
+                await asyncio.sleep(0.005)
+            out = []
+            for r in requests:
+                a = pb.get_input_tensor_by_name(r, "A").as_numpy()
+                if a.min() < 0:
+                    raise ValueError("A cannot be negative")
+                b = pb.get_input_tensor_by_name(r, "B").as_numpy()
+                out.append(pb.InferenceResponse([pb.Tensor("S", a + b)]))
+            return out
+        finally:
+            self.running -= 1
+
+
+def test_async_batches_that_return_responses_run_side_by_side_and_each_is_answered_alone() -> None:
+    runtime = WorkerRuntime()
+    side = SideWork(runtime)
+    model = AsyncAdd()
+    triton = TritonModel(model, Path("/nonexistent/m/1"), CONFIG, threads=runtime.threads)
+    runner = runner_for(triton, SIG, RegionCache(), CPU, None, runtime, side)
+    assert isinstance(runner, SideRequestRunner)
+    reqs, frames = _requests(3)
+    frames[4] = np.full((1, 2), -1, np.float32).tobytes()  # request 2's A: the model raises for it
+    sent = Sent()
+    try:
+        for batch, req in enumerate(reqs, start=1):  # three EXECUTEs, one request each
+            with Reply(batch, [req], sent) as reply:
+                reply.outcome = runner.run(batch, False, [req], frames, reply)
+        assert sent.results == [] and sorted(side.runs) == [1, 2, 3]  # all three run on, none answered
+        deadline = time.monotonic() + 10
+        while model.most < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert model.most == 3  # their coroutines run at once
+        model.go.set()
+        while len(sent.results) < 3 and time.monotonic() < deadline:
+            side.tend(lambda *_: None, sent)
+            time.sleep(0.005)
+    finally:
+        runtime.close()
+    by_batch = {r.batch: r.results for r in sent.results}
+    assert sorted(by_batch) == [1, 2, 3] and not side.runs
+    assert [[e.id for e in by_batch[b]] for b in (1, 2, 3)] == [[0], [1], [2]]  # one RESULT per EXECUTE
+    assert by_batch[1][0].status == by_batch[2][0].status == Status.OK
+    (failed,) = by_batch[3]
+    assert failed.status == Status.INTERNAL and "ValueError: A cannot be negative" in failed.error
