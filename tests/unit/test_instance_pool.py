@@ -130,7 +130,8 @@ def test_places_and_readiness(
     assert state.instances == instances
     assert pool.started(state) is started
     # a place past the second: the instance runs batches side by side, its scheduler forms no runs
-    further = [ok for (op, *args), ok in zip(steps, answers, strict=True) if op == "second" and args[1:] > [2]]
+    steps_ok = zip(steps, answers, strict=True)
+    further = [ok for (op, *args), ok in steps_ok if op == "second" and args[1:] > [2]]
     assert state.scheduler.side_by_side is any(further)
 
 

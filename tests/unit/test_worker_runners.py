@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import asyncio
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ from zinfer.client.protocol import Frame, OutputRequest, TensorRef
 from zinfer.client.worker_protocol import RequestResult, WorkerResult
 from zinfer.modelconfig.model_config import parse_model_config
 from zinfer.modelconfig.signature import Signature
+from zinfer.workers import triton_python_backend_utils as pb
 from zinfer.workers.batch import BatchRequest
 from zinfer.workers.batch_io import BatchOutcome, ok_result
 from zinfer.workers.device import CPU
@@ -25,7 +25,6 @@ from zinfer.workers.kernels import AddKernel
 from zinfer.workers.model import RequestInputs, RequestModel
 from zinfer.workers.model import RequestResult as ModelResult
 from zinfer.workers.regions import RegionCache
-from zinfer.workers import triton_python_backend_utils as pb
 from zinfer.workers.runners import (
     DenseRunner,
     Reply,
