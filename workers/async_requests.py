@@ -70,6 +70,13 @@ class AsyncRequestRun:
             self.regions.use_table(self.table)
             try:
                 answer_all(self.sig, self.runnable, call.results, self.regions, self.device, self.states, out)
+            except Exception as exc:  # still one answer for each request: none is left without one
+                log.error("event=batch_failed model=%s error=%r", self.sig.name, exc, exc_info=exc)
+                answered = {r.id for r in out.results}
+                failure = InternalError(f"could not write the outputs: {type(exc).__name__}: {exc}")
+                out.results.extend(
+                    error_result(o.req.id, failure) for o in self.runnable if o.req.id not in answered
+                )
             finally:
                 self.regions.use_table(previous)
         t3 = time.perf_counter_ns()

@@ -206,3 +206,39 @@ def test_async_batches_that_return_responses_run_side_by_side_and_each_is_answer
     assert by_batch[1][0].status == by_batch[2][0].status == Status.OK
     (failed,) = by_batch[3]
     assert failed.status == Status.INTERNAL and "ValueError: A cannot be negative" in failed.error
+
+
+class UntilCancelled:
+    async def execute(self, requests: list[Any]) -> list[Any]:
+        while not all(r.is_cancelled() for r in requests):
+            await asyncio.sleep(0.005)
+        error = pb.TritonError("cancelled", pb.TritonError.CANCELLED)
+        return [pb.InferenceResponse(error=error) for _ in requests]
+
+
+def test_a_cancel_reaches_an_async_batch_running_beside_the_next() -> None:
+    runtime = WorkerRuntime()
+    side = SideWork(runtime)
+    triton = TritonModel(UntilCancelled(), Path("/nonexistent/m/1"), CONFIG, threads=runtime.threads)
+    runner = runner_for(triton, SIG, RegionCache(), CPU, None, runtime, side)
+    reqs, frames = _requests(2)
+    sent = Sent()
+    try:
+        for batch, req in enumerate(reqs, start=1):  # as the worker runs each EXECUTE
+            runtime.cancels.begin_batch(batch, [req.id])
+            with Reply(batch, [req], sent) as reply:
+                reply.outcome = runner.run(batch, False, [req], frames, reply)
+        assert runtime.cancels.cancel(1, 0)  # the first batch's request, while the second has begun
+        deadline = time.monotonic() + 10
+        while not sent.results and time.monotonic() < deadline:
+            side.tend(lambda *_: None, sent)
+            time.sleep(0.005)
+        assert [r.batch for r in sent.results] == [1] and sorted(side.runs) == [2]
+        assert runtime.cancels.cancel(2, 1)
+        while len(sent.results) < 2 and time.monotonic() < deadline:
+            side.tend(lambda *_: None, sent)
+            time.sleep(0.005)
+    finally:
+        runtime.close()
+    answers = [(r.batch, r.results[0].status) for r in sent.results]
+    assert answers == [(1, Status.CANCELLED), (2, Status.CANCELLED)]
