@@ -17,7 +17,8 @@ The kinds:
   ``dynamic_batching``: batches of one request);
 - ``Runs``: the default scheduler of a model whose instances take their next request while one runs
   (``instance_pool``'s second place): a backlog goes out in runs, one EXECUTE for several executions
-  (``batching.runs``);
+  (``batching.runs``), unless its instances took more places to run batches side by side (an ``async def
+  execute``: ``side_by_side``), where each request goes alone to a free place;
 - ``Sequences``: sequence batching (``sequence_scheduler``), each sequence bound to one instance;
 - ``TakingTurns``: a model whose instance groups name rate-limiter resources, around either of the two
   batching kinds: one batch per turn, for places whose resources are free (``limited_dispatch`` decides
