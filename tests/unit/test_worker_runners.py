@@ -242,3 +242,40 @@ def test_a_cancel_reaches_an_async_batch_running_beside_the_next() -> None:
         runtime.close()
     answers = [(r.batch, r.results[0].status) for r in sent.results]
     assert answers == [(1, Status.CANCELLED), (2, Status.CANCELLED)]
+
+
+class SendsLater:
+    """Not decoupled, answers through its senders after ``execute`` returned None (Triton allows it)."""
+
+    async def execute(self, requests: list[Any]) -> None:
+        a_of = [pb.get_input_tensor_by_name(r, "A").as_numpy() for r in requests]
+        senders = [(r.get_response_sender(), a) for r, a in zip(requests, a_of, strict=True)]
+
+        async def later() -> None:
+            await asyncio.sleep(0.05)
+            for sender, a in senders:
+                sender.send(pb.InferenceResponse([pb.Tensor("S", a * 2)]),
+                            flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip
+
+        self.task = asyncio.get_running_loop().create_task(later())
+        return None
+
+
+def test_an_async_batch_answered_by_its_senders_after_execute_returned() -> None:
+    runtime = WorkerRuntime()
+    side = SideWork(runtime)
+    triton = TritonModel(SendsLater(), Path("/nonexistent/m/1"), CONFIG, threads=runtime.threads)
+    runner = runner_for(triton, SIG, RegionCache(), CPU, None, runtime, side)
+    reqs, frames = _requests(2)
+    sent = Sent()
+    try:
+        with Reply(1, reqs, sent) as reply:
+            reply.outcome = runner.run(1, False, reqs, frames, reply)
+        deadline = time.monotonic() + 10
+        while not sent.results and time.monotonic() < deadline:
+            side.tend(lambda *_: None, sent)
+            time.sleep(0.005)
+    finally:
+        runtime.close()
+    (result,) = sent.results
+    assert [(r.id, r.status) for r in result.results] == [(0, Status.OK), (1, Status.OK)]
