@@ -3,7 +3,7 @@
 ``test_triton_qa`` runs Triton's tests themselves where a copy of Triton's repository is at hand; this module
 needs none (CI has no network): each test here exercises one behaviour those tests found missing, through
 both front doors and the native client: outputs unlike the config passed on, response parameters and
-Triton's checks of them, async decoupled batches side by side, error codes and texts, the
+Triton's checks of them, async batches side by side (decoupled or not), error codes and texts, the
 ``triton_grpc_error`` stream header and ``ResponseIterator.cancel()``.
 """
 
