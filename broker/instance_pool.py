@@ -9,7 +9,9 @@ Every change to the broker's instance bookkeeping happens here, and nowhere else
 - **places**: ``ModelState.idle`` holds one place per instance that can take a batch now. A GPU instance
   that stages the next batch while it computes (``gpu_prefetch``) says READY a second time and gets a
   second place (``second_place``), except in models whose batches must wait for the last one's result
-  (sequences) or take turns at resources (rate limiter); ``idle_first`` puts the instances running nothing
+  (sequences) or take turns at resources (rate limiter); an instance whose ``async def execute`` runs
+  batches side by side says READY for places up to ``MAX_SLOT`` and gets each (``second_place``);
+  ``idle_first`` puts the instances running nothing
   before those second places. A place is taken by a batch (``take``, ``take_next``) and given back by its
   result (``give_back``);
   A CPU or GPU instance of a model that runs every request on its own (no ``dynamic_batching``, no
@@ -120,18 +122,23 @@ class InstancePool:
             state.prefetching = True
         return state
 
-    def second_place(self, worker: bytes) -> bool:
-        """``worker`` asked for a second place (GPU look-ahead); False where its model gives none."""
+    def second_place(self, worker: bytes, slot: int = 2) -> bool:
+        """``worker`` asked for place number ``slot`` (2: GPU look-ahead; up to ``MAX_SLOT``: an ``async def
+        execute`` whose batches run side by side); False where its model gives none. A model whose
+        instances pipeline has place 2 already; a further place makes its scheduler send each request
+        alone to a free place instead of forming runs (``Scheduler.side_by_side``)."""
         state = self._owner.get(worker)
         if (
             state is None
             or not state.scheduler.eager  # sequences, rate-limited models: a batch waits for the last
             or worker not in state.instances
-            or state.scheduler.pipelines  # it has its second place already
+            or (state.scheduler.pipelines and slot <= 2)  # it has its second place already
         ):
             return False
         state.idle.append(worker)
         state.prefetching = True
+        if slot > 2:
+            state.scheduler.side_by_side = True
         return True
 
     @staticmethod

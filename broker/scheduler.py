@@ -17,7 +17,8 @@ The kinds:
   ``dynamic_batching``: batches of one request);
 - ``Runs``: the default scheduler of a model whose instances take their next request while one runs
   (``instance_pool``'s second place): a backlog goes out in runs, one EXECUTE for several executions
-  (``batching.runs``);
+  (``batching.runs``), unless its instances took more places to run batches side by side (an ``async def
+  execute``: ``side_by_side``), where each request goes alone to a free place;
 - ``Sequences``: sequence batching (``sequence_scheduler``), each sequence bound to one instance;
 - ``TakingTurns``: a model whose instance groups name rate-limiter resources, around either of the two
   batching kinds: one batch per turn, for places whose resources are free (``limited_dispatch`` decides
@@ -67,6 +68,7 @@ class Scheduler:
         self.eager = False  # see the module docstring
         self.takes_turns = False
         self.pipelines = False  # its instances take their next request while one runs (``Runs``)
+        self.side_by_side = False  # an instance runs many batches at once (an ``async def execute``)
         self.plan: EnsemblePlan | None = None  # an ensemble's steps
         self.controls: list[dict[str, Any]] = []  # a stateful model's control inputs, added at dispatch
         self.cacheable = True  # the response cache may answer its requests (not a sequence's)
@@ -208,13 +210,17 @@ class Runs(Batching):
         self.cost = ExecutionCost()  # one execution's time on an instance, from the workers' timings
 
     def ready_now(self, rows: int) -> bool:
-        return False  # the turn's backlog gathers, to go out in runs
+        # the turn's backlog gathers, to go out in runs (unless the instances run requests side by side)
+        return self.side_by_side and super().ready_now(rows)
 
     def pop_ready(self, now: float, idle: Sequence[bytes]) -> Ready:
         """Each instance with a free place takes a run of the backlog; each request goes alone (as the
         batcher gives it) while the queue is no longer than those instances. Instances running nothing
         (both their places free) take the backlog first; a busy one's second place takes a run only while
-        no instance is free."""
+        no instance is free. Where the instances run their batches side by side (``side_by_side``: more
+        places than two), each request goes alone to a free place, runs would only queue them."""
+        if self.side_by_side:
+            return super().pop_ready(now, idle)
         instances = run_targets(idle)
         queued = len(self.batcher)
         if queued <= len(instances):

@@ -123,8 +123,9 @@ class WorkerInbox:
             ready = ready_from_wire(msg.header) if msg.command == Command.W_READY else None
             if ready is not None and ready.slot != 1:
                 # a GPU worker that stages the next batch's inputs while it computes (gpu_prefetch) asks
-                # for a second place; models whose batches must wait for the last one's result get none
-                if self.pool.second_place(identity):
+                # for a second place, an async execute's for up to MAX_SLOT; models whose batches must
+                # wait for the last one's result get none
+                if self.pool.second_place(identity, ready.slot):
                     log.info("event=instance_prefetch model=%s worker=%s", state.name, identity.decode())
             elif ready is not None:
                 self.pool.ready(identity)

@@ -61,6 +61,11 @@ class RegionCache:
         while len(self._segments) > self.max_mapped:
             self.drop(next(iter(self._segments)))
 
+    @property
+    def table(self) -> Mapping[str, tuple[int, int, int]]:
+        """The region table in use (a batch that ends later writes its outputs under its own again)."""
+        return self._table
+
     def begin_batch(self) -> None:
         self._checked.clear()
 

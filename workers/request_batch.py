@@ -21,6 +21,7 @@ from zinfer.modelconfig.signature import Signature
 from .batch_io import (
     BatchOutcome,
     BatchRequest,
+    Opened,
     check_output,
     control_arrays,
     emit,
@@ -75,21 +76,17 @@ def _answer(
     )
 
 
-def run_requests(
-    model: RequestModel,
+def open_inputs(
     sig: Signature,
     requests: Sequence[BatchRequest],
     frames: Sequence[Frame],
     regions: RegionCache,
-    device: Device = CPU,
-    states: ImplicitStates | None = None,
-    serial: bool = False,
-    cancels: CancelFlags | None = None,
-) -> BatchOutcome:
-    """``serial``: a run (``Execute.serial``), each request its own execution (``_one_by_one``);
-    ``cancels``: the worker's flags, which the requests' ``is_cancelled()`` read (none cancelled if None)."""
-    out = BatchOutcome()
-    t0 = time.perf_counter_ns()
+    states: ImplicitStates | None,
+    cancels: CancelFlags | None,
+    out: BatchOutcome,
+) -> tuple[list[Opened], list[RequestInputs]]:
+    """Each readable request and what the model gets for it (a request whose inputs cannot be read is
+    answered in ``out`` now); ``cancels``: the worker's flags, which ``is_cancelled()`` reads."""
     runnable = open_requests(requests, frames, regions, sig.batching, out)
     inputs: list[RequestInputs] = []
     for req, arrays, _ in runnable:
@@ -100,18 +97,20 @@ def run_requests(
         names = tuple(o.name for o in req.outputs)
         inputs.append(RequestInputs(req.request_id, arrays, names, req.sequence, req.parameters,
                                     None if cancels is None else cancels.flag(req.id)))  # fmt: skip
-    t1 = time.perf_counter_ns()
-    if not runnable:
-        return out
-    if serial:
-        results = _one_by_one(model, sig, inputs)
-    else:
-        try:
-            results = _execute(model, inputs, sig.name)
-        except ServerError as exc:
-            out.results.extend(error_result(one.req.id, exc) for one in runnable)
-            return out
-    t2 = time.perf_counter_ns()
+    return runnable, inputs
+
+
+def answer_all(
+    sig: Signature,
+    runnable: Sequence[Opened],
+    results: Sequence[RequestResult],
+    regions: RegionCache,
+    device: Device,
+    states: ImplicitStates | None,
+    out: BatchOutcome,
+) -> None:
+    """Each request's result into ``out``: its outputs written (into its slots, or as frames), or its
+    error; a sequence request's implicit state kept."""
     for (req, _, rows), result in zip(runnable, results, strict=True):
         if states is not None and isinstance(result, Mapping):
             try:
@@ -128,6 +127,37 @@ def run_requests(
         out.frames.clear()
         failure = InternalError(f"could not write the outputs: {exc}")
         out.results = [error_result(r.id, failure) if r.status == Status.OK else r for r in out.results]
+
+
+def run_requests(
+    model: RequestModel,
+    sig: Signature,
+    requests: Sequence[BatchRequest],
+    frames: Sequence[Frame],
+    regions: RegionCache,
+    device: Device = CPU,
+    states: ImplicitStates | None = None,
+    serial: bool = False,
+    cancels: CancelFlags | None = None,
+) -> BatchOutcome:
+    """``serial``: a run (``Execute.serial``), each request its own execution (``_one_by_one``);
+    ``cancels``: the worker's flags, which the requests' ``is_cancelled()`` read (none cancelled if None)."""
+    out = BatchOutcome()
+    t0 = time.perf_counter_ns()
+    runnable, inputs = open_inputs(sig, requests, frames, regions, states, cancels, out)
+    t1 = time.perf_counter_ns()
+    if not runnable:
+        return out
+    if serial:
+        results = _one_by_one(model, sig, inputs)
+    else:
+        try:
+            results = _execute(model, inputs, sig.name)
+        except ServerError as exc:
+            out.results.extend(error_result(one.req.id, exc) for one in runnable)
+            return out
+    t2 = time.perf_counter_ns()
+    answer_all(sig, runnable, results, regions, device, states, out)
     t3 = time.perf_counter_ns()
     out.input_ns, out.infer_ns, out.output_ns = t1 - t0, t2 - t1, t3 - t2
     return out

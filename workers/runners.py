@@ -12,6 +12,10 @@ runner                 model
 ``TritonStreamRunner`` decoupled Triton-style models: ``triton_stream.run_triton_stream``
 ``SideStreamRunner``   decoupled Triton-style models with ``async def execute``: the batch starts and runs on
                        beside the next ones (``side_work``), answered when its requests end
+``SideRequestRunner``  Triton-style models with ``async def execute`` that are not decoupled: the batch's
+                       coroutine starts and runs on beside the next ones (``async_requests``), answered by
+                       one RESULT when it returned; a run (``serial``) goes one request after another as
+                       ``RequestRunner`` runs it
 =====================  ======================================================================================
 """
 
@@ -27,6 +31,7 @@ from zinfer.client.protocol import Frame
 from zinfer.client.worker_protocol import RequestResult, WorkerResult
 from zinfer.modelconfig.signature import Signature
 
+from .async_requests import start_async_requests
 from .batch import run_batch, run_serial
 from .batch_io import BatchOutcome, BatchRequest, error_result
 from .cancel_flags import CancelFlags
@@ -38,7 +43,7 @@ from .runtime import WorkerRuntime
 from .sequence_state import ImplicitStates
 from .side_work import SideWork
 from .stream import SendPartial, run_stream
-from .triton_model import TritonModel
+from .triton_model import TritonModel, executes_async
 from .triton_stream import run_triton_stream, runs_concurrently, start_triton_stream
 
 __all__ = ["Reply", "Runner", "runner_for"]
@@ -157,6 +162,40 @@ class RequestRunner:
                             serial, self.cancels)  # fmt: skip
 
 
+class SideRequestRunner(RequestRunner):
+    __slots__ = ("side", "triton")
+
+    def __init__(
+        self,
+        model: TritonModel,
+        sig: Signature,
+        regions: RegionCache,
+        device: Device,
+        states: ImplicitStates | None,
+        cancels: CancelFlags,
+        side: SideWork,
+    ) -> None:
+        super().__init__(model, sig, regions, device, states, cancels)
+        self.triton, self.side = model, side
+
+    def run(
+        self,
+        batch: int,
+        serial: bool,
+        requests: Sequence[BatchRequest],
+        frames: Sequence[Frame],
+        reply: Reply,
+    ) -> BatchOutcome | None:
+        if serial:  # a run's requests are executions one after another, answered together
+            return super().run(batch, serial, requests, frames, reply)
+        run = start_async_requests(self.triton, self.sig, requests, frames, self.regions, self.device,
+                                   self.states, self.cancels)  # fmt: skip
+        if not run.step():  # runs on beside the next batches: answered when its coroutine returned
+            self.side.keep(batch, run)
+            return None
+        return run.finish()
+
+
 class StreamRunner:
     __slots__ = ("model", "regions", "sig")
 
@@ -236,6 +275,8 @@ def runner_for(
         if isinstance(model, TritonModel):
             return TritonStreamRunner(model, sig, regions, runtime)
         return StreamRunner(model, sig, regions)
+    if executes_async(model):
+        return SideRequestRunner(model, sig, regions, device, states, runtime.cancels, side)
     if isinstance(model, RequestModel):
         return RequestRunner(model, sig, regions, device, states, runtime.cancels)
     return DenseRunner(model, sig, regions, device, states, runtime.cancels)

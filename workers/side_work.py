@@ -1,30 +1,43 @@
-"""What a worker tends between messages besides its socket: batches of a decoupled model's ``async def
-execute`` still running (``triton_stream.StreamRun``: their responses go out as their senders queue them,
-their RESULT when every request has ended) and the model's own ``is_ready()`` answers
+"""What a worker tends between messages besides its socket: batches of an ``async def execute`` still
+running (a decoupled model's, ``triton_stream.StreamRun``: their responses go out as their senders queue
+them, their RESULT when every request has ended; any other's, ``async_requests.AsyncRequestRun``: its RESULT
+when its coroutine has returned) and the model's own ``is_ready()`` answers
 (``readiness.ReadinessCheck``). Both wake the worker through the runtime's ``threads.wake``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
 from zinfer.client.protocol import Command, Frame
 from zinfer.client.worker_protocol import Readiness, WorkerResult, readiness_to_wire
 
+from .batch_io import BatchOutcome
 from .readiness import ReadinessCheck
 from .runtime import WorkerRuntime
-from .triton_stream import StreamRun
 
 SendResult = Callable[[WorkerResult, list[Frame]], None]
 Send = Callable[[Command, dict[str, Any]], None]
 
 
+class SideRun(Protocol):
+    """A batch that runs on beside the next ones."""
+
+    def step(self) -> bool:
+        """Send what is due now; True when the batch has ended."""
+        ...
+
+    def finish(self) -> BatchOutcome:
+        """Its outcome, once ended: every request answered."""
+        ...
+
+
 class SideWork:
     def __init__(self, runtime: WorkerRuntime) -> None:
         self.runtime = runtime
-        self.runs: dict[int, StreamRun] = {}  # by batch id
+        self.runs: dict[int, SideRun] = {}  # by batch id
         self.readiness: ReadinessCheck | None = None
 
     def __bool__(self) -> bool:
@@ -37,7 +50,7 @@ class SideWork:
         if self.readiness is not None:
             self.readiness.start()
 
-    def keep(self, batch_id: int, run: StreamRun) -> None:
+    def keep(self, batch_id: int, run: SideRun) -> None:
         """A batch that runs on beside the next ones."""
         self.runtime.cancels.keep_batch(batch_id)
         self.runs[batch_id] = run

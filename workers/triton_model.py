@@ -16,13 +16,15 @@ instead; ``zinfer.workers.triton_stream`` runs it.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from zinfer.client.errors import InternalError, ServerError
 from zinfer.modelconfig.model_config import ModelConfig
@@ -100,6 +102,14 @@ def call_with(execute: Callable[[list[Any]], Any], holder: list[Any]) -> Any:
     requests = list(holder)
     holder.clear()
     return execute(requests)
+
+
+def executes_async(model: Any) -> TypeGuard[TritonModel]:
+    """Whether ``model`` is a Triton-style model with an ``async def execute``: Triton runs its batches side
+    by side, each batch's coroutine on the event loop while the next batch starts (decoupled or not)."""
+    return isinstance(model, TritonModel) and inspect.iscoroutinefunction(
+        getattr(model.instance, "execute", None)
+    )
 
 
 class _Senders:
@@ -213,20 +223,45 @@ class TritonModel(RequestModel):
         senders = _Senders(len(requests), self.threads.wake)
         holder = [senders.attach(i, pb_request(r, self.name)) for i, r in enumerate(requests)]
         try:
-            responses = self.threads.run(call_with, self.instance.execute, holder)
+            responses, error = self.threads.run(call_with, self.instance.execute, holder), None
         except Exception as exc:
+            responses, error = None, exc
+        conclusion = self._conclude(senders, len(requests), responses, error)
+        try:
+            wait = next(conclusion)
+            while True:
+                if not self.threads.pump(wait):
+                    raise InternalError("the worker is stopping")
+                wait = next(conclusion)
+        except StopIteration as stop:
+            results: list[RequestResult] = stop.value
+            return results
+
+    def start_async(self, requests: Sequence[RequestInputs]) -> AsyncCall:
+        """Start one batch's ``async def execute`` on the event loop without waiting for it (Triton runs
+        such a model's batches side by side); the caller steps the returned call until it is over."""
+        senders = _Senders(len(requests), self.threads.wake)
+        holder = [senders.attach(i, pb_request(r, self.name)) for i, r in enumerate(requests)]
+        future = self.threads.get().start_coroutine(call_with(self.instance.execute, holder))
+        return AsyncCall(self, senders, len(requests), future)
+
+    def _conclude(
+        self, senders: _Senders, n: int, responses: Any, error: Exception | None
+    ) -> Generator[Callable[[], bool], None, list[RequestResult]]:
+        """What an ``execute`` call that returned ``responses`` (or raised ``error``) answers, one result per
+        request; yields what to wait for first (senders still to send); raises what fails the whole batch."""
+        if error is not None:
             if not senders.used:
-                raise
+                raise error
             # as Triton: what the senders sent stands; the error reaches only requests without a response
-            log.warning("event=model_failed model=%s error=%r after=sent_responses", self.name, exc)
-            failure = model_failure(exc, self.name)
+            log.warning("event=model_failed model=%s error=%r after=sent_responses", self.name, error)
+            failure = model_failure(error, self.name)
             return [self._result(r) if r is not None else failure for r in senders.sent()]
         if responses is None:
             # Triton lets a model that is not decoupled answer through its senders too: one response each,
             # from execute or after it returned; wait until every sender sent its final flag or is gone
             senders.watch_requests()
-            if not self.threads.pump(senders.all_done):
-                raise InternalError("the worker is stopping")
+            yield senders.all_done
             if senders.used:
                 responses = senders.responses()
         if responses is None:
@@ -242,9 +277,9 @@ class TritonModel(RequestModel):
                 f"TritonPythonModel.execute returned {type(responses).__name__}: "
                 "it must return a list with one InferenceResponse per request"
             ) from None
-        if len(responses) != len(requests):
+        if len(responses) != n:
             raise InternalError(
-                f"TritonPythonModel.execute returned {len(responses)} responses for {len(requests)} "
+                f"TritonPythonModel.execute returned {len(responses)} responses for {n} "
                 "requests: it must return exactly one InferenceResponse per request, in order"
             )
         if senders.any_taken():
@@ -254,8 +289,7 @@ class TritonModel(RequestModel):
             for i, (mine, returned) in enumerate(zip(sent, responses, strict=True)):
                 if mine is None and returned is not None:
                     senders.close(i)
-            if not self.threads.pump(senders.taken_done):
-                raise InternalError("the worker is stopping")
+            yield senders.taken_done
             sent = senders.sent()
             responses = [mine if mine is not None else r for mine, r in zip(sent, responses, strict=True)]
         return [self._result(r) for r in responses]
@@ -275,3 +309,38 @@ class TritonModel(RequestModel):
         finalize = getattr(self.instance, "finalize", None)
         if finalize is not None:
             finalize()
+
+
+class AsyncCall:
+    """One batch's ``async def execute`` in flight on the event loop (a model that is not decoupled):
+    :meth:`step` says whether it is over, then ``results`` holds one result per request, or ``error`` what
+    fails them all (the model's own exception, or a wrong answer)."""
+
+    def __init__(self, model: TritonModel, senders: _Senders, n: int, future: Future[Any]) -> None:
+        self.model, self.senders, self.n, self.future = model, senders, n, future
+        self.results: list[RequestResult] | None = None
+        self.error: Exception | None = None
+        self._conclusion: Generator[Callable[[], bool], None, list[RequestResult]] | None = None
+        self._wait: Callable[[], bool] | None = None
+
+    def step(self) -> bool:
+        if self.results is not None or self.error is not None:
+            return True
+        if self._conclusion is None:
+            if not self.future.done():
+                return False
+            try:
+                responses, error = self.future.result(), None
+            except Exception as exc:  # the model's own (or the loop's, when it was stopped)
+                responses, error = None, exc
+            self._conclusion = self.model._conclude(self.senders, self.n, responses, error)
+        try:
+            while self._wait is None or self._wait():
+                self._wait = next(self._conclusion)
+        except StopIteration as stop:
+            self.results = stop.value
+            return True
+        except Exception as exc:
+            self.error = exc
+            return True
+        return False

@@ -17,7 +17,6 @@ end at an error); what that request's sender sends later is dropped.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 import time
@@ -47,7 +46,7 @@ from .model_loop import Wake
 from .pb_errors import server_error
 from .regions import RegionCache
 from .runtime import WorkerRuntime
-from .triton_model import TritonModel, call_with, pb_request
+from .triton_model import TritonModel, call_with, executes_async, pb_request
 
 log = logging.getLogger(__name__)
 
@@ -150,11 +149,9 @@ def run_triton_stream(
 
 
 def runs_concurrently(model: Any) -> TypeGuard[TritonModel]:
-    """Whether the batches of ``model`` run side by side, as Triton runs a decoupled model's ``async def
-    execute``: each batch's coroutine on the worker's event loop while the next batch starts."""
-    return isinstance(model, TritonModel) and model.decoupled and inspect.iscoroutinefunction(
-        getattr(model.instance, "execute", None)
-    )
+    """Whether the batches of ``model`` run side by side as a decoupled model's: its ``async def execute``
+    (``triton_model.executes_async``) with decoupled responses."""
+    return executes_async(model) and model.decoupled
 
 
 class StreamRun:

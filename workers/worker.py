@@ -59,14 +59,14 @@ from .runners import Reply, Runner, runner_for
 from .runtime import WorkerRuntime, install
 from .sequence_state import ImplicitStates, state_specs
 from .side_work import SideWork
-from .triton_stream import runs_concurrently
+from .triton_model import executes_async
 from .warmup import run_warmup
 
 log = logging.getLogger(__name__)
 
 POLL_MS = 500
 CONCURRENT_PLACES = MAX_SLOT
-"""Batches of a decoupled model's ``async def execute`` one instance runs at once (its broker places)."""
+"""Batches of a model's ``async def execute`` one instance runs at once (its broker places)."""
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ class Worker:
         ready = WorkerReady(a.model, a.version, a.instance, a.device, os.getpid())
         self.send(Command.W_READY, ready_to_wire(ready))
         self.side.watch_readiness(model, a.model)  # the model's own is_ready(), if it has one
-        if runs_concurrently(model):  # Triton runs an async decoupled execute's batches side by side
+        if executes_async(model):  # Triton runs an async execute's batches side by side
             for slot in range(2, CONCURRENT_PLACES + 1):
                 self.send(Command.W_READY, ready_to_wire(replace(ready, slot=slot)))
             log.info("event=async_execute model=%s places=%d", a.model, CONCURRENT_PLACES)

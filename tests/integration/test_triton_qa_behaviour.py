@@ -3,7 +3,7 @@
 ``test_triton_qa`` runs Triton's tests themselves where a copy of Triton's repository is at hand; this module
 needs none (CI has no network): each test here exercises one behaviour those tests found missing, through
 both front doors and the native client: outputs unlike the config passed on, response parameters and
-Triton's checks of them, async decoupled batches side by side, error codes and texts, the
+Triton's checks of them, async batches side by side (decoupled or not), error codes and texts, the
 ``triton_grpc_error`` stream header and ``ResponseIterator.cancel()``.
 """
 
@@ -79,6 +79,21 @@ class TritonPythonModel:
             y = pb_utils.Tensor("Y", np.array([[1]], np.int32))
             sender.send(pb_utils.InferenceResponse([y]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
+"""
+
+ASYNC_ANSWERS = """
+import asyncio
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    async def execute(self, requests):  # not decoupled: returns its responses
+        xs = [pb_utils.get_input_tensor_by_name(r, "X").as_numpy() for r in requests]
+        if any(int(x.reshape(-1)[0]) < 0 for x in xs):
+            await asyncio.sleep(0.5)
+            raise ValueError("X cannot be negative")
+        await asyncio.sleep(1.0)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", (x * 10).astype(np.int32))]) for x in xs]
 """
 
 ERRORS = """
@@ -272,6 +287,7 @@ MODELS = {
     "pass_through": (PASS_THROUGH, IO),
     "parameters": (PARAMETERS, PARAMS_IO),
     "async_sleep": (ASYNC_SLEEP, IO + DECOUPLED),
+    "async_answers": (ASYNC_ANSWERS, IO),
     "errors": (ERRORS, IO),
     "decoupled_errors": (DECOUPLED_ERRORS, IO + DECOUPLED),
     "until_cancelled": (UNTIL_CANCELLED, IO + DECOUPLED),
@@ -387,6 +403,42 @@ def test_async_decoupled_batches_run_side_by_side(served: Served) -> None:
         client.close()
     assert all(error is None and result.as_numpy("Y").tolist() == [[1]] for _, result, error in ends)
     assert max(t for t, _, _ in ends) - start < 2.5, [t - start for t, _, _ in ends]
+
+
+def _at_once(grpc_url: str, model: str, values: list[int]) -> list[tuple[float, Any, Any]]:
+    """``values`` sent to ``model`` at once, one request each; (seconds to its end, result, error) each."""
+    done: queue.Queue[tuple[int, float, Any, Any]] = queue.Queue()
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        start = time.monotonic()
+        for i, value in enumerate(values):
+            client.async_infer(
+                model, _x(value), lambda result, error, i=i: done.put((i, time.monotonic(), result, error))
+            )
+        ends = sorted(done.get(timeout=30) for _ in values)
+    return [(t - start, result, error) for _, t, result, error in ends]
+
+
+def test_async_batches_that_return_their_responses_run_side_by_side(served: Served) -> None:
+    """A model that is not decoupled: four 1 s requests end together (not in 4 s), each with its own
+    answer."""
+    ends = _at_once(served[2], "async_answers", [1, 2, 3, 4])
+    assert [error for _, _, error in ends] == [None] * 4
+    assert [result.as_numpy("Y").tolist() for _, result, _ in ends] == [[[10]], [[20]], [[30]], [[40]]]
+    assert max(t for t, _, _ in ends) < 2.5, [t for t, _, _ in ends]
+
+
+def test_an_async_batch_that_raises_fails_only_its_own_request(served: Served) -> None:
+    ends = _at_once(served[2], "async_answers", [1, -1, 3, 4])
+    assert [result.as_numpy("Y").tolist() for i, (_, result, _) in enumerate(ends) if i != 1] == [
+        [[10]], [[30]], [[40]]
+    ]
+    error = ends[1][2]
+    assert ends[1][1] is None and error is not None
+    assert "Failed to process the request(s) for model 'async_answers'" in str(error), str(error)
+    assert "ValueError: X cannot be negative" in str(error), str(error)
+    assert max(t for t, _, _ in ends) < 2.5, [t for t, _, _ in ends]
+    # the instance is free again: the next request is answered as before
+    assert [r.as_numpy("Y").tolist() for _, r, _ in _at_once(served[2], "async_answers", [5])] == [[[50]]]
 
 
 def test_error_codes_and_texts_as_triton_answers_them(served: Served) -> None:

@@ -25,6 +25,7 @@ KINDS = {
     'value: { string_value: "100" } }',
     "sequence": "sequence_batching { max_sequence_idle_microseconds: 1000000 }\n"
     "instance_group [ { kind: KIND_CPU count: 2 } ]",
+    "pipelined": "instance_group [ { kind: KIND_CPU count: 2 } ]",
     "rate_limited": 'instance_group [ { kind: KIND_CPU count: 2 rate_limiter { resources [ { name: "R" '
     "count: 1 } ] } } ]",
 }
@@ -45,7 +46,7 @@ def play(pool: InstancePool, state: ModelState, steps: list[tuple[Any, ...]]) ->
         elif op == "ready":
             answers.append(pool.ready(args[0]) is state)
         elif op == "second":
-            answers.append(pool.second_place(args[0]))
+            answers.append(pool.second_place(*args))
         elif op == "take_next":
             answers.append(pool.take_next(state))
         elif op == "take":
@@ -79,6 +80,14 @@ PLACES: list[tuple[str, str, list[tuple[Any, ...]], list[Any], list[bytes], set[
      [None, True, False], [b"a"], {b"a"}, False),
     ("no second place for a rate-limited model", "rate_limited",
      [("add", b"a"), ("ready", b"a"), ("second", b"a")], [None, True, False], [b"a"], {b"a"}, False),
+    ("a pipelining instance has its second place at READY; a look-ahead adds none", "pipelined",
+     [("add", b"a"), ("ready", b"a"), ("second", b"a", 2)], [None, True, False], [b"a", b"a"], {b"a"}, False),
+    ("an async execute's instance gets each place it asks for", "pipelined",
+     [("add", b"a"), ("ready", b"a"), ("second", b"a", 2), ("second", b"a", 3), ("second", b"a", 4)],
+     [None, True, False, True, True], [b"a"] * 4, {b"a"}, False),
+    ("an async execute's sequence model gets no further place", "sequence",
+     [("add", b"a"), ("ready", b"a"), ("second", b"a", 2), ("second", b"a", 3)], [None, True, False, False],
+     [b"a"], {b"a"}, False),
     ("a batch takes the next place; its result gives it back at the end of the line", "plain",
      [("add", b"a"), ("add", b"b"), ("ready", b"a"), ("ready", b"b"), ("take_next",), ("give_back", b"a")],
      [None, None, True, True, b"a", None], [b"b", b"a"], {b"a", b"b"}, True),
@@ -120,6 +129,10 @@ def test_places_and_readiness(
     assert list(state.idle) == idle
     assert state.instances == instances
     assert pool.started(state) is started
+    # a place past the second: the instance runs batches side by side, its scheduler forms no runs
+    steps_ok = zip(steps, answers, strict=True)
+    further = [ok for (op, *args), ok in steps_ok if op == "second" and args[1:] > [2]]
+    assert state.scheduler.side_by_side is any(further)
 
 
 # (name, heartbeats as (worker, time), check times, the workers named silent at each check)

@@ -105,6 +105,19 @@ def test_runs_split_a_backlog_over_the_instances_running_nothing() -> None:
     assert len(sched) == 0
 
 
+def test_runs_are_not_formed_where_an_instance_runs_its_batches_side_by_side() -> None:
+    sched = state(GROUP).scheduler
+    assert isinstance(sched, Runs)
+    sched.cost.observe(100_000, 1)
+    sched.side_by_side = True  # an async execute's instance took more places (instance_pool.second_place)
+    for i in range(6):
+        sched.add(pending(i), (), 0.0, False)
+    places = [b"a"] * 4 + [b"b"] * 4
+    ready = sched.pop_ready(0.0, places)  # each request alone, to a free place, all in this turn
+    assert [(w, [len(b.items) for b in run]) for w, run in ready] == [(w, [1]) for w in places[:6]]
+    assert len(sched) == 0
+
+
 def test_taking_turns_gives_one_batch_per_turn() -> None:
     sched = state(LIMITED).scheduler  # the default scheduler: each request its own batch
     sched.add(pending(1), (), 0.0, False)
