@@ -87,7 +87,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Annotated, Any
 
 import msgpack
 import msgspec
@@ -190,14 +190,42 @@ COPY_THRESHOLD = framing.COPY_THRESHOLD
 """Frames at least this large are sent without copying (see ``send_copy``)."""
 
 
+Header = Mapping[str, Any] | InferRequest
+"""What a message's header is built from: a header map, or INFER's record (msgspec encodes it as the map
+``infer_to_wire`` writes, byte for byte)."""
+
+
+OutHeader = dict[str, Any] | InferRequest
+"""A header a client connection sends: a map it may add the ``id`` to, or INFER's record, which has one."""
+
+
+def header_id(header: Header) -> str:
+    """The ``id`` a header carries ("" if none)."""
+    rid = header.request_id if isinstance(header, InferRequest) else header.get("id", "")
+    return rid if isinstance(rid, str) else ""
+
+
+def stamp_id(header: OutHeader, fresh: str) -> str:
+    """The id a message goes out with: a record's own, or a header map's ``id`` (``fresh`` if absent)."""
+    if isinstance(header, InferRequest):
+        return header.request_id
+    rid: str = header.setdefault("id", fresh)
+    return rid
+
+
 @dataclass(frozen=True)
 class Message:
     command: Command
     header: dict[str, Any]
     frames: list[Frame] = field(default_factory=list)
+    request: InferRequest | None = None  # an INFER read straight from its bytes (``decode_infer``); no map
+
+    @property
+    def request_or_header(self) -> Header:
+        return self.header if self.request is None else self.request
 
 
-def encode(command: Command, header: Mapping[str, Any], frames: Sequence[Frame] = ()) -> list[Frame]:
+def encode(command: Command, header: Header, frames: Sequence[Frame] = ()) -> list[Frame]:
     """Frames for one message: the envelope (protocol, command and header in one frame), then its inline
     frames, the small ones packed into one when there are several (``framing``)."""
     if len(frames) < 2 or not framing.worth_packing(frames):
@@ -253,7 +281,47 @@ def decode(frames: Sequence[Frame], allowed: frozenset[Command] | None = None) -
     return Message(command, header, inline)
 
 
-def encode_bundle(items: Sequence[tuple[Command, Mapping[str, Any], Sequence[Frame]]]) -> list[Frame]:
+_INFER_HEADER = msgspec.msgpack.Decoder(InferRequest).decode
+_PACKED_INFER = msgspec.msgpack.Decoder(
+    tuple[Annotated[list[int | Annotated[list[int], msgspec.Meta(max_length=2)]],
+                    msgspec.Meta(max_length=MAX_TENSORS)], InferRequest]
+).decode  # fmt: skip
+_SCALARS = (str, int, float, bool, bytes, type(None))
+
+
+def decode_infer(frames: Sequence[Frame]) -> Message | None:
+    """A lone INFER (plain or packed) read straight from its header's bytes into its record, in C; None when
+    the message is anything else, or anything in it is not what a well-formed INFER holds (``decode`` and
+    ``infer_from_wire`` then read it as before and name the fault in the same words). Only what the old
+    path takes, it takes: the record refuses unknown keys, and parameters hold no containers here (the
+    msgpack caps of ``_unpack`` bound those)."""
+    if not frames or len(frames) - 1 > MAX_TENSORS:
+        return None
+    envelope = frames[0]
+    if len(envelope) < ENVELOPE_HEAD or envelope[:4] != PROTOCOL:
+        return None
+    if envelope[4] & ~framing.PACKED != Command.INFER:
+        return None
+    head = memoryview(envelope)[ENVELOPE_HEAD - 1 :]
+    if len(head) > MAX_HEADER_BYTES:
+        return None
+    try:
+        if not envelope[4] & framing.PACKED:
+            req, inline = _INFER_HEADER(head), list(frames[1:])
+        elif len(frames) >= 2:
+            refs, req = _PACKED_INFER(head)
+            inline = framing.unpack(refs, frames[1], frames[2:], MAX_TENSORS)
+        else:
+            return None
+    except (msgspec.ValidationError, msgspec.DecodeError, ProtocolError):
+        return None
+    params = req.parameters
+    if params and (len(params) > 1 << 12 or not all(isinstance(v, _SCALARS) for v in params.values())):
+        return None
+    return Message(Command.INFER, {}, inline, req)
+
+
+def encode_bundle(items: Sequence[tuple[Command, Header, Sequence[Frame]]]) -> list[Frame]:
     """Frames for one BUNDLE of ``items`` (at most MAX_BUNDLE, MAX_BUNDLE_FRAMES inline frames in all)."""
     index = [(int(c), h, len(fs)) for c, h, fs in items]
     frames = [f for _, _, fs in items for f in fs]
@@ -484,8 +552,11 @@ def infer_to_wire(r: InferRequest) -> dict[str, Any]:
     return d
 
 
-def infer_from_wire(d: Mapping[str, Any]) -> InferRequest:
-    """An INFER header as a request, every field checked (see :func:`_infer_checked` for the errors)."""
+def infer_from_wire(d: Mapping[str, Any] | InferRequest) -> InferRequest:
+    """An INFER header as a request, every field checked (see :func:`_infer_checked` for the errors); a
+    record (decoded from its bytes already, ``decode_infer``) as it is."""
+    if isinstance(d, InferRequest):
+        return d
     try:
         return _convert(d, InferRequest)
     except msgspec.ValidationError:
@@ -526,10 +597,10 @@ def reply_from_wire(d: Mapping[str, Any]) -> Reply:
     return Reply(_get(d, "id", str), status, _get(d, "error", str, ""), d.get("body"))
 
 
-def request_id_of(header: Mapping[str, Any]) -> str:
+def request_id_of(header: Header) -> str:
     """The request id of a header, or ``""`` when it has none usable (for error replies)."""
-    rid = header.get("id")
-    return rid if isinstance(rid, str) and len(rid) <= MAX_NAME else ""
+    rid = header_id(header)
+    return rid if len(rid) <= MAX_NAME else ""
 
 
 # --------------------------------------------------------------------------------- other commands
