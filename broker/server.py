@@ -339,13 +339,13 @@ class Broker:
             self._on_client_message(identity, msg)
 
     def _on_client_message(self, identity: bytes, msg: protocol.Message) -> None:
-        rid = protocol.request_id_of(msg.request_or_header)
+        rid = protocol.request_id_of(msg.record_or_header)
         try:
             if msg.command == Command.INFER:
                 self.outbox.check_reading(identity)  # a connection not reading its replies gets no more work
                 if self.on_demand is not None and self.on_demand.park(identity, msg, time.monotonic()):
                     return  # it waits for its model's load
-                self.admission.admit(identity, msg.request_or_header, msg.frames)
+                self.admission.admit(identity, msg.record_or_header, msg.frames)
                 return
             if msg.command in QUERIES:
                 body = self.on_demand.model_info(msg.command, msg.header) if self.on_demand else None

@@ -84,7 +84,7 @@ request's ``request_id`` (Triton's ``request.request_id()``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Annotated, Any
@@ -218,11 +218,12 @@ class Message:
     command: Command
     header: dict[str, Any]
     frames: list[Frame] = field(default_factory=list)
-    request: InferRequest | None = None  # an INFER read straight from its bytes (``decode_infer``); no map
+    record: Any = None  # the header read straight from its bytes (``decode_typed``), in place of the map
 
     @property
-    def request_or_header(self) -> Header:
-        return self.header if self.request is None else self.request
+    def record_or_header(self) -> Any:
+        """What a ``*_from_wire`` reads: the record when there is one, else the header map."""
+        return self.header if self.record is None else self.record
 
 
 def encode(command: Command, header: Header, frames: Sequence[Frame] = ()) -> list[Frame]:
@@ -281,44 +282,59 @@ def decode(frames: Sequence[Frame], allowed: frozenset[Command] | None = None) -
     return Message(command, header, inline)
 
 
-_INFER_HEADER = msgspec.msgpack.Decoder(InferRequest).decode
-_PACKED_INFER = msgspec.msgpack.Decoder(
-    tuple[Annotated[list[int | Annotated[list[int], msgspec.Meta(max_length=2)]],
-                    msgspec.Meta(max_length=MAX_TENSORS)], InferRequest]
-).decode  # fmt: skip
-_SCALARS = (str, int, float, bool, bytes, type(None))
+_Ref = int | Annotated[list[int], msgspec.Meta(max_length=2)]
+_Refs = Annotated[list[_Ref], msgspec.Meta(max_length=MAX_TENSORS)]
+TypedDecoders = tuple[Callable[[Frame], Any], Callable[[Frame], tuple[Any, Any]]]
 
 
-def decode_infer(frames: Sequence[Frame]) -> Message | None:
-    """A lone INFER (plain or packed) read straight from its header's bytes into its record, in C; None when
-    the message is anything else, or anything in it is not what a well-formed INFER holds (``decode`` and
-    ``infer_from_wire`` then read it as before and name the fault in the same words). Only what the old
-    path takes, it takes: the record refuses unknown keys, and parameters hold no containers here (the
-    msgpack caps of ``_unpack`` bound those)."""
+def typed_decoders(record: type) -> TypedDecoders:
+    """msgspec decoders, made once per record type, of a header that is that record: plain, and packed
+    (``[refs, header]``, the refs only as ``framing.unpack`` reads them)."""
+    pair: Any = tuple  # ``tuple[_Refs, record]``, made at run time
+    return msgspec.msgpack.Decoder(record).decode, msgspec.msgpack.Decoder(pair[_Refs, record]).decode
+
+
+def decode_typed(frames: Sequence[Frame], command: Command, decoders: TypedDecoders) -> Message | None:
+    """A lone message of ``command`` (plain or packed) whose header is read straight from its bytes into its
+    record, in C, as ``Message.record`` (its ``header`` then empty); None when the message is anything else,
+    or anything in it is not what a well-formed one holds: ``decode`` and the record's ``*_from_wire`` then
+    read it as before and name the fault in the same words. It takes only what that path takes: records
+    refuse unknown keys (whose contents only the msgpack caps of ``_unpack`` bound)."""
     if not frames or len(frames) - 1 > MAX_TENSORS:
         return None
     envelope = frames[0]
-    if len(envelope) < ENVELOPE_HEAD or envelope[:4] != PROTOCOL:
-        return None
-    if envelope[4] & ~framing.PACKED != Command.INFER:
+    if len(envelope) < ENVELOPE_HEAD or envelope[:4] != PROTOCOL or envelope[4] & ~framing.PACKED != command:
         return None
     head = memoryview(envelope)[ENVELOPE_HEAD - 1 :]
     if len(head) > MAX_HEADER_BYTES:
         return None
     try:
         if not envelope[4] & framing.PACKED:
-            req, inline = _INFER_HEADER(head), list(frames[1:])
+            record, inline = decoders[0](head), list(frames[1:])
         elif len(frames) >= 2:
-            refs, req = _PACKED_INFER(head)
+            refs, record = decoders[1](head)
             inline = framing.unpack(refs, frames[1], frames[2:], MAX_TENSORS)
         else:
             return None
     except (msgspec.ValidationError, msgspec.DecodeError, ProtocolError):
         return None
-    params = req.parameters
+    return Message(command, {}, inline, record)
+
+
+_INFER = typed_decoders(InferRequest)
+_SCALARS = (str, int, float, bool, bytes, type(None))
+
+
+def decode_infer(frames: Sequence[Frame]) -> Message | None:
+    """A lone INFER read straight from its bytes (``decode_typed``); its parameters, which may hold
+    anything, hold no containers here (the msgpack caps bound those: the map path reads them)."""
+    msg = decode_typed(frames, Command.INFER, _INFER)
+    if msg is None:
+        return None
+    params = msg.record.parameters
     if params and (len(params) > 1 << 12 or not all(isinstance(v, _SCALARS) for v in params.values())):
         return None
-    return Message(Command.INFER, {}, inline, req)
+    return msg
 
 
 def encode_bundle(items: Sequence[tuple[Command, Header, Sequence[Frame]]]) -> list[Frame]:

@@ -1,10 +1,11 @@
 """The per-request records of the client half of the wire contract, each declared once as a msgspec
 ``Struct``: its fields, their wire names and their bounds in one place.
 
-A header that arrives is turned into its record by msgspec in C, straight from its bytes (a lone INFER
-in the broker, ``protocol.decode_infer``) or from its map (``msgspec.convert``): types, lengths and ranges
-checked, unknown keys refused; what msgspec refuses goes through ``protocol``'s field-by-field checks,
-which accept exactly the same and name what is wrong in the words the error replies have always used. The bounds here are never looser than those checks: anything the Struct takes, they take too.
+A header that arrives is turned into its record by msgspec in C, straight from its bytes (a lone INFER,
+EXECUTE or RESULT: ``protocol.decode_typed``) or from its map (``msgspec.convert``): types, lengths and
+ranges checked, unknown keys refused; what msgspec refuses goes through ``protocol``'s field-by-field
+checks, which accept exactly the same and name what is wrong in the words the error replies have always
+used. The bounds here are never looser than those checks: anything the Struct takes, they take too.
 
 This module is not compiled with mypyc (``zinfer.broker.compiled``): mypyc takes no ``Struct`` subclasses.
 The records are immutable (``frozen``), as the NamedTuples they replace were, and as cheap to build.

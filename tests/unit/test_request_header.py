@@ -125,8 +125,8 @@ def test_the_header_is_what_infer_to_wire_writes_and_the_broker_reads_it_back(
         wire = protocol.encode(Command.INFER, header, p.frames)
         assert wire == protocol.encode(Command.INFER, protocol.infer_to_wire(want), p.frames)  # byte for byte
         fast = protocol.decode_infer(wire)  # as the broker reads it: straight from the bytes
-        assert fast is not None and fast.request is not None
-        got = fast.request
+        assert fast is not None and type(fast.record) is InferRequest
+        got = fast.record
         assert got._replace(parameters=dict(got.parameters)) == want._replace(parameters=merged)
         assert [bytes(f) for f in fast.frames] == [bytes(f) for f in p.frames]
         assert protocol.infer_from_wire(protocol.decode(wire).header) == got  # and through the map
