@@ -8,7 +8,9 @@ A message is a list of ZeroMQ frames, the first of them the envelope::
 envelope frame rather than three saves two sends and two receives per message in every process on the
 way; a peer still sending protocol, command and header as frames of their own gets a clear error. The
 header is a msgpack map decoded with hard limits (``MAX_HEADER_BYTES`` and per-container caps); pickle is
-never used. Records are frozen dataclasses or NamedTuples; ``*_to_wire``/``*_from_wire`` turn them into
+never used. A lone INFER, EXECUTE or RESULT is read straight from its bytes into its record instead
+(``decode_typed``), and falls back to the map for anything its record refuses. Records are msgspec
+Structs or frozen dataclasses; ``*_to_wire``/``*_from_wire`` turn them into
 header maps and back, checking every field's type, because every field that arrives from a peer is hostile
 until checked (a ``*_from_wire`` raises ``ProtocolError``, never ``KeyError`` or ``TypeError``). The
 broker<->worker records live in ``zinfer.client.worker_protocol`` (this file holds the framing and the

@@ -11,9 +11,10 @@ Every ``*_from_wire`` checks each field's type and range and raises ``ProtocolEr
 trust, and a worker takes nothing on trust from a socket either. Unknown keys are ignored, so either side
 may add an optional field without breaking the other.
 
-The per-request records (EXECUTE's requests, RESULT's entries, sequence flags) are msgspec Structs declared
-once in ``worker_records`` and read from a header in C; what that refuses goes through the field-by-field
-checks here, which name the fault.
+EXECUTE, RESULT and their per-request records (EXECUTE's requests, RESULT's entries, sequence flags) are
+msgspec Structs declared once in ``worker_records``; a lone EXECUTE or RESULT is read straight from its bytes
+into its record (``decode_execute``, ``decode_result``), and a header map into its record in C; what those
+refuse goes through the field-by-field checks here, which name the fault.
 """
 
 from __future__ import annotations
