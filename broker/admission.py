@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from zinfer.client import protocol
 from zinfer.client.errors import (
@@ -78,7 +77,7 @@ class Admission:
         self.max_batch_bytes = max_batch_bytes
         self._next_prune = 0.0
 
-    def admit(self, identity: bytes, header: dict[str, Any], frames: list[Frame]) -> None:
+    def admit(self, identity: bytes, header: protocol.Header, frames: list[Frame]) -> None:
         """Check a request and queue it; raises a ServerError (answered at once) when it cannot go in."""
         if self.draining():
             raise Unavailable("the server is shutting down")

@@ -324,6 +324,9 @@ class Broker:
 
     def _on_client(self, identity: bytes, frames: list[Frame]) -> None:
         """One message from a client, or a BUNDLE of several: each handled as if it had come alone."""
+        infer = protocol.decode_infer(frames) if self.on_demand is None else None  # on-demand parks maps
+        if infer is not None:  # a lone INFER, read straight from its bytes
+            return self._on_client_message(identity, infer)
         try:
             messages = protocol.decode_many(frames, protocol.CLIENT_COMMANDS)
         except ProtocolError as exc:
@@ -336,13 +339,13 @@ class Broker:
             self._on_client_message(identity, msg)
 
     def _on_client_message(self, identity: bytes, msg: protocol.Message) -> None:
-        rid = protocol.request_id_of(msg.header)
+        rid = protocol.request_id_of(msg.record_or_header)
         try:
             if msg.command == Command.INFER:
                 self.outbox.check_reading(identity)  # a connection not reading its replies gets no more work
                 if self.on_demand is not None and self.on_demand.park(identity, msg, time.monotonic()):
                     return  # it waits for its model's load
-                self.admission.admit(identity, msg.header, msg.frames)
+                self.admission.admit(identity, msg.record_or_header, msg.frames)
                 return
             if msg.command in QUERIES:
                 body = self.on_demand.model_info(msg.command, msg.header) if self.on_demand else None

@@ -29,6 +29,7 @@ from zinfer.client.worker_protocol import (
     Heartbeat,
     Shutdown,
     WorkerResult,
+    decode_result,
     empty_to_wire,
     load_failed_from_wire,
     readiness_from_wire,
@@ -101,7 +102,7 @@ class WorkerInbox:
     def on_message(self, identity: bytes, frames: list[Frame]) -> None:
         """One message from the worker socket (``identity`` as the ROUTER names the sender)."""
         try:
-            msg = protocol.decode(frames, protocol.WORKER_COMMANDS)
+            msg = decode_result(frames) or protocol.decode(frames, protocol.WORKER_COMMANDS)
         except ProtocolError as exc:
             log.warning("event=bad_worker_message worker=%s error=%r", identity, str(exc))
             return
@@ -147,7 +148,7 @@ class WorkerInbox:
                     state.error,
                 )
             elif msg.command == Command.W_RESULT:
-                self.on_result(identity, state, result_from_wire(msg.header), msg.frames)
+                self.on_result(identity, state, result_from_wire(msg.record_or_header), msg.frames)
             elif msg.command == Command.W_READINESS:
                 answer = readiness_from_wire(msg.header)
                 state.ask_ready = functools.partial(self.readiness.ask, state)

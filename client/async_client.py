@@ -261,8 +261,7 @@ class AsyncClient(_ClientBase):
         p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence, parameters)
         await self._register_new()
         wait = self.timeout if client_timeout is None else client_timeout
-        rid = p.header["id"] = self._conn.new_id()
-        self._track(p, rid)
+        self._track(p, self._conn.new_id())
         try:
             async for reply, rframes in self._conn.stream(Command.INFER, p.header, p.frames, wait):
                 yield self._stream_result(p, reply, rframes)
@@ -270,10 +269,10 @@ class AsyncClient(_ClientBase):
             self._stream_closed(p, self._conn.send_only)
 
     async def _exchange(self, p: _Prepared, timeout: float | None) -> tuple[Reply, list[Frame]]:
-        rid = p.header["id"] = self._conn.new_id()
-        fut = self._conn.send(Command.INFER, p.header, p.frames)  # goes out with this turn's messages
+        rid = self._conn.new_id()
         self._track(p, rid)  # until the reply comes the server may read or write the slots
         try:
+            fut = self._conn.send(Command.INFER, p.header, p.frames)  # goes out with this turn's messages
             reply, rframes = await self._conn.wait(rid, fut, self.timeout if timeout is None else timeout)
         except Unsent:
             self._untrack_caller(p)

@@ -44,7 +44,7 @@ _POLLIN = int(zmq.POLLIN)
 _EVENTS = int(zmq.EVENTS)
 
 _Item = tuple[Reply, list[Frame]]
-_Out = tuple[Command, dict[str, Any], Sequence[Frame], str | None, float]  # ..., request id, connect deadline
+_Out = tuple[Command, protocol.OutHeader, Sequence[Frame], str | None, float]  # ..., id, connect deadline
 
 
 class AsyncConnection:
@@ -99,22 +99,22 @@ class AsyncConnection:
     # ------------------------------------------------------------------------------------ requests
 
     async def request(
-        self, command: Command, header: dict[str, Any], frames: Sequence[Frame], timeout: float
+        self, command: Command, header: protocol.OutHeader, frames: Sequence[Frame], timeout: float
     ) -> tuple[Reply, list[Frame]]:
         """Send one message and wait up to ``timeout`` seconds for its reply (see ``send`` and ``wait``)."""
-        rid = header.setdefault("id", self.new_id())
+        rid = protocol.stamp_id(header, self.new_id())
         fut = self.send(command, header, frames, timeout)
         return await self.wait(rid, fut, timeout)
 
     def send(
-        self, command: Command, header: dict[str, Any], frames: Sequence[Frame], timeout: float = math.inf
+        self, command: Command, header: protocol.OutHeader, frames: Sequence[Frame], timeout: float = math.inf
     ) -> asyncio.Future[tuple[Reply, list[Frame]]]:
         """Queue ``header`` (its ``id`` set) for this turn's send; the future its reply will resolve. It fails
         with ``Unsent`` when the message could not go out (no server connected within ``connect_wait``)."""
         if self._closed:
             raise ClientError("the client is closed")
         loop = self._start()
-        rid: str = header["id"]
+        rid = protocol.header_id(header)
         fut: asyncio.Future[tuple[Reply, list[Frame]]] = loop.create_future()
         self._waiters[rid] = fut
         self._queue(command, header, frames, rid, timeout)
@@ -140,13 +140,13 @@ class AsyncConnection:
             handle.cancel()
 
     async def stream(
-        self, command: Command, header: dict[str, Any], frames: Sequence[Frame], timeout: float
+        self, command: Command, header: protocol.OutHeader, frames: Sequence[Frame], timeout: float
     ) -> AsyncIterator[tuple[Reply, list[Frame]]]:
         """Send one message and yield its replies until the final one; ``timeout`` bounds each wait."""
         if self._closed:
             raise ClientError("the client is closed")
         self._start()
-        rid: str = header.setdefault("id", self.new_id())
+        rid: str = protocol.stamp_id(header, self.new_id())
         queue: asyncio.Queue[_Item | ClientError] = asyncio.Queue()
         self._streams[rid] = queue
         done = False
@@ -167,12 +167,12 @@ class AsyncConnection:
             if not done:
                 self._late.add(rid)
 
-    def send_only(self, command: Command, header: dict[str, Any]) -> None:
+    def send_only(self, command: Command, header: protocol.OutHeader) -> None:
         """Send without waiting for the answer (which is then dropped); never blocks, never raises (dropped
         when no server is connected within the heartbeat interval)."""
         if self._closed:
             return
-        header.setdefault("id", self.new_id())
+        protocol.stamp_id(header, self.new_id())
         self._start()
         self._queue(command, header, (), None, 0.0)
 
@@ -181,7 +181,7 @@ class AsyncConnection:
     def _queue(
         self,
         command: Command,
-        header: dict[str, Any],
+        header: protocol.OutHeader,
         frames: Sequence[Frame],
         rid: str | None,
         timeout: float,

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from msgspec.structs import replace
 from mypy_extensions import mypyc_attr
 
 from . import dtypes, protocol
@@ -36,7 +37,7 @@ from .errors import (
     from_status,
 )
 from .paths import default_url
-from .protocol import Command, Frame, Reply, ShmRef, TensorRef, is_final
+from .protocol import Command, Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef, is_final
 from .region_handoff import hand_over, handoff_path
 from .request_parameters import sequence_parameters, user_parameters
 from .result import InferResult
@@ -66,7 +67,7 @@ class _ModelInfo:
 class _Prepared:
     """One infer request, built and ready to send."""
 
-    header: dict[str, Any]
+    header: InferRequest  # its ``request_id`` the wire id once it goes out (``_track``)
     frames: list[Frame]
     slots: list[Slot]  # every slot of the request (inputs and outputs)
     out_slots: dict[str, Slot]
@@ -208,7 +209,7 @@ class _ClientBase:
         """The header, inline frames and slots of one infer request (inputs copied into the arena);
         ``sequence`` is ``(sequence_id, sequence_start, sequence_end)``, sent when the id is set;
         ``parameters`` the request's own (Triton's request parameters, which model code reads). The header
-        is built as ``protocol.infer_to_wire`` writes an ``InferRequest``, without making one."""
+        is the ``InferRequest`` record, which msgspec encodes as it is (no map is built)."""
         params = user_parameters(parameters)
         named = input_arrays(inputs)
         names = output_names(outputs)
@@ -223,31 +224,26 @@ class _ClientBase:
             self._free(slots)
             raise
         rid = request_id or ""
-        header: dict[str, Any] = {
-            "id": rid,
-            "model": info.name,
-            "version": info.version,
-            "inputs": wire_inputs,
-            "outputs": wire_outputs,
-        }
-        if priority:
-            header["priority"] = priority
-        if timeout:
-            header["timeout_us"] = timeout
         seq = sequence_parameters(*sequence)
-        if params or seq:
-            header["parameters"] = {**params, **seq}
-        if rid:
-            header["caller_id"] = rid
+        header = InferRequest(
+            rid,
+            info.name,
+            info.version,
+            tuple(wire_inputs),
+            tuple(wire_outputs),
+            priority,
+            timeout or 0,
+            {**params, **seq} if params or seq else protocol.NO_PARAMETERS,
+            rid,
+        )
         return _Prepared(header, frames, slots, out_slots, rid, keep=keep)
 
     def _put_inputs(
         self, inputs: Mapping[str, npt.ArrayLike], slots: list[Slot], frames: list[Frame], keep: list[Any]
-    ) -> tuple[list[dict[str, Any]], int, int]:
-        """The inputs as wire descriptors (``protocol.tensor_to_wire``'s form), the batch size (the first
-        input's first dimension) and the bytes put in shared memory; ``keep`` gets the empty() arrays sent
-        where they are."""
-        wire_inputs: list[dict[str, Any]] = []
+    ) -> tuple[list[TensorRef], int, int]:
+        """The inputs as wire descriptors, the batch size (the first input's first dimension) and the bytes
+        put in shared memory; ``keep`` gets the empty() arrays sent where they are."""
+        wire_inputs: list[TensorRef] = []
         batch = 1
         shm_bytes = 0
         use_shm = self._use_shm
@@ -257,11 +253,9 @@ class _ClientBase:
             shape = arr.shape
             if i == 0 and arr.ndim > 0:
                 batch = shape[0]
-            d: dict[str, Any] = {"name": name, "datatype": wire, "shape": list(shape)}
-            wire_inputs.append(d)
             owned = self._owned_ref(arr) if use_shm and self._owned and wire != dtypes.BYTES else None
             if owned is not None:  # already in shared memory: send where it is, no copy
-                d["shm"] = protocol.shm_to_wire(owned)
+                wire_inputs.append(TensorRef(name, wire, shape, owned))
                 shm_bytes += owned.nbytes
                 keep.append(arr)
                 continue
@@ -278,11 +272,11 @@ class _ClientBase:
                 dst = np.frombuffer(slot.view(), dtype=np.uint8)
                 src = data if isinstance(data, bytes) else data.reshape(-1).view(np.uint8)
                 dst[:] = np.frombuffer(src, dtype=np.uint8) if isinstance(src, bytes) else src
-                d["shm"] = [slot.region, slot.offset, nbytes]
+                wire_inputs.append(TensorRef(name, wire, shape, ShmRef(slot.region, slot.offset, nbytes)))
                 shm_bytes += nbytes
             else:
+                wire_inputs.append(TensorRef(name, wire, shape, None, len(frames)))
                 frames.append(data if isinstance(data, bytes) else _byte_view(data))
-                d["frame"] = len(frames) - 1
         return wire_inputs, batch, shm_bytes
 
     def _reserve_outputs(
@@ -292,20 +286,20 @@ class _ClientBase:
         info: _ModelInfo,
         input_bytes: int,
         slots: list[Slot],
-    ) -> tuple[list[dict[str, Any]], dict[str, Slot]]:
-        """The outputs asked for as wire descriptors (``protocol.output_to_wire``'s form), with an arena
-        slot reserved for each whose expected size is over the inline threshold."""
-        reqs: list[dict[str, Any]] = []
+    ) -> tuple[list[OutputRequest], dict[str, Slot]]:
+        """The outputs asked for as wire descriptors, with an arena slot reserved for each whose expected
+        size is over the inline threshold."""
+        reqs: list[OutputRequest] = []
         out_slots: dict[str, Slot] = {}
         for spec in wanted:
             size = self._output_capacity(spec, batch, info, input_bytes) if self._use_shm else None
             if size is None or size <= self.inline_threshold:
-                reqs.append({"name": spec.name})
+                reqs.append(OutputRequest(spec.name))
                 continue
             slot = self._arena_get().alloc(size)
             slots.append(slot)
             out_slots[spec.name] = slot
-            reqs.append({"name": spec.name, "slot": [slot.region, slot.offset, size]})
+            reqs.append(OutputRequest(spec.name, ShmRef(slot.region, slot.offset, size)))
         return reqs, out_slots
 
     @staticmethod
@@ -323,8 +317,9 @@ class _ClientBase:
     # ------------------------------------------------------------------------------------ in flight
 
     def _track(self, p: _Prepared, rid: str) -> None:
-        """``p`` goes out as ``rid``: its slots now wait for its reply."""
-        p.header["id"] = p.rid = rid
+        """``p`` goes out as ``rid`` (its header's ``request_id``): its slots now wait for its reply."""
+        p.header = replace(p.header, request_id=rid)
+        p.rid = rid
         with self._orphans_lock:
             if p.slots or p.keep:
                 self._orphans[rid] = (p.slots, p.keep)

@@ -59,7 +59,7 @@ class _Waiter:
 
 
 # a queued message: command, header, frames, its waiter (None: nobody waits), connect deadline
-_Out = tuple[Command, dict[str, Any], Sequence[Frame], _Waiter | None, float]
+_Out = tuple[Command, protocol.OutHeader, Sequence[Frame], _Waiter | None, float]
 
 
 class Connection:
@@ -118,7 +118,7 @@ class Connection:
     def request(
         self,
         command: Command,
-        header: dict[str, Any],
+        header: protocol.OutHeader,
         frames: Sequence[Frame],
         timeout: float,
         check: bool = True,
@@ -133,7 +133,7 @@ class Connection:
             raise ClientError("the client is closed")
         if check:
             self.check_server()
-        rid = header.setdefault("id", self.new_id())
+        rid = protocol.stamp_id(header, self.new_id())
         waiter = _Waiter()
         self._link.poll()  # a loss reported before this request must not fail it
         self._queue(command, header, frames, waiter, rid, timeout)
@@ -150,13 +150,13 @@ class Connection:
         return waiter.reply, waiter.frames
 
     def stream(
-        self, command: Command, header: dict[str, Any], frames: Sequence[Frame], timeout: float
+        self, command: Command, header: protocol.OutHeader, frames: Sequence[Frame], timeout: float
     ) -> Iterator[tuple[Reply, list[Frame]]]:
         """Send one message and yield its replies until the final one; ``timeout`` bounds each wait."""
         if self._closed:
             raise ClientError("the client is closed")
         self.check_server()
-        rid = header.setdefault("id", self.new_id())
+        rid = protocol.stamp_id(header, self.new_id())
         waiter = _Waiter(stream=deque())
         self._link.poll()
         self._queue(command, header, frames, waiter, rid, timeout)
@@ -181,12 +181,12 @@ class Connection:
         if self.url.startswith("ipc://"):
             check_server_socket(self.url[6:], self.server_uid)
 
-    def send_only(self, command: Command, header: dict[str, Any]) -> None:
+    def send_only(self, command: Command, header: protocol.OutHeader) -> None:
         """Send without waiting for the answer (which is then dropped); dropped too while no server is
         connected, or once the connection is closed (a stream abandoned after ``close``)."""
         if self._closed:
             return
-        header.setdefault("id", self.new_id())
+        protocol.stamp_id(header, self.new_id())
         self._queue(command, header, (), None, "", 0.0)
         if not self._io_lock.acquire(blocking=False):
             self._wake_owner()
@@ -202,7 +202,7 @@ class Connection:
     def _queue(
         self,
         command: Command,
-        header: dict[str, Any],
+        header: protocol.OutHeader,
         frames: Sequence[Frame],
         waiter: _Waiter | None,
         rid: str,
@@ -253,7 +253,7 @@ class Connection:
             for _, header, _, waiter, _ in items:
                 if waiter is None:
                     continue
-                self._waiters.pop(header["id"], None)
+                self._waiters.pop(protocol.header_id(header), None)
                 waiter.error = exc
                 waiter.event.set()
 
@@ -329,7 +329,7 @@ class Connection:
             for i, item in enumerate(self._out):
                 if item[3] is waiter:
                     del self._out[i]
-                    self._waiters.pop(item[1]["id"], None)
+                    self._waiters.pop(protocol.header_id(item[1]), None)
                     return True
         return False
 

@@ -8,7 +8,9 @@ A message is a list of ZeroMQ frames, the first of them the envelope::
 envelope frame rather than three saves two sends and two receives per message in every process on the
 way; a peer still sending protocol, command and header as frames of their own gets a clear error. The
 header is a msgpack map decoded with hard limits (``MAX_HEADER_BYTES`` and per-container caps); pickle is
-never used. Records are frozen dataclasses or NamedTuples; ``*_to_wire``/``*_from_wire`` turn them into
+never used. A lone INFER, EXECUTE or RESULT is read straight from its bytes into its record instead
+(``decode_typed``), and falls back to the map for anything its record refuses. Records are msgspec
+Structs or frozen dataclasses; ``*_to_wire``/``*_from_wire`` turn them into
 header maps and back, checking every field's type, because every field that arrives from a peer is hostile
 until checked (a ``*_from_wire`` raises ``ProtocolError``, never ``KeyError`` or ``TypeError``). The
 broker<->worker records live in ``zinfer.client.worker_protocol`` (this file holds the framing and the
@@ -84,10 +86,10 @@ request's ``request_id`` (Triton's ``request.request_id()``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Annotated, Any
 
 import msgpack
 import msgspec
@@ -190,14 +192,43 @@ COPY_THRESHOLD = framing.COPY_THRESHOLD
 """Frames at least this large are sent without copying (see ``send_copy``)."""
 
 
+Header = Mapping[str, Any] | InferRequest
+"""What a message's header is built from: a header map, or INFER's record (msgspec encodes it as the map
+``infer_to_wire`` writes, byte for byte)."""
+
+
+OutHeader = dict[str, Any] | InferRequest
+"""A header a client connection sends: a map it may add the ``id`` to, or INFER's record, which has one."""
+
+
+def header_id(header: Header) -> str:
+    """The ``id`` a header carries ("" if none)."""
+    rid = header.request_id if isinstance(header, InferRequest) else header.get("id", "")
+    return rid if isinstance(rid, str) else ""
+
+
+def stamp_id(header: OutHeader, fresh: str) -> str:
+    """The id a message goes out with: a record's own, or a header map's ``id`` (``fresh`` if absent)."""
+    if isinstance(header, InferRequest):
+        return header.request_id
+    rid: str = header.setdefault("id", fresh)
+    return rid
+
+
 @dataclass(frozen=True)
 class Message:
     command: Command
     header: dict[str, Any]
     frames: list[Frame] = field(default_factory=list)
+    record: Any = None  # the header read straight from its bytes (``decode_typed``), in place of the map
+
+    @property
+    def record_or_header(self) -> Any:
+        """What a ``*_from_wire`` reads: the record when there is one, else the header map."""
+        return self.header if self.record is None else self.record
 
 
-def encode(command: Command, header: Mapping[str, Any], frames: Sequence[Frame] = ()) -> list[Frame]:
+def encode(command: Command, header: Header, frames: Sequence[Frame] = ()) -> list[Frame]:
     """Frames for one message: the envelope (protocol, command and header in one frame), then its inline
     frames, the small ones packed into one when there are several (``framing``)."""
     if len(frames) < 2 or not framing.worth_packing(frames):
@@ -253,7 +284,62 @@ def decode(frames: Sequence[Frame], allowed: frozenset[Command] | None = None) -
     return Message(command, header, inline)
 
 
-def encode_bundle(items: Sequence[tuple[Command, Mapping[str, Any], Sequence[Frame]]]) -> list[Frame]:
+_Ref = int | Annotated[list[int], msgspec.Meta(max_length=2)]
+_Refs = Annotated[list[_Ref], msgspec.Meta(max_length=MAX_TENSORS)]
+TypedDecoders = tuple[Callable[[Frame], Any], Callable[[Frame], tuple[Any, Any]]]
+
+
+def typed_decoders(record: type) -> TypedDecoders:
+    """msgspec decoders, made once per record type, of a header that is that record: plain, and packed
+    (``[refs, header]``, the refs only as ``framing.unpack`` reads them)."""
+    pair: Any = tuple  # ``tuple[_Refs, record]``, made at run time
+    return msgspec.msgpack.Decoder(record).decode, msgspec.msgpack.Decoder(pair[_Refs, record]).decode
+
+
+def decode_typed(frames: Sequence[Frame], command: Command, decoders: TypedDecoders) -> Message | None:
+    """A lone message of ``command`` (plain or packed) whose header is read straight from its bytes into its
+    record, in C, as ``Message.record`` (its ``header`` then empty); None when the message is anything else,
+    or anything in it is not what a well-formed one holds: ``decode`` and the record's ``*_from_wire`` then
+    read it as before and name the fault in the same words. It takes only what that path takes: records
+    refuse unknown keys (whose contents only the msgpack caps of ``_unpack`` bound)."""
+    if not frames or len(frames) - 1 > MAX_TENSORS:
+        return None
+    envelope = frames[0]
+    if len(envelope) < ENVELOPE_HEAD or envelope[:4] != PROTOCOL or envelope[4] & ~framing.PACKED != command:
+        return None
+    head = memoryview(envelope)[ENVELOPE_HEAD - 1 :]
+    if len(head) > MAX_HEADER_BYTES:
+        return None
+    try:
+        if not envelope[4] & framing.PACKED:
+            record, inline = decoders[0](head), list(frames[1:])
+        elif len(frames) >= 2:
+            refs, record = decoders[1](head)
+            inline = framing.unpack(refs, frames[1], frames[2:], MAX_TENSORS)
+        else:
+            return None
+    except (msgspec.ValidationError, msgspec.DecodeError, ProtocolError):
+        return None
+    return Message(command, {}, inline, record)
+
+
+_INFER = typed_decoders(InferRequest)
+_SCALARS = (str, int, float, bool, bytes, type(None))
+
+
+def decode_infer(frames: Sequence[Frame]) -> Message | None:
+    """A lone INFER read straight from its bytes (``decode_typed``); its parameters, which may hold
+    anything, hold no containers here (the msgpack caps bound those: the map path reads them)."""
+    msg = decode_typed(frames, Command.INFER, _INFER)
+    if msg is None:
+        return None
+    params = msg.record.parameters
+    if params and (len(params) > 1 << 12 or not all(isinstance(v, _SCALARS) for v in params.values())):
+        return None
+    return msg
+
+
+def encode_bundle(items: Sequence[tuple[Command, Header, Sequence[Frame]]]) -> list[Frame]:
     """Frames for one BUNDLE of ``items`` (at most MAX_BUNDLE, MAX_BUNDLE_FRAMES inline frames in all)."""
     index = [(int(c), h, len(fs)) for c, h, fs in items]
     frames = [f for _, _, fs in items for f in fs]
@@ -484,8 +570,11 @@ def infer_to_wire(r: InferRequest) -> dict[str, Any]:
     return d
 
 
-def infer_from_wire(d: Mapping[str, Any]) -> InferRequest:
-    """An INFER header as a request, every field checked (see :func:`_infer_checked` for the errors)."""
+def infer_from_wire(d: Mapping[str, Any] | InferRequest) -> InferRequest:
+    """An INFER header as a request, every field checked (see :func:`_infer_checked` for the errors); a
+    record (decoded from its bytes already, ``decode_infer``) as it is."""
+    if isinstance(d, InferRequest):
+        return d
     try:
         return _convert(d, InferRequest)
     except msgspec.ValidationError:
@@ -526,10 +615,10 @@ def reply_from_wire(d: Mapping[str, Any]) -> Reply:
     return Reply(_get(d, "id", str), status, _get(d, "error", str, ""), d.get("body"))
 
 
-def request_id_of(header: Mapping[str, Any]) -> str:
+def request_id_of(header: Header) -> str:
     """The request id of a header, or ``""`` when it has none usable (for error replies)."""
-    rid = header.get("id")
-    return rid if isinstance(rid, str) and len(rid) <= MAX_NAME else ""
+    rid = header_id(header)
+    return rid if len(rid) <= MAX_NAME else ""
 
 
 # --------------------------------------------------------------------------------- other commands

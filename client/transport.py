@@ -10,7 +10,7 @@ says whether more follow). With the envelope in one frame most messages are one 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import zmq
@@ -30,7 +30,7 @@ def send_frames(sock: zmq.Socket[Any], frames: Sequence[Frame], flags: int = 0) 
 
 
 def send_messages(
-    sock: zmq.Socket[Any], items: Sequence[tuple[Command, Mapping[str, Any], Sequence[Frame]]]
+    sock: zmq.Socket[Any], items: Sequence[tuple[Command, protocol.Header, Sequence[Frame]]]
 ) -> int:
     """Send ``items`` in order without blocking, runs of several as one BUNDLE (MAX_BUNDLE messages,
     MAX_BUNDLE_FRAMES inline frames at most); how many went out before the socket had no peer to take them

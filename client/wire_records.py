@@ -1,8 +1,9 @@
 """The per-request records of the client half of the wire contract, each declared once as a msgspec
 ``Struct``: its fields, their wire names and their bounds in one place.
 
-A header map that arrives is turned into its record by msgspec in C (``msgspec.convert``: types, lengths
-and ranges checked, unknown keys ignored); what msgspec refuses goes through ``protocol``'s field-by-field
+A header that arrives is turned into its record by msgspec in C, straight from its bytes (a lone INFER,
+EXECUTE or RESULT: ``protocol.decode_typed``) or from its map (``msgspec.convert``): types, lengths and
+ranges checked, unknown keys refused; what msgspec refuses goes through ``protocol``'s field-by-field
 checks, which accept exactly the same and name what is wrong in the words the error replies have always
 used. The bounds here are never looser than those checks: anything the Struct takes, they take too.
 
@@ -60,7 +61,9 @@ else:
     AbsentShm, AbsentFrame = ShmRef, FrameNumber
 
 
-class _Record(msgspec.Struct, frozen=True, omit_defaults=True):
+# Unknown keys are refused here (``forbid_unknown_fields``), so a header with one goes through the checks,
+# which ignore it but bound its contents (``protocol.decode``'s msgpack caps); the Struct never skips bytes.
+class _Record(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     def _replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` (the NamedTuples' name for it, which these records replace)."""
         return msgspec.structs.replace(self, **changes)

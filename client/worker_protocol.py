@@ -11,25 +11,30 @@ Every ``*_from_wire`` checks each field's type and range and raises ``ProtocolEr
 trust, and a worker takes nothing on trust from a socket either. Unknown keys are ignored, so either side
 may add an optional field without breaking the other.
 
-The per-request records (EXECUTE's requests, RESULT's entries, sequence flags) are msgspec Structs declared
-once in ``worker_records`` and read from a header in C; what that refuses goes through the field-by-field
-checks here, which name the fault.
+EXECUTE, RESULT and their per-request records (EXECUTE's requests, RESULT's entries, sequence flags) are
+msgspec Structs declared once in ``worker_records``; a lone EXECUTE or RESULT is read straight from its bytes
+into its record (``decode_execute``, ``decode_result``), and a header map into its record in C; what those
+refuse goes through the field-by-field checks here, which name the fault.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 import msgspec
 
+from . import protocol
 from .errors import ProtocolError, Status
 from .protocol import (
     INT63_LIMIT,
     MAX_NAME,
     MAX_TENSORS,
+    Command,
+    Frame,
+    Message,
     _convert,
     _get,
     _int,
@@ -41,16 +46,18 @@ from .protocol import (
     tensor_to_wire,
 )
 from .worker_records import MAX_PARAMETER_TEXT as MAX_PARAMETER_TEXT
+from .worker_records import MAX_REGIONS as MAX_REGIONS
+from .worker_records import MAX_REQUESTS as MAX_REQUESTS
 from .worker_records import NO_PARAMETERS as NO_PARAMETERS
+from .worker_records import NO_REGIONS as NO_REGIONS
+from .worker_records import Execute as Execute
 from .worker_records import ExecuteRequest as ExecuteRequest
 from .worker_records import RequestResult as RequestResult
 from .worker_records import SequenceControl as SequenceControl
 from .worker_records import SequenceFlags as SequenceFlags
+from .worker_records import Timings as Timings
+from .worker_records import WorkerResult as WorkerResult
 
-MAX_REQUESTS = 1 << 16
-"""The most requests one EXECUTE or RESULT names (msgpack's array cap of ``unpack_header``)."""
-MAX_REGIONS = 1 << 12
-"""The most client regions one EXECUTE names (msgpack's map cap of ``unpack_header``)."""
 CONTROL_KINDS = frozenset({"START", "END", "READY", "CORRID"})
 _U64 = 1 << 64
 _STATUS_BY_INT = {int(s): s for s in Status}
@@ -160,21 +167,6 @@ def shutdown_from_wire(h: Mapping[str, Any]) -> Shutdown:
 
 
 # ---------------------------------------------------------------------------------------------- W_EXECUTE
-
-
-NO_REGIONS: Mapping[str, tuple[int, int, int]] = MappingProxyType({})
-@dataclass(frozen=True)
-class Execute:
-    """W_EXECUTE: a batch. Inline input frames are numbered across the whole batch. ``regions`` names,
-    for each client region the batch touches, how the worker reaches and checks it: ``(fd, dev, ino)``
-    of the broker's descriptor; regions absent from it are the server's own. ``serial``: a run, not a
-    batch: each request is its own execution, one after the other (a model without dynamic batching),
-    answered together in one RESULT."""
-
-    batch: int
-    requests: tuple[ExecuteRequest, ...]
-    regions: Mapping[str, tuple[int, int, int]] = field(default_factory=lambda: NO_REGIONS)
-    serial: bool = False
 
 
 def control_to_wire(c: SequenceControl) -> dict[str, Any]:
@@ -289,7 +281,26 @@ def _region_ids(value: Any) -> dict[str, tuple[int, int, int]]:
     return table
 
 
-def execute_from_wire(h: Mapping[str, Any]) -> Execute:
+_EXECUTE = protocol.typed_decoders(Execute)
+_RESULT = protocol.typed_decoders(WorkerResult)
+
+
+def decode_execute(frames: Sequence[Frame]) -> Message | None:
+    """A W_EXECUTE read straight from its header's bytes into its record (``protocol.decode_typed``); None
+    for any other message, or one whose header is not a well-formed EXECUTE (``decode`` and
+    ``execute_from_wire`` then name the fault)."""
+    return protocol.decode_typed(frames, Command.W_EXECUTE, _EXECUTE)
+
+
+def decode_result(frames: Sequence[Frame]) -> Message | None:
+    """A W_RESULT read straight from its bytes, as ``decode_execute`` reads an EXECUTE."""
+    return protocol.decode_typed(frames, Command.W_RESULT, _RESULT)
+
+
+def execute_from_wire(h: Mapping[str, Any] | Execute) -> Execute:
+    """An EXECUTE header as its record, every field checked; a record (``decode_execute``) as it is."""
+    if isinstance(h, Execute):
+        return h
     return Execute(
         batch=_int(h, "batch"),
         requests=tuple(execute_request_from_wire(r) for r in _list(h, "requests", MAX_REQUESTS)),
@@ -319,21 +330,6 @@ def cancel_from_wire(h: Mapping[str, Any]) -> CancelRequest:
 
 
 # ---------------------------------------------------------------------------------------------- W_RESULT
-
-
-Timings = tuple[int, int, int]
-"""Nanoseconds the worker spent gathering the inputs, in the model, and scattering the outputs."""
-
-
-@dataclass(frozen=True)
-class WorkerResult:
-    """W_RESULT: the answers to a batch. ``partial`` ones carry a decoupled model's responses while the
-    batch still runs (no timings); the last RESULT of a batch is not partial and ends it."""
-
-    batch: int
-    results: tuple[RequestResult, ...]
-    partial: bool = False
-    timings: Timings = (0, 0, 0)
 
 
 def request_result_to_wire(r: RequestResult) -> dict[str, Any]:
@@ -376,7 +372,10 @@ def result_to_wire(r: WorkerResult) -> dict[str, Any]:
     return d
 
 
-def result_from_wire(h: Mapping[str, Any]) -> WorkerResult:
+def result_from_wire(h: Mapping[str, Any] | WorkerResult) -> WorkerResult:
+    """A RESULT header as its record, every field checked; a record (``decode_result``) as it is."""
+    if isinstance(h, WorkerResult):
+        return h
     timings = _list(h, "t", 3, [0, 0, 0])
     if len(timings) != 3 or not all(
         isinstance(x, int) and not isinstance(x, bool) and 0 <= x < INT63_LIMIT for x in timings

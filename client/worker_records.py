@@ -17,7 +17,24 @@ import msgspec.structs
 from .errors import Status
 from .wire_records import MAX_NAME, MAX_TENSORS, Count, Name, Outputs, Tensors, _Record
 
-__all__ = ["NO_PARAMETERS", "ExecuteRequest", "RequestResult", "SequenceControl", "SequenceFlags"]
+MAX_REQUESTS = 1 << 16
+"""The most requests one EXECUTE or RESULT names (msgpack's array cap of ``protocol.unpack_header``)."""
+MAX_REGIONS = 1 << 12
+"""The most client regions one EXECUTE names (msgpack's map cap of ``protocol.unpack_header``)."""
+
+__all__ = [
+    "MAX_REGIONS",
+    "MAX_REQUESTS",
+    "NO_PARAMETERS",
+    "NO_REGIONS",
+    "Execute",
+    "ExecuteRequest",
+    "RequestResult",
+    "SequenceControl",
+    "SequenceFlags",
+    "Timings",
+    "WorkerResult",
+]
 
 MAX_PARAMETER_TEXT = 1 << 12
 """The longest string value of a request parameter the worker takes."""
@@ -93,3 +110,43 @@ class RequestResult(_Record, frozen=True, omit_defaults=True):
 
     def __post_init__(self) -> None:
         _frozen_parameters(self, self.parameters)
+
+
+U64 = Annotated[int, msgspec.Meta(ge=0)]  # msgpack's integers stop at 2**64
+NO_REGIONS: Mapping[str, tuple[int, int, int]] = MappingProxyType({})
+_Regions = Annotated[dict[Name, tuple[U64, U64, U64]], msgspec.Meta(max_length=MAX_REGIONS)]
+if TYPE_CHECKING:
+    Regions = Mapping[str, tuple[int, int, int]]
+else:
+    Regions = _Regions
+
+
+class Execute(_Record, frozen=True, omit_defaults=True):
+    """W_EXECUTE: a batch. Inline input frames are numbered across the whole batch. ``regions`` names,
+    for each client region the batch touches, how the worker reaches and checks it: ``(fd, dev, ino)``
+    of the broker's descriptor; regions absent from it are the server's own. ``serial``: a run, not a
+    batch: each request is its own execution, one after the other (a model without dynamic batching),
+    answered together in one RESULT."""
+
+    batch: Count
+    requests: Annotated[tuple[ExecuteRequest, ...], msgspec.Meta(max_length=MAX_REQUESTS)]
+    regions: Regions = NO_REGIONS
+    serial: bool = False
+
+
+Timings = tuple[int, int, int]
+"""Nanoseconds the worker spent gathering the inputs, in the model, and scattering the outputs."""
+if TYPE_CHECKING:
+    WireTimings = Timings
+else:
+    WireTimings = tuple[Count, Count, Count]
+
+
+class WorkerResult(_Record, frozen=True, omit_defaults=True):
+    """W_RESULT: the answers to a batch. ``partial`` ones carry a decoupled model's responses while the
+    batch still runs (no timings); the last RESULT of a batch is not partial and ends it."""
+
+    batch: Count
+    results: Annotated[tuple[RequestResult, ...], msgspec.Meta(max_length=MAX_REQUESTS)]
+    partial: bool = False
+    timings: WireTimings = msgspec.field(default=(0, 0, 0), name="t")

@@ -38,6 +38,7 @@ from zinfer.client.worker_protocol import (
     WorkerReady,
     WorkerResult,
     cancel_from_wire,
+    decode_execute,
     drop_region_from_wire,
     execute_from_wire,
     load_failed_to_wire,
@@ -133,7 +134,7 @@ class Worker:
                 f"an output of {big} bytes is over the {limit} byte frame limit; raise --max-tensor-bytes, "
                 "or give the output a shared-memory slot"
             )
-            result = replace(result, results=tuple(error_result(r.id, error) for r in result.results))
+            result = result._replace(results=tuple(error_result(r.id, error) for r in result.results))
             frames = []
         self.send(Command.W_RESULT, result_to_wire(result), frames)
 
@@ -224,7 +225,7 @@ class Worker:
                     break
                 try:
                     if msg.command == Command.W_EXECUTE:
-                        self._execute(runner, execute_from_wire(msg.header), msg.frames)
+                        self._execute(runner, execute_from_wire(msg.record_or_header), msg.frames)
                     elif msg.command == Command.W_DROP_REGION:
                         self.regions.drop(drop_region_from_wire(msg.header).name)
                     elif msg.command == Command.W_CANCEL:
@@ -244,9 +245,9 @@ class Worker:
     def _receive(self) -> Message | None:
         """The next message, None when it is malformed (logged); waits up to POLL_MS (the socket's
         RCVTIMEO) for one, then raises ``zmq.Again`` (callers that polled first never wait)."""
-        frames = recv_frames(self.sock)
-        try:
-            return protocol.decode([f.buffer for f in frames])
+        buffers = [f.buffer for f in recv_frames(self.sock)]
+        try:  # an EXECUTE straight from its bytes; anything else (or a malformed one) through the map
+            return decode_execute(buffers) or protocol.decode(buffers)
         except ProtocolError as exc:
             log.error("event=bad_message error=%r", str(exc))
             return None
@@ -274,7 +275,7 @@ class Worker:
         if msg.command != Command.W_EXECUTE:
             return
         try:
-            execute = execute_from_wire(msg.header)
+            execute = execute_from_wire(msg.record_or_header)
         except ProtocolError:
             return  # running it reports the error
         batch_id = execute.batch

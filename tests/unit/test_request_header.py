@@ -1,7 +1,8 @@
-"""The client builds an INFER header straight from the caller's arrays (``_ClientBase._prepare``), without an
-``InferRequest``: it must be exactly what ``protocol.infer_to_wire`` writes for the request it stands for,
-and read back by the broker's decoder (``protocol.infer_from_wire``) as that request, for any mix of
-dtypes, shapes, memory layouts, options, inline frames and shared-memory slots."""
+"""The client builds an INFER header straight from the caller's arrays (``_ClientBase._prepare``) as the
+declared record, ``InferRequest``: it must be the request the call stands for, go on the wire as exactly
+the bytes ``protocol.infer_to_wire``'s map encodes to, and be read back from those bytes by the broker's
+decoder as that request, for any mix of dtypes, shapes, memory layouts, options, inline frames and
+shared-memory slots."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from zinfer.client import dtypes, protocol
 from zinfer.client.base import _ClientBase, _ModelInfo, _OutputSpec
-from zinfer.client.protocol import InferRequest, OutputRequest, ShmRef, TensorRef
+from zinfer.client.protocol import Command, InferRequest, OutputRequest, ShmRef, TensorRef
 from zinfer.client.shm import Segment
 
 DTYPES = ["float32", "float16", "int8", "int64", "uint16", "bool", "object"]
@@ -55,7 +56,7 @@ def _expected(
     c: _ClientBase,
     info: _ModelInfo,
     arrays: dict[str, Any],
-    header: dict[str, Any],
+    header: InferRequest,
     rid: str,
     priority: int,
     timeout: int,
@@ -64,12 +65,11 @@ def _expected(
     """The request the header stands for, built field by field from what the call was given and where the
     client put each tensor (which ``header`` names: frame or slot)."""
     inputs = []
-    for d, (name, arr) in zip(header["inputs"], arrays.items(), strict=True):
-        shm = ShmRef(*d["shm"]) if "shm" in d else None
-        inputs.append(TensorRef(name, dtypes.numpy_to_wire(arr.dtype), arr.shape, shm, d.get("frame")))
-    outputs = tuple(
-        OutputRequest(o["name"], ShmRef(*o["slot"]) if "slot" in o else None) for o in header["outputs"]
-    )
+    for t, (name, arr) in zip(header.inputs, arrays.items(), strict=True):
+        shm = None if t.shm is None else ShmRef(*t.shm)
+        inputs.append(TensorRef(name, dtypes.numpy_to_wire(arr.dtype), arr.shape, shm, t.frame))
+    assert header.outputs is not None
+    outputs = tuple(OutputRequest(o.name, o.slot and ShmRef(*o.slot)) for o in header.outputs)
     return InferRequest(rid, info.name, info.version, tuple(inputs), outputs, priority, timeout, params, rid)
 
 
@@ -118,32 +118,42 @@ def test_the_header_is_what_infer_to_wire_writes_and_the_broker_reads_it_back(
     try:
         seq = dict(zip(("sequence_id", "sequence_start", "sequence_end"), sequence, strict=True))
         merged = {**(params or {}), **({} if sequence in ((0, False, False), ("", False, False)) else seq)}
-        want = _expected(client, info, arrays, p.header, rid, priority, timeout, merged)
-        assert p.header == protocol.infer_to_wire(want)
-        got = protocol.infer_from_wire(p.header)
+        header = p.header
+        assert type(header) is InferRequest
+        want = _expected(client, info, arrays, header, rid, priority, timeout, merged)
+        assert header._replace(parameters=dict(header.parameters)) == want._replace(parameters=merged)
+        wire = protocol.encode(Command.INFER, header, p.frames)
+        assert wire == protocol.encode(Command.INFER, protocol.infer_to_wire(want), p.frames)  # byte for byte
+        fast = protocol.decode_infer(wire)  # as the broker reads it: straight from the bytes
+        assert fast is not None and type(fast.record) is InferRequest
+        got = fast.record
         assert got._replace(parameters=dict(got.parameters)) == want._replace(parameters=merged)
-        assert [o["name"] for o in p.header["outputs"]] == (out_names or ["OUT0", "OUT1", "OUT2"])
-        for d, arr in zip(p.header["inputs"], arrays.values(), strict=True):
+        assert [bytes(f) for f in fast.frames] == [bytes(f) for f in p.frames]
+        assert protocol.infer_from_wire(protocol.decode(wire).header) == got  # and through the map
+        assert header.outputs is not None
+        assert [o.name for o in header.outputs] == (out_names or ["OUT0", "OUT1", "OUT2"])
+        for t, arr in zip(header.inputs, arrays.values(), strict=True):
             if arr.dtype == object:
                 data = dtypes.serialize_bytes(arr)
             else:
                 data = np.ascontiguousarray(arr).tobytes()
-            if "frame" in d:
-                assert bytes(p.frames[d["frame"]]) == data
+            if t.frame is not None:
+                assert bytes(p.frames[t.frame]) == data
                 assert len(data) <= client.inline_threshold
             else:
-                region, offset, nbytes = d["shm"]
+                assert t.shm is not None
+                region, offset, nbytes = t.shm
                 assert nbytes == len(data) > client.inline_threshold
                 slot = next(s for s in p.slots if s.region == region and s.offset == offset)
                 assert bytes(slot.view()[:nbytes]) == data
         batch = next(iter(arrays.values())).shape[0]  # the first input's first dimension
         big_out = batch * cols * 4 > client.inline_threshold
         # an output of unknown size gets a slot the size of the inputs in shared memory, from 4 KiB
-        in_shm = sum(d["shm"][2] for d in p.header["inputs"] if "shm" in d)
-        for o in p.header["outputs"]:
+        in_shm = sum(t.shm.nbytes for t in header.inputs if t.shm is not None)
+        for o in header.outputs:
             sized = {"OUT0": big_out, "OUT1": False, "OUT2": in_shm >= 4096}  # BYTES: no size known
-            assert ("slot" in o) == sized[o["name"]]
-            if o["name"] == "OUT2" and "slot" in o:
-                assert o["slot"][2] == in_shm
+            assert (o.slot is not None) == sized[o.name]
+            if o.name == "OUT2" and o.slot is not None:
+                assert o.slot.nbytes == in_shm
     finally:
         client._free(p.slots)

@@ -57,7 +57,7 @@ def test_a_request_keeps_the_empty_array_it_names_until_settled(client: _ClientB
     info = _ModelInfo("m", 1, 0, (_OutputSpec("Y", "BYTES", (1,)),))
     x = client.empty((MIB,), np.float32)
     p = client._prepare(info, {"X": x}, None, None, 0, None)
-    assert "shm" in p.header["inputs"][0] and p.slots == []  # sent where it is, no copy
+    assert p.header.inputs[0].shm is not None and p.slots == []  # sent where it is, no copy
     client._track(p, "r1")
     del x  # the caller gave up on it while the server may still read it
     gc.collect()
