@@ -101,8 +101,7 @@ class DoorClient(AsyncClient):
             "", info.name, info.version, tuple(refs), tuple(outputs), call.priority, call.timeout_us,
             params, call.request_id,
         )  # fmt: skip
-        header = protocol.infer_to_wire(request)
-        return _Prepared(header, frames, slots, out_slots, call.request_id, keep=keep)
+        return _Prepared(request, frames, slots, out_slots, call.request_id, keep=keep)
 
     def _reply_of(self, p: _Prepared, reply: Reply, frames: list[Frame], request_id: str) -> InferReply:
         """The reply's outputs as tensors over its frames and slots; frees the input slots."""
