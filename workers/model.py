@@ -12,7 +12,7 @@ Array values are NumPy arrays, or CuPy arrays on GPU instances.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -21,7 +21,7 @@ from zinfer.client.errors import ServerError
 
 from .cancel_flags import CancelFlag
 
-Array = npt.NDArray[Any]
+Array: TypeAlias = npt.NDArray[Any]  # an alias also where the build runs mypyc without NumPy installed
 Alloc = Callable[[str, tuple[int, ...], np.dtype[Any]], Array | None]
 
 
