@@ -1,0 +1,192 @@
+"""tritonclient's own example scripts (triton-inference-server/client ``src/python/examples``), run unchanged
+with the real tritonclient against ``zinfer serve``.
+
+Nothing of Triton's is kept here. The scripts are read at test time from a git copy of
+triton-inference-server/client named by ``TRITON_CLIENT_GIT``, and the models they use from Triton's
+``docs/examples/model_repository`` (ONNX models and one python model) in a git copy of
+triton-inference-server/server named by ``TRITON_SERVER_GIT`` (each a ``.git`` folder or a bare mirror).
+Triton's qa setup builds three more models from C++ backends; ``tests/triton_sample_models`` holds
+python-backend models of the same names and behaviour (its README says which). The repository is
+assembled as Triton's ``qa/L0_http/test.sh`` does, and the scripts run as that test runs them (``-v``; the
+sequence clients also with ``-d``, and the model-control clients against an explicit-mode server). The main
+server listens on Triton's ports 8000, 8001 and 8002, which the scripts use by default (and
+memory_growth_test.py always); the tests are skipped when those ports are taken, or without the two
+variables or tritonclient.
+
+Not run: the cudashm clients (a GPU), and image_client, grpc_image_client, ensemble_image_client and
+grpc_client (densenet_onnx, inception and the ensemble's preprocessing models are downloads, and the image
+clients need Pillow and a test image). Run::
+
+    TRITON_CLIENT_GIT=/path/to/client/.git TRITON_SERVER_GIT=/path/to/server/.git .venv/bin/python -m \\
+        pytest tests/integration/test_triton_client_examples.py -v
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ServerProcess, start_server, stop_all
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("tritonclient.grpc")
+pytest.importorskip("tritonclient.http")
+
+CLIENT_GIT = os.environ.get("TRITON_CLIENT_GIT", "")
+SERVER_GIT = os.environ.get("TRITON_SERVER_GIT", "")
+OWN_MODELS = Path(__file__).resolve().parent.parent / "triton_sample_models"
+DOCS_MODELS = ("simple", "simple_string", "simple_identity", "simple_sequence", "simple_dyna_sequence",
+               "simple_int8")  # fmt: skip
+
+# script -> the argument lists it is run with, as Triton's qa runs it
+SCRIPTS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "grpc_explicit_byte_content_client.py": ((),),
+    "grpc_explicit_int8_content_client.py": ((),),
+    "grpc_explicit_int_content_client.py": ((),),
+    "memory_growth_test.py": (("-r", "20"), ("-i", "grpc", "-r", "20")),
+    "reuse_infer_objects_client.py": (("-v",), ("-v", "-i", "grpc", "-u", "localhost:8001")),
+    "simple_grpc_aio_infer_client.py": (("-v",),),
+    "simple_grpc_aio_sequence_stream_infer_client.py": (("-v",), ("-v", "-d")),
+    "simple_grpc_async_infer_client.py": (("-v",),),
+    "simple_grpc_custom_args_client.py": (("-v",),),
+    "simple_grpc_custom_repeat.py": (("-v",),),
+    "simple_grpc_health_metadata.py": (("-v",),),
+    "simple_grpc_infer_client.py": (("-v",),),
+    "simple_grpc_keepalive_client.py": (("-v",),),
+    "simple_grpc_sequence_stream_infer_client.py": (("-v",), ("-v", "-d")),
+    "simple_grpc_sequence_sync_infer_client.py": (("-v",), ("-v", "-d")),
+    "simple_grpc_shm_client.py": (("-v",),),
+    "simple_grpc_shm_string_client.py": (("-v",),),
+    "simple_grpc_string_infer_client.py": (("-v",),),
+    "simple_http_aio_infer_client.py": (("-v",),),
+    "simple_http_async_infer_client.py": (("-v",),),
+    "simple_http_health_metadata.py": (("-v",),),
+    "simple_http_infer_client.py": (("-v",),),
+    "simple_http_sequence_sync_infer_client.py": (("-v",), ("-v", "-d")),
+    "simple_http_shm_client.py": (("-v",),),
+    "simple_http_shm_string_client.py": (("-v",),),
+    "simple_http_string_infer_client.py": (("-v",),),
+}
+CONTROL_SCRIPTS = ("simple_grpc_model_control.py", "simple_http_model_control.py")
+CASES = [(script, args) for script, runs in SCRIPTS.items() for args in runs]
+
+
+def _show(git_dir: str, path: str) -> bytes:
+    return subprocess.run(["git", "--git-dir", git_dir, "show", f"HEAD:{path}"], check=True,
+                          capture_output=True, timeout=60).stdout  # fmt: skip
+
+
+def _tree(git_dir: str, path: str) -> list[str]:
+    out = subprocess.run(["git", "--git-dir", git_dir, "ls-tree", "-r", "--name-only", "HEAD", path],
+                         check=True, capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+    return out.split()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _string_dyna_config(dyna: str) -> str:
+    """simple_dyna_sequence's config made into simple_string_dyna_sequence's, as qa/L0_http/test.sh does."""
+    text = dyna.replace("simple_dyna_sequence", "simple_string_dyna_sequence")
+    text = re.sub(r"(?m)^platform: .*$", 'backend: "python"', text)
+    return re.sub(r"(CONTROL_SEQUENCE_CORRID\s*\n\s*)data_type:.*", r"\1data_type: TYPE_STRING", text)
+
+
+def _assemble(root: Path) -> tuple[Path, Path, Path]:
+    """(repository of Triton's qa models, the same plus the other examples' models, the scripts folder)."""
+    qa, full, scripts = root / "qa_models", root / "models", root / "scripts"
+    for name in DOCS_MODELS:
+        prefix = f"docs/examples/model_repository/{name}/"
+        for path in _tree(SERVER_GIT, prefix):
+            dest = qa / path.removeprefix(prefix.rsplit("/", 2)[0] + "/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(_show(SERVER_GIT, path))
+    shutil.copytree(OWN_MODELS / "simple_string_dyna_sequence", qa / "simple_string_dyna_sequence")
+    config = (qa / "simple_dyna_sequence" / "config.pbtxt").read_text()
+    string_config = _string_dyna_config(config)
+    assert "TYPE_STRING" in string_config and 'backend: "python"' in string_config, string_config
+    (qa / "simple_string_dyna_sequence" / "config.pbtxt").write_text(string_config)
+    shutil.copytree(qa, full)
+    for name in ("repeat_int32", "custom_identity_int32"):
+        shutil.copytree(OWN_MODELS / name, full / name)
+    scripts.mkdir()
+    for script in (*SCRIPTS, *CONTROL_SCRIPTS):
+        (scripts / script).write_bytes(_show(CLIENT_GIT, f"src/python/examples/{script}"))
+    return qa, full, scripts
+
+
+@pytest.fixture(scope="module")
+def assembled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    if not CLIENT_GIT or not SERVER_GIT:
+        pytest.skip("TRITON_CLIENT_GIT and TRITON_SERVER_GIT are not both set (git copies of Triton's client "
+                    "and server)")  # fmt: skip
+    try:
+        _show(CLIENT_GIT, "src/python/examples/simple_http_infer_client.py")
+        _show(SERVER_GIT, "docs/examples/model_repository/simple/config.pbtxt")
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("TRITON_CLIENT_GIT or TRITON_SERVER_GIT is not a git copy of Triton's client or server")
+    return _assemble(tmp_path_factory.mktemp("client_examples"))
+
+
+@pytest.fixture(scope="module")
+def server(assembled: tuple[Path, Path, Path]) -> Iterator[ServerProcess]:
+    if not all(_port_free(p) for p in (8000, 8001, 8002)):
+        pytest.skip("ports 8000, 8001 and 8002, which the example scripts use, are taken")
+    doors = ("--grpc", "127.0.0.1:8001", "--http", "127.0.0.1:8000", "--metrics", "127.0.0.1:8002")
+    proc = start_server(assembled[1], *doors, ready_timeout=120)
+    try:
+        yield proc
+    finally:
+        stop_all([proc])
+
+
+def _run(script: Path, args: tuple[str, ...], server: ServerProcess) -> str:
+    proc = subprocess.run([sys.executable, script.name, *args], cwd=script.parent, capture_output=True,
+                          text=True, timeout=180)  # fmt: skip
+    print(f"example {script.name} {' '.join(args)}: exit {proc.returncode}")
+    detail = proc.stdout[-3000:] + proc.stderr[-3000:] + "\n--- server log ---\n" + server.log()[-3000:]
+    assert proc.returncode == 0, detail
+    return proc.stdout
+
+
+@pytest.mark.parametrize(("script", "args"), CASES, ids=[f"{s}{''.join(a)}" for s, a in CASES])
+def test_client_example(script: str, args: tuple[str, ...], assembled: tuple[Path, Path, Path],
+                        server: ServerProcess) -> None:  # fmt: skip
+    path = assembled[2] / script
+    out = _run(path, args, server)
+    if b"PASS" in path.read_bytes():  # the scripts that print PASS print it only when they pass
+        assert "PASS" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("script", CONTROL_SCRIPTS)
+def test_model_control_example(script: str, assembled: tuple[Path, Path, Path]) -> None:
+    http, grpc = _free_port(), _free_port()
+    doors = ("--grpc", f"127.0.0.1:{grpc}", "--http", f"127.0.0.1:{http}", "--metrics", "127.0.0.1:0")
+    proc = start_server(assembled[0], *doors, "--model-control-mode", "explicit", ready_timeout=120)
+    try:
+        url = f"localhost:{grpc if 'grpc' in script else http}"
+        out = _run(assembled[2] / script, ("-v", "-u", url), proc)
+        assert "PASS" in out, out[-3000:]
+    finally:
+        stop_all([proc])
