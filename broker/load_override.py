@@ -5,7 +5,8 @@
 under the runtime directory, ``overrides/<n>/<name>/``, and loads from there: the config as config.pbtxt
 text (``modelconfig.config_json``), each file at its relative path, and, for a config alone, a link to
 each entry of the repository's folder. A path that is absolute, climbs out (``..``), or names
-config.pbtxt is refused, and nothing is written.
+config.pbtxt is refused, as is a config that is not a JSON object, and nothing is written; the error reads
+"failed to load '<name>': ..." as Triton's does.
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ def override_folder(
     """Write the model's folder for a LOAD with overrides and return it (named ``name``)."""
     if files and not config:
         raise InvalidArgument(f"failed to load '{name}': a load with files needs the model's config too")
-    paths = {_relative(p): data for p, data in files.items()}
-    try:
+    try:  # Triton's texts start "failed to load '<name>'", which clients match on
+        paths = {_relative(p): data for p, data in files.items()}
         text = pbtxt_from_json(config, f"the config of '{name}'")
-    except ConfigError as exc:
-        raise InvalidArgument(str(exc)) from None
+    except (ConfigError, InvalidArgument) as exc:
+        raise InvalidArgument(f"failed to load '{name}': {exc}") from None
     folder = runtime_dir / "overrides" / str(next(_serial)) / name
     if folder.parent.exists():
         shutil.rmtree(folder.parent)
