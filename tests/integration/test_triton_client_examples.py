@@ -32,6 +32,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import ServerProcess, start_server, stop_all
@@ -45,9 +46,17 @@ SERVER_GIT = os.environ.get("TRITON_SERVER_GIT", "")
 OWN_MODELS = Path(__file__).resolve().parent.parent / "triton_sample_models"
 DOCS_MODELS = ("simple", "simple_string", "simple_identity", "simple_sequence", "simple_dyna_sequence",
                "simple_int8")  # fmt: skip
+IMAGE_COLOUR = (200, 40, 90)  # the test image: one colour, so the stand-in densenet's scores are known
 
+IMAGE_ARGS = ("-m", "densenet_onnx", "-s", "INCEPTION", "-c", "1", "-b", "1", "../image.png")
+IMAGE_CASES = [
+    ("image_client.py", IMAGE_ARGS), ("image_client.py", ("-a", *IMAGE_ARGS)),
+    ("image_client.py", ("-i", "grpc", "-u", "localhost:8001", *IMAGE_ARGS)),
+    ("grpc_image_client.py", IMAGE_ARGS), ("grpc_image_client.py", ("-a", *IMAGE_ARGS)),
+]  # fmt: skip
 # script -> the argument lists it is run with, as Triton's qa runs it
 SCRIPTS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "grpc_client.py": ((),),  # densenet_onnx's metadata, config and one request of "a" bytes
     "grpc_explicit_byte_content_client.py": ((),),
     "grpc_explicit_int8_content_client.py": ((),),
     "grpc_explicit_int_content_client.py": ((),),
@@ -115,6 +124,21 @@ def _string_dyna_config(dyna: str) -> str:
     return re.sub(r"(CONTROL_SEQUENCE_CORRID\s*\n\s*)data_type:.*", r"\1data_type: TYPE_STRING", text)
 
 
+def _densenet(folder: Path, image: Path) -> None:
+    """densenet_onnx as in Triton's docs (its config and labels) with the stand-in graph of
+    ``tests/onnx_models`` in place of the downloaded model.onnx, and a test image."""
+    from PIL import Image
+
+    from tests.onnx_models import densenet_standin
+
+    prefix = "docs/examples/model_repository/densenet_onnx/"
+    for name in ("config.pbtxt", "densenet_labels.txt"):
+        (folder / "1").mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(_show(SERVER_GIT, prefix + name))
+    densenet_standin(folder / "1" / "model.onnx", batch=1)
+    Image.new("RGB", (300, 200), IMAGE_COLOUR).save(image)
+
+
 def _assemble(root: Path) -> tuple[Path, Path, Path, Path]:
     """(repository of Triton's qa models, the same plus the other examples' models, the scripts folder, the
     qa models and one more)."""
@@ -134,10 +158,11 @@ def _assemble(root: Path) -> tuple[Path, Path, Path, Path]:
     shutil.copytree(qa, full)
     for name in ("repeat_int32", "custom_identity_int32"):
         shutil.copytree(OWN_MODELS / name, full / name)
+    _densenet(full / "densenet_onnx", root / "image.png")
     shutil.copytree(qa, qa8)
     shutil.copytree(OWN_MODELS / "custom_identity_int32", qa8 / "custom_identity_int32")
     scripts.mkdir()
-    for script in (*SCRIPTS, *CONTROL_SCRIPTS, *NAME_SCRIPTS):
+    for script in (*SCRIPTS, *CONTROL_SCRIPTS, *NAME_SCRIPTS, "image_client.py", "grpc_image_client.py"):
         (scripts / script).write_bytes(_show(CLIENT_GIT, f"src/python/examples/{script}"))
     return qa, full, scripts, qa8
 
@@ -229,3 +254,25 @@ def test_health_metadata_example(script: str, assembled: tuple[Path, Path, Path,
     renamed = path.with_name("zinfer_name_" + path.name)
     renamed.write_text(text.replace('== "triton"', '== "zinfer"'))
     _run(renamed, ("-v",), server)
+
+
+@pytest.mark.parametrize(("script", "args"), IMAGE_CASES, ids=[f"{s}{''.join(a[:2])}" for s, a in IMAGE_CASES])  # noqa: E501
+def test_image_client_example(script: str, args: tuple[str, ...], assembled: tuple[Path, Path, Path, Path],
+                              server: ServerProcess) -> None:  # fmt: skip
+    """As Triton's qa runs them, with the stand-in densenet: the top class printed is one the stand-in
+    scores highest for the test image, with its label and score."""
+    pytest.importorskip("PIL")
+    if script == "image_client.py" and "grpc" not in args:
+        pytest.importorskip("attrdict", reason="image_client.py over HTTP imports attrdict, not installed")
+    from tests.onnx_models import densenet_scores
+
+    out = _run(assembled[2] / script, args, server)
+    assert "PASS" in out, out[-3000:]
+    image = np.full((1, 224, 224, 3), IMAGE_COLOUR, np.float32).transpose(0, 3, 1, 2)  # NCHW
+    scores = densenet_scores(image / 127.5 - 1)[0]  # INCEPTION scaling
+    labels = (assembled[1] / "densenet_onnx" / "densenet_labels.txt").read_text().splitlines()
+    found = re.findall(r"^ {4}(\S+) \((\d+)\) = (.*)$", out, re.MULTILINE)
+    assert len(found) == 1, out[-3000:]
+    score, index, label = found[0]
+    assert scores[int(index)] == scores.max() and label == labels[int(index)]
+    assert float(score) == pytest.approx(float(scores.max()), rel=1e-4, abs=1e-4)

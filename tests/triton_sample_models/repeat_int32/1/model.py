@@ -20,7 +20,7 @@ class TritonPythonModel:
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
                 )
                 continue
-            for index, (value, delay) in enumerate(zip(values.tolist(), delays.tolist())):
+            for index, (value, delay) in enumerate(zip(values.tolist(), delays.tolist(), strict=True)):
                 time.sleep(delay / 1000)
                 out = pb_utils.Tensor("OUT", np.array([value], dtype=np.int32))
                 idx = pb_utils.Tensor("IDX", np.array([index], dtype=np.uint32))

@@ -26,5 +26,6 @@ class TritonPythonModel:
             if _flag(request, "END"):
                 del self.sums[key]
                 out += int(key)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.array([[out]], dtype=np.int32))]))
+            output = pb_utils.Tensor("OUTPUT", np.array([[out]], dtype=np.int32))
+            responses.append(pb_utils.InferenceResponse([output]))
         return responses
