@@ -13,9 +13,15 @@ server listens on Triton's ports 8000, 8001 and 8002, which the scripts use by d
 memory_growth_test.py always); the tests are skipped when those ports are taken, or without the two
 variables or tritonclient.
 
-Not run: the cudashm clients (a GPU), and image_client, grpc_image_client, ensemble_image_client and
-grpc_client (densenet_onnx, inception and the ensemble's preprocessing models are downloads, and the image
-clients need Pillow and a test image). Run::
+``densenet_onnx`` is Triton's config and labels with the stand-in graph of ``tests/onnx_models`` in place of
+the downloaded model (so the image clients' top class is checked against NumPy, not against "VULTURE"), and
+the image is a generated one. The health-metadata scripts check that the server's name is "triton"; they
+are run unchanged (they must stop at that check alone) and with that one comparison made against "zinfer"
+(docs/models.md, "Where zinfer differs").
+
+Not run: the cudashm clients (a GPU), ensemble_image_client (an ensemble of an image-preprocessing backend
+and inception_graphdef, a TensorFlow download). image_client.py over HTTP imports ``attrdict``, which no
+longer imports on Python 3.10 and later; it is skipped without it. Run::
 
     TRITON_CLIENT_GIT=/path/to/client/.git TRITON_SERVER_GIT=/path/to/server/.git .venv/bin/python -m \\
         pytest tests/integration/test_triton_client_examples.py -v
