@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from zinfer.client import InferResult
 from zinfer.client.dtypes import numpy_to_wire
-from zinfer.client.errors import ConnectionFailed, NotFound, RequestTimeout
+from zinfer.client.errors import ConnectionFailed, InvalidArgument, RequestTimeout
 from zinfer.client.protocol import TRACE_ID, TRACEPARENT
 
 from .bridge_records import (
@@ -43,7 +43,6 @@ from .bridge_records import (
 )
 from .door_client import DoorClient
 from .door_trace import DoorStamps
-from .errors import unknown_model
 from .shortcut import Shortcut, from_environment
 
 __all__ = ["EXTENSIONS", "Bridge"]
@@ -101,11 +100,16 @@ def _zinfer_version() -> str:
 
 
 def parse_version(model: str, version: str) -> int:
-    """Triton's version string as zinfer's integer (0 is the newest); a malformed one is unknown."""
+    """Triton's version string as zinfer's integer (0 is the newest). A malformed one is an invalid argument
+    with Triton's text, which clients match on; a well-formed one the repository lacks is unknown later."""
     if version == "":
         return 0
-    if not version.isdigit() or len(version) > 18:
-        raise unknown_model(model, version)
+    if not version.isascii() or not version.isdigit() or len(version) > 18:
+        shown = version if len(version) <= 64 else version[:64] + "..."
+        raise InvalidArgument(
+            f"failed to get model version from specified version string '{shown}' (model '{model}'), "
+            "version should be an integral value > 0"
+        )
     return int(version)
 
 
@@ -152,7 +156,7 @@ class Bridge:
     async def model_ready(self, model: str, version: str = "") -> bool:
         try:
             number = parse_version(model, version)
-        except NotFound:
+        except InvalidArgument:
             return False
         return await _health(self._client.is_model_ready(model, number))
 

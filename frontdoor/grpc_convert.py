@@ -204,6 +204,11 @@ def infer_call(
             else:
                 data = _from_bytes(t.name, model, t.datatype, shape, shm.read(region, offset, size))
         elif t.HasField("contents"):
+            if raw:  # Triton's text, which clients match on
+                raise InvalidArgument(
+                    f"contents field must not be specified when using raw_input_contents for '{t.name}' for "
+                    f"model '{model}'"
+                )
             data = _from_contents(t.name, t.datatype, shape, t.contents)
         else:
             if used_raw >= len(raw):

@@ -17,7 +17,7 @@ bad model never stops the others.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from zinfer.client.errors import ConfigError
@@ -90,15 +90,26 @@ def select_versions(policy: VersionPolicy, available: Iterable[int], model_dir: 
 def read_model_dir_config(model_dir: Path) -> ModelConfig:
     """The folder's ``config.pbtxt``; without one, as Triton, the config its newest version folder's model
     file implies: ``model.py`` a python model (which its ``auto_complete_config`` may complete),
-    ``model.onnx`` an ONNX one (completed from the graph). Anything else is a ConfigError."""
+    ``model.onnx`` an ONNX one (completed from the graph). A config.pbtxt that names no backend, platform
+    or ensemble gets them from that file the same way (Triton's config overrides such as
+    ``{"max_batch_size": 16}`` are such configs). Anything else is a ConfigError."""
     config_path = model_dir / CONFIG_FILENAME
-    if config_path.is_file():
-        return load_model_config(config_path, model_dir.name)
+    config = load_model_config(config_path, model_dir.name) if config_path.is_file() else None
+    if config is not None and (config.backend or config.platform or config.ensemble_scheduling is not None):
+        return config
     try:
         versions = available_versions(model_dir)
     except OSError:
         versions = ()
     newest = model_dir / str(versions[-1]) if versions else None
+    if config is not None:
+        if newest is None:
+            return config
+        if (newest / PYTHON_DEFAULT_FILENAME).is_file():
+            return replace(config, backend="python")
+        if (newest / ONNX_DEFAULT_FILENAME).is_file():
+            return replace(config, platform=ONNX_PLATFORM)
+        return config
     groups = (InstanceGroup(name=model_dir.name),)
     if newest is not None and (newest / PYTHON_DEFAULT_FILENAME).is_file():
         return ModelConfig(name=model_dir.name, backend="python", instance_group=groups)

@@ -120,18 +120,19 @@ CLASSES = 1000
 CLASSIFIER = ((np.arange(CLASSES * 3).reshape(CLASSES, 3, 1, 1) % 7) - 3.0).astype(np.float32)
 
 
-def densenet_standin(path: Path) -> Path:
+def densenet_standin(path: Path, batch: int | str = "N") -> Path:
     """A stand-in with the signature of Triton's quickstart ``densenet_onnx``: ``data_0`` float32
-    [N, 3, 224, 224] in, ``fc6_1`` float32 [N, 1000, 1, 1] out. fc6_1 = Conv1x1(GlobalAveragePool(data_0)),
-    the weights :data:`CLASSIFIER`, so a test can compute the scores with NumPy."""
+    [N, 3, 224, 224] in, ``fc6_1`` float32 [N, 1000, 1, 1] out (``batch=1``: [1, ...], as the downloaded
+    densenet-7 model has). fc6_1 = Conv1x1(GlobalAveragePool(data_0)), the weights :data:`CLASSIFIER`, so
+    a test can compute the scores with NumPy."""
     graph = helper.make_graph(
         [
             helper.make_node("GlobalAveragePool", ["data_0"], ["pooled"]),
             helper.make_node("Conv", ["pooled", "W"], ["fc6_1"], kernel_shape=[1, 1]),
         ],
         "densenet_standin",
-        [helper.make_tensor_value_info("data_0", TensorProto.FLOAT, ["N", 3, 224, 224])],
-        [helper.make_tensor_value_info("fc6_1", TensorProto.FLOAT, ["N", CLASSES, 1, 1])],
+        [helper.make_tensor_value_info("data_0", TensorProto.FLOAT, [batch, 3, 224, 224])],
+        [helper.make_tensor_value_info("fc6_1", TensorProto.FLOAT, [batch, CLASSES, 1, 1])],
         initializer=[numpy_helper.from_array(CLASSIFIER, "W")],
     )
     return _save(graph, path)

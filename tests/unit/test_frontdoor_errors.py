@@ -18,7 +18,7 @@ from zinfer.client.errors import (
 )
 from zinfer.frontdoor import bridge as bridge_module
 from zinfer.frontdoor.bridge import Bridge, parse_version
-from zinfer.frontdoor.errors import FrontDoorError, triton_error, unknown_model
+from zinfer.frontdoor.errors import FrontDoorError, triton_error
 
 
 @pytest.mark.parametrize(
@@ -55,11 +55,13 @@ def test_an_unexpected_exception_reveals_nothing() -> None:
     assert answer.grpc_code == "INTERNAL" and "secret" not in answer.message
 
 
-@pytest.mark.parametrize("version", ["x", "-1", "1.5", "9" * 19, " 1"])
-def test_a_malformed_version_is_an_unknown_model(version: str) -> None:
-    with pytest.raises(NotFound) as err:
+@pytest.mark.parametrize("version", ["x", "-1", "1.5", "9" * 19, " 1", "\u0663", "wrong_specification"])
+def test_a_malformed_version_is_an_invalid_argument_in_tritons_words(version: str) -> None:
+    """tritonclient's grpc_explicit_*_content_client examples match on this text."""
+    with pytest.raises(InvalidArgument) as err:
         parse_version("m", version)
-    assert str(err.value) == str(unknown_model("m", version))
+    assert str(err.value).startswith(f"failed to get model version from specified version string '{version}'")
+    assert triton_error(err.value).grpc_code == "INVALID_ARGUMENT"
 
 
 def test_versions_parse() -> None:

@@ -98,6 +98,10 @@ def test_request_parameters() -> None:
          "must come in raw_input_contents"),
         (lambda r: r.inputs.add(name="X", datatype="FP32", shape=[2]).contents.fp32_contents.append(1.0),
          "expected 2, got 1"),
+        # Triton's text (tritonclient's grpc_explicit_int_content_client.py matches on it)
+        (lambda r: (r.inputs.add(name="X", datatype="INT32", shape=[2]).contents.int_contents.extend([1, 2]),
+                    r.raw_input_contents.append(bytes(8))),
+         "contents field must not be specified when using raw_input_contents for 'X' for model 'm'"),
     ],
 )  # fmt: skip
 def test_malformed_requests_are_invalid(build: object, message: str) -> None:

@@ -11,6 +11,7 @@ from zinfer.modelconfig.repository import (
     ModelEntry,
     available_versions,
     load_model_entry,
+    read_model_dir_config,
     scan_repository,
     select_versions,
 )
@@ -128,3 +129,24 @@ def test_missing_repository_is_an_error(tmp_path: Path) -> None:
 
 def test_empty_repository(tmp_path: Path) -> None:
     assert scan_repository(tmp_path) == []
+
+
+def test_a_config_naming_no_backend_takes_it_from_the_model_file(tmp_path: Path) -> None:
+    """As Triton: tritonclient's model-control example loads ``simple`` with the override config
+    ``{"max_batch_size": 16}``, which names no platform; model.onnx makes it an ONNX model, completed from
+    its graph, and model.py a python one."""
+    pytest.importorskip("onnx")
+    from tests.onnx_models import simple
+
+    onnx_model = make_model(tmp_path, "simple", 'name: "simple"\nmax_batch_size: 16\n')
+    simple(onnx_model / "1" / "model.onnx")
+    entry = load_model_entry(onnx_model)
+    assert entry.error is None and entry.config is not None
+    assert entry.config.platform == "onnxruntime_onnx" and entry.config.max_batch_size == 16
+    assert [t.name for t in entry.config.input] == ["INPUT0", "INPUT1"]
+    python_model = make_model(tmp_path, "py", 'name: "py"\nmax_batch_size: 2\n')
+    (python_model / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    assert read_model_dir_config(python_model).backend == "python"
+    bare = make_model(tmp_path, "bare", 'name: "bare"\nmax_batch_size: 2\n')  # no model file: still refused
+    error = load_model_entry(bare).error
+    assert error is not None and "names no backend and no platform" in error
