@@ -17,6 +17,10 @@ __all__ = ["COMPILED", "compiled_here"]
 # with slots, which mypyc refuses), the worker's model-facing modules (pb_utils and its pb_* parts: their
 # objects are weakly referenced, which compiled classes refuse; model.py: models subclass its classes),
 # model_loop (asyncio runs its coroutines), and the decoupled and GPU paths (off the hot path).
+# Not the worker's modules either: they are compile-safe (their tests use real objects), but compiled they
+# cost more than they save: one compiled run with and without them, same commit (bench_vs_triton --quick
+# --zinfer-only --compiled), three-step ensemble at c1: 2903 vs 2453 CPU us per request (workers 1452 vs
+# 1250); add0 at c1: 687 vs 673. Their compiled code calls the interpreted pb_* classes and msgspec records.
 COMPILED = (
     "zinfer.client.protocol",
     "zinfer.client.framing",
@@ -47,15 +51,6 @@ COMPILED = (
     "zinfer.broker.ensemble_run",
     "zinfer.broker.registry",
     "zinfer.broker.latency_window",
-    "zinfer.workers.worker",
-    "zinfer.workers.runtime",
-    "zinfer.workers.runners",
-    "zinfer.workers.cancel_flags",
-    "zinfer.workers.batch",
-    "zinfer.workers.batch_io",
-    "zinfer.workers.request_batch",
-    "zinfer.workers.regions",
-    "zinfer.workers.triton_model",
     # the front door's request path (not bridge, door_client, grpc_service: an async generator, and classes
     # of interpreted bases whose methods tests replace)
     "zinfer.frontdoor.bridge_records",
