@@ -323,6 +323,7 @@ def serve(args: argparse.Namespace) -> int:
         if doors.config.enabled:
             doors.start()
             broker.observer.frontdoors = doors.snapshot
+            broker.startup.waits["frontdoors"] = doors.listening  # the ready line once their ports are bound
         tune_for_serving()  # set up: freeze the broker's heap, collect less often (gc_tuning)
         broker.run(_with_frontdoors(_reporting(notifier, broker, stop), doors))
     finally:

@@ -94,6 +94,7 @@ _DOOR_MODULES = {
 }
 EXTRA_HINT = "pip install 'zinfer[frontdoor]'"
 PROBE_TIMEOUT_S = 60.0
+LISTEN_CHECK_S = 0.02
 
 
 def missing_extra(config: FrontDoorConfig) -> str | None:
@@ -146,6 +147,8 @@ class FrontDoorProcs:
         self.clock = clock
         self._slots = [_Slot(i) for i in range(config.workers)]
         self._stopping = False
+        self._listening = False
+        self._next_listen_check = 0.0
 
     def start(self) -> None:
         """Start every process. What a previous server left in the folder (shared memory registrations of
@@ -182,22 +185,36 @@ class FrontDoorProcs:
                 slot.restarts += 1
                 self._spawn(slot)
 
+    def listening(self) -> bool:
+        """Whether every process has written its status file (it does once its ports are bound); checked
+        at most every ``LISTEN_CHECK_S``, and true for good once seen."""
+        if self._listening or self._stopping:
+            return True
+        now = self.clock()
+        if now < self._next_listen_check:
+            return False
+        self._next_listen_check = now + LISTEN_CHECK_S
+        self._listening = all(self._figures(s) for s in self._slots) or all(s.given_up for s in self._slots)
+        return self._listening
+
+    def _figures(self, slot: _Slot) -> dict[str, Any]:
+        """What ``slot``'s running process last wrote to its status file ({} when none or not yet)."""
+        proc = slot.proc
+        if proc is None or proc.poll() is not None:
+            return {}
+        try:
+            figures = json.loads((self.config.folder / f"{slot.index}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return figures if isinstance(figures, dict) and figures.get("pid") == proc.pid else {}
+
     def snapshot(self) -> list[dict[str, Any]]:
         """Each process: index, pid, up, restarts and its request counts (from its status file)."""
         rows = []
         for slot in self._slots:
             proc = slot.proc
             up = proc is not None and proc.poll() is None
-            figures: dict[str, Any] = {}
-            if up:
-                try:
-                    figures = json.loads(
-                        (self.config.folder / f"{slot.index}.json").read_text(encoding="utf-8")
-                    )
-                except (OSError, ValueError):
-                    figures = {}
-                if figures.get("pid") != proc.pid:  # type: ignore[union-attr]
-                    figures = {}  # not written by this incarnation yet
+            figures = self._figures(slot)  # {} when not written by this incarnation yet
             rows.append({
                 "index": slot.index, "pid": proc.pid if proc is not None else None, "up": up,
                 "restarts": slot.restarts, "given_up": slot.given_up,

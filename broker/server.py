@@ -307,10 +307,10 @@ class Broker:
             pending = [s for p in self.control.pending for s in p.states]
             self.startup.progress(time.monotonic(), pending, len(self.registry.models))
             return
-        self._ready_logged = True
         states = list(self.registry.states())
         failed = [s.name for s in states if s.error] + list(self.registry.load_errors)
-        self.startup.ready(time.monotonic(), [f"{s.name}:{s.version}" for s in states if s.ready], failed)
+        self._ready_logged = self.startup.ready(time.monotonic(), [f"{s.name}:{s.version}" for s in states
+                                                                   if s.ready], failed)  # fmt: skip
 
     @property
     def startup_done(self) -> bool:

@@ -99,6 +99,7 @@ async def serve(options: FrontDoorOptions, parent: int | None = None) -> None:
                 log.error("event=frontdoor_http_unavailable reason=%r", hint)
             else:
                 tasks.append(asyncio.create_task(http.serve_http(door, stop)))
+                await asyncio.sleep(0)  # its first step binds and listens: the status file below means "up"
         tune_for_serving()  # set up and listening: freeze the heap, collect less often (gc_tuning)
         log.info(
             "event=frontdoor_listening index=%d pid=%d grpc=%s http=%s",
