@@ -71,11 +71,14 @@ class Queries:
         status: Callable[[], dict[str, Any]],
         index: Callable[[], list[dict[str, Any]]],
         serving_ready: Callable[[], bool],
+        ask_ready: Callable[[ModelState, bytes, str], None],
     ) -> None:
         self.registry = registry
         self.status = status  # the status table (``Observer.status``)
         self.index = index  # the repository index (``ModelControl.index``)
         self.serving_ready = serving_ready  # the server's readiness (``Broker.serving_ready``)
+        # a readiness query of a model with its own is_ready(), answered later (``ReadinessWaits.ask``)
+        self.ask_ready = ask_ready
 
     def answer(self, command: Command, header: dict[str, Any], client: bytes = b"") -> Any:
         """The answer's body, or ``LATER`` for a readiness query the model's own is_ready() answers."""
@@ -87,10 +90,10 @@ class Queries:
             try:  # anything wrong with the question is a model that is not ready
                 q = protocol.model_query_from_wire(header)
                 state = self.registry.resolve(q.model, q.version)
-                if state.ask_ready is None or not state.ready:
+                if not state.own_readiness or not state.ready:
                     return state.ready
                 # a Triton model's own is_ready(): a fresh call in every instance (ReadinessWaits)
-                state.ask_ready(client, protocol.request_id_of(header))
+                self.ask_ready(state, client, protocol.request_id_of(header))
                 return LATER
             except (ServerError, ProtocolError):
                 return False

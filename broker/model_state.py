@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,10 +190,10 @@ class ModelState:
         self.retired = False  # unloaded or replaced: drains its queue, then its workers stop for good
         self._groups: list[InstanceGroup | None] | None = None
         self.prefetching = False  # an instance has a second place in ``idle`` (GPU look-ahead)
-        # a Triton model's own is_ready(): how a readiness query (client, request id) asks its instances to
-        # call it (set once they report it, ``ReadinessWaits.ask``), and those asked whose call has not
-        # answered yet (one call in flight each)
-        self.ask_ready: Callable[[bytes, str], None] | None = None
+        # a Triton model's own is_ready(): whether it has one (known once an instance reported its answer;
+        # readiness queries then ask its instances to call it, ``ReadinessWaits.ask``), and the instances
+        # asked whose call has not answered yet (one call in flight each)
+        self.own_readiness = False
         self.readiness_asked: set[bytes] = set()
 
     def group_of(self, instance: int) -> InstanceGroup | None:

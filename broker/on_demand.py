@@ -72,6 +72,9 @@ class OnDemand:
         replay: Callable[[bytes, protocol.Message], None],
         ensembles_in_use: Callable[[], set[str]],
         device_bytes: dict[bytes, int],
+        base_index: Callable[[], list[dict[str, Any]]],
+        base_status: Callable[[], dict[str, Any]],
+        base_cancel: Callable[[bytes, str], str],
         draining: Callable[[], bool] = lambda: False,
     ) -> None:
         self.budget = budget
@@ -87,9 +90,9 @@ class OnDemand:
         self.probe = FootprintProbe(pool, supervisor, device_bytes)
         self.repository = control.options.model_repository
         self.metrics = ResidencyMetrics(dict(budget.limits))
-        self.base_index: Callable[[], list[dict[str, Any]]] = list  # the repository index to annotate
-        self.base_status: Callable[[], dict[str, Any]] = dict  # the status answer to annotate
-        self.base_cancel: Callable[[bytes, str], str] = lambda _client, _target: "unknown"
+        self.base_index = base_index  # the repository index to annotate (``ModelControl.index``)
+        self.base_status = base_status  # the status answer to annotate (``Observer.status``)
+        self.base_cancel = base_cancel  # a CANCEL of a request not parked here (``Admission.cancel``)
         self.parked: list[Parked] = []
         self.wanted: list[str] = []  # models to load, waiting for room, in the order they were asked for
         self.asked: dict[str, float] = {}  # wanted model -> when its first waiting request came
@@ -112,10 +115,9 @@ class OnDemand:
         on_demand = cls(
             o.memory_budget, o.model_idle_unload_s, broker.registry, broker.pool, broker.control,
             broker.supervisor, broker.outbox, broker._on_client_message, broker.ensembles.models_in_use,
-            broker.worker_inbox.device_bytes, lambda: broker.draining_since is not None,
+            broker.worker_inbox.device_bytes, broker.control.index, broker.observer.status,
+            broker.admission.cancel, lambda: broker.draining_since is not None,
         )  # fmt: skip
-        on_demand.base_index, on_demand.base_status = broker.control.index, broker.observer.status
-        on_demand.base_cancel = broker.admission.cancel
         broker.observer.metrics.registry.register(on_demand.metrics)
         return on_demand
 

@@ -121,11 +121,11 @@ class Broker:
         )
         od = self.on_demand = OnDemand.of(self) if options.model_control_mode == "on-demand" else None
         self.queries = Queries(self.registry, od.status if od else self.observer.status,
-                               od.index if od else self.control.index, self.serving_ready)  # fmt: skip
+                               od.index if od else self.control.index, self.serving_ready,
+                               self.worker_inbox.readiness.ask)  # fmt: skip
         self.controls = Controls(
             od.cancel if od else self.admission.cancel, self.regions, lambda: self.intake, self.drop_region,
-            self.control.load, self.control.unload, self.observer.tracer,
-        )  # fmt: skip
+            self.control.load, self.control.unload, self.observer.tracer)  # fmt: skip
         self._spec_state: dict[WorkerSpec, ModelState] = {}
 
     # ------------------------------------------------------------------------------------ start / stop

@@ -15,7 +15,6 @@ carries the device memory it holds (``device_bytes``, for on-demand model contro
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -151,7 +150,7 @@ class WorkerInbox:
                 self.on_result(identity, state, result_from_wire(msg.record_or_header), msg.frames)
             elif msg.command == Command.W_READINESS:
                 answer = readiness_from_wire(msg.header)
-                state.ask_ready = functools.partial(self.readiness.ask, state)
+                state.own_readiness = True
                 self.readiness.answered(state, identity, answer.ready)
         except (ProtocolError, ServerError) as exc:
             log.error("event=bad_worker_message worker=%s error=%r", identity, str(exc))

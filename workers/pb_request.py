@@ -1,4 +1,4 @@
-"""``pb_utils.InferenceRequest``, ``InferenceResponse`` and ``InferenceResponseSender``.
+"""``pb_utils.InferenceRequest`` and ``InferenceResponseSender`` (``InferenceResponse`` is ``pb_response``'s).
 
 A request the worker hands to ``execute`` carries its inputs, ids, parameters, a cancellation flag the
 worker sets when the client cancels, and its response sender. A request a model builds itself is a BLS
@@ -12,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from zinfer.client.protocol import MAX_NAME, MAX_TENSORS
-from zinfer.client.worker_protocol import MAX_PARAMETER_TEXT
-
+from . import bls
 from .cancel_flags import CancelFlag
-from .pb_errors import ArgumentTypeError, TritonError, TritonModelException, triton_error
+from .pb_errors import ArgumentTypeError, TritonModelException, triton_error
+from .pb_response import InferenceResponse, checked_parameters
+from .pb_response_iterator import ResponseIterator, Stream
 from .pb_tensor import Tensor
 from .pb_trace import NO_TRACE, InferenceTrace
 
@@ -28,70 +29,6 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
-
-
-class InferenceResponse:
-    """The answer to one request: output tensors, or an error for that request alone; ``parameters``
-    (a dict of str to bool, int or str, or its JSON text) go to the client with the response."""
-
-    def __init__(
-        self,
-        output_tensors: Iterable[Tensor] = (),
-        error: TritonError | str | None = None,
-        parameters: Mapping[str, Any] | str | None = None,
-    ) -> None:
-        self._tensors = list(output_tensors)  # None: TypeError, as Triton
-        for t in self._tensors:  # a loop, not all(<generator>): this runs for every response
-            if not isinstance(t, Tensor):
-                raise TritonModelException(
-                    "InferenceResponse: output_tensors must be a list of pb_utils.Tensor"
-                )
-        self._error = TritonError(error) if isinstance(error, str) else error
-        self._parameters = {} if parameters is None else _parameters(parameters, "InferenceResponse")
-
-    def output_tensors(self) -> list[Tensor]:
-        return list(self._tensors)
-
-    def has_error(self) -> bool:
-        return self._error is not None
-
-    def error(self) -> TritonError | None:
-        return self._error
-
-    def parameters(self) -> str:
-        return json.dumps(self._parameters)
-
-
-def _parameters(value: Mapping[str, Any] | str | None, where: str) -> dict[str, Any]:
-    """Parameters a model sets, with Triton's checks and texts: a dict (or its JSON text) of str names to
-    bool, int or str values (Triton refuses floats too), within zinfer's bounds."""
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise TritonModelException(f"{where}: parameters must be a dict or its JSON text") from None
-    if not isinstance(value, Mapping):
-        raise TritonModelException(f"Expect None or {dict!r}, got {type(value)!r}")
-    if len(value) > MAX_TENSORS:
-        raise TritonModelException(f"{where}: parameters must be a dict of at most {MAX_TENSORS} entries")
-    for k, v in value.items():
-        if not isinstance(k, str):
-            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(k)!r}")
-        if not isinstance(v, bool | int | str):
-            raise TritonModelException(
-                f"Expect parameters values to have type bool/int/str, found type {type(v)!r}"
-            )
-        if not 0 < len(k) <= MAX_NAME:
-            raise TritonModelException(f"{where}: parameter names must be 1 to {MAX_NAME} characters")
-        if isinstance(v, int) and not isinstance(v, bool) and not -(1 << 63) <= v < (1 << 64):
-            raise TritonModelException(f"{where}: parameter {k!r} must be a bool, a 64-bit int or a str")
-        if isinstance(v, str) and len(v) > MAX_PARAMETER_TEXT:
-            raise TritonModelException(
-                f"{where}: parameter {k!r} must be a str of at most {MAX_PARAMETER_TEXT} characters"
-            )
-    return dict(value)
 
 
 class _ModelName(str):
@@ -193,7 +130,7 @@ class InferenceRequest:
             raise TritonModelException("InferenceRequest: inputs must be a list of pb_utils.Tensor")
         outputs = [_text(n, "requested_output_names") for n in requested_output_names]
         name = _ModelName(_text(model_name, "model_name"))
-        params = _parameters(parameters, "InferenceRequest")
+        params = checked_parameters(parameters, "InferenceRequest")
         if isinstance(trace, InferenceTrace) and trace.get_context():  # the server traces it as a child
             params["traceparent"] = trace.get_context()
         self._fill(tensors, request_id, outputs, name, int(model_version), correlation_id, int(flags),
@@ -312,11 +249,7 @@ class InferenceRequest:
         """BLS: run this request on ``model_name`` through the server. Errors come back as a response
         whose ``has_error()`` is true; ``decoupled=True`` returns an iterator of the stream's responses."""
         if decoupled:
-            from .pb_response_iterator import ResponseIterator
-
-            return ResponseIterator(self)
-        from . import bls
-
+            return self._responses()
         try:
             version = max(self._model_version, 0)
             outputs, parameters = bls.infer_with_parameters(
@@ -335,12 +268,19 @@ class InferenceRequest:
         """``exec`` without blocking the event loop: several may be awaited at once. With
         ``decoupled=True`` the result iterates both ways (``for`` and ``async for``)."""
         if decoupled:  # awaited until the first response is in, as in Triton (a plain ``for`` then waits
-            from .pb_response_iterator import ResponseIterator  # only for the rest, not for the call itself)
-
-            iterator = ResponseIterator(self)
+            iterator = self._responses()  # only for the rest, not for the call itself)
             await asyncio.to_thread(iterator._prefetch)
             return iterator
         return await asyncio.to_thread(self.exec)
+
+    def _responses(self) -> ResponseIterator:
+        """A decoupled call's responses; the call (``bls.stream``) starts on the first of them."""
+        return ResponseIterator(self._request_id or f"bls-{uuid.uuid4().hex}", self._stream, bls.cancel)
+
+    def _stream(self, call_id: str) -> Stream:
+        version = max(self._model_version, 0)
+        return bls.stream(self.model_name, self._arrays(), self._outputs or None, version, self._timeout_s(),
+                          self._parameters, call_id)  # fmt: skip
 
     def _options(self) -> dict[str, Any]:
         """The call's id, parameters and, for a stateful model, its sequence (``correlation_id``,
@@ -356,8 +296,6 @@ class InferenceRequest:
         return {t.name(): t.as_numpy() for t in self._inputs}
 
     def _timeout_s(self) -> float:
-        from . import bls
-
         return self._timeout / 1e6 if self._timeout > 0 else bls.BLS_TIMEOUT_S
 
 

@@ -1,25 +1,26 @@
 """``pb_utils.ResponseIterator``: the responses of a BLS call to a decoupled model, as they come.
 
 ``InferenceRequest.exec(decoupled=True)`` returns one (``async_exec`` once its first response is in); it
-iterates both ways (``for`` and ``async for``) and ``cancel()`` asks the called model to stop.
+iterates both ways (``for`` and ``async for``) and ``cancel()`` asks the called model to stop. The request
+hands it the call's id and how to open and cancel the call (``bls.stream``, ``bls.cancel``), so this module
+knows nothing of requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from .pb_errors import TritonError, triton_error
-from .pb_request import InferenceResponse
+from .pb_response import InferenceResponse
 from .pb_tensor import Tensor
 
-if TYPE_CHECKING:
-    from .pb_request import InferenceRequest
+__all__ = ["ResponseIterator", "Stream"]
 
-__all__ = ["ResponseIterator"]
+Stream = Iterator[tuple[dict[str, Any], bool, dict[str, Any]]]
+"""A decoupled call's responses as ``bls.stream`` yields them: (outputs, final, parameters)."""
 
 _END = object()
 
@@ -30,12 +31,15 @@ class ResponseIterator:
     ``cancel()`` asks the called model to stop (its ``request.is_cancelled()`` turns true); the responses
     it still sends, usually a CANCELLED error, keep coming until its final one, as in Triton."""
 
-    def __init__(self, request: InferenceRequest) -> None:
-        self._request = request
-        self._stream: Iterator[tuple[dict[str, Any], bool, dict[str, Any]]] | None = None
+    def __init__(
+        self, call_id: str, open_stream: Callable[[str], Stream], cancel_call: Callable[[str], object]
+    ) -> None:
+        self._call_id = call_id
+        self._open_stream = open_stream  # makes the call, on the first ``next``
+        self._cancel_call = cancel_call
+        self._stream: Stream | None = None
         self._done = False
         self._lock = threading.Lock()
-        self._call_id = request._request_id or f"bls-{uuid.uuid4().hex}"
         self._cancelled = False
         self._first: object = None  # the response ``_prefetch`` took, not yet handed out
 
@@ -63,11 +67,9 @@ class ResponseIterator:
     def cancel(self) -> None:
         """Cancel the call (from the loop over its responses or from another thread); a no-op once it
         ended. Before the first response is asked for, the call is not made at all."""
-        from . import bls
-
         self._cancelled = True
         if self._stream is not None and not self._done:
-            bls.cancel(self._call_id)
+            self._cancel_call(self._call_id)
 
     def _prefetch(self) -> None:
         self._first = self._next()
@@ -77,12 +79,9 @@ class ResponseIterator:
         return item if item is not None else self._next()
 
     def _next(self) -> object:
-        from . import bls
-
         with self._lock:
             if self._done:
                 return _END
-            r = self._request
             try:
                 if self._stream is None:
                     if self._cancelled:
@@ -90,9 +89,7 @@ class ResponseIterator:
                         return InferenceResponse(
                             error=TritonError("Request was cancelled", TritonError.CANCELLED)
                         )
-                    version = max(r._model_version, 0)
-                    self._stream = bls.stream(r.model_name, r._arrays(), r._outputs or None, version,
-                                              r._timeout_s(), r._parameters, self._call_id)  # fmt: skip
+                    self._stream = self._open_stream(self._call_id)
                 outputs, final, parameters = next(self._stream)
             except StopIteration:
                 self._done = True

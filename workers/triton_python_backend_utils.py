@@ -2,7 +2,7 @@
 
 A worker registers this module under that name before it imports a model, so
 ``import triton_python_backend_utils as pb_utils`` works unchanged. It gathers the API: requests, responses
-and response senders (``pb_request``), tensors and data-type helpers (``pb_tensor``), errors
+and response senders (``pb_request``, ``pb_response``), tensors and data-type helpers (``pb_tensor``), errors
 (``pb_errors``), the config helpers, the logger, BLS model loading, and the constants. What zinfer does not
 do is still here by name and raises :class:`TritonModelException` saying why (docs/models.md has the
 table, section by section of Triton's README).
@@ -24,9 +24,9 @@ from .pb_request import (
     TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     InferenceRequest,
-    InferenceResponse,
     InferenceResponseSender,
 )
+from .pb_response import InferenceResponse
 from .pb_response_iterator import ResponseIterator
 from .pb_tensor import (
     Tensor,

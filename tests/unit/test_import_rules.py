@@ -53,14 +53,15 @@ def _module_name(package: str, folder: Path, path: Path) -> str:
     return ".".join(["zinfer", package, *parts])
 
 
-def _imports(path: Path, module: str) -> Iterator[tuple[int, str]]:
-    """``(line, imported module)`` for every import in the file, relative imports made absolute."""
+def _import_statements(path: Path, module: str) -> Iterator[tuple[int, str, tuple[str, ...]]]:
+    """``(line, imported module, names taken from it)`` for every import in the file (no names for a plain
+    ``import``), relative imports made absolute."""
     is_package = path.name == "__init__.py"
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield node.lineno, alias.name
+                yield node.lineno, alias.name, ()
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = module.split(".")
@@ -69,10 +70,16 @@ def _imports(path: Path, module: str) -> Iterator[tuple[int, str]]:
                 target = ".".join([*base, node.module] if node.module else base)
             else:
                 target = node.module or ""
-            yield node.lineno, target
-            for alias in node.names:  # ``from zinfer import broker`` names a package
-                if target == "zinfer":
-                    yield node.lineno, f"zinfer.{alias.name}"
+            yield node.lineno, target, tuple(alias.name for alias in node.names)
+
+
+def _imports(path: Path, module: str) -> Iterator[tuple[int, str]]:
+    """``(line, imported module)`` for every import in the file, relative imports made absolute."""
+    for line, target, names in _import_statements(path, module):
+        yield line, target
+        if target == "zinfer":  # ``from zinfer import broker`` names a package
+            for name in names:
+                yield line, f"zinfer.{name}"
 
 
 def _violations(package: str, folder: Path, root: Path = ROOT) -> list[str]:
@@ -146,3 +153,84 @@ def test_no_module_is_over_400_lines_without_a_reason_in_its_docstring() -> None
             if lines > MAX_LINES and not any(words in doc for words in REASON):
                 long.append(f"{path.relative_to(ROOT)}: {lines} lines")
     assert not long, "modules over 400 lines without a reason in their docstring:\n" + "\n".join(long)
+
+
+# Packages whose modules import one another without a circle (issue 36: the worker's circles went). A
+# circle counts imports inside functions and ``if TYPE_CHECKING:`` blocks too: moving an import there
+# hides a circle from the interpreter, not from the design.
+CIRCLE_FREE = ("workers",)
+
+
+def _module_graph(package: str, folder: Path) -> dict[str, set[str]]:
+    """Each module of the package and the modules of the same package it imports (``from . import x``
+    names module ``x``; ``from .x import y`` module ``x``, or ``x.y`` where that is a module)."""
+    paths = {_module_name(package, folder, path): path for path in sorted(folder.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        edges = graph.setdefault(module, set())
+        for _, target, names in _import_statements(path, module):
+            found = [f"{target}.{name}" for name in names if f"{target}.{name}" in paths]
+            edges.update(found or ([target] if target in paths else []))
+        edges.discard(module)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: the strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(circles)
+
+
+@pytest.mark.parametrize("package", CIRCLE_FREE)
+def test_no_import_circle_between_a_packages_modules(package: str) -> None:
+    graph = _module_graph(package, _packages()[package])
+    circles = [" <-> ".join(group) for group in _circles(graph)]
+    assert not circles, f"zinfer.{package} has import circles (move the shared piece, or invert one):\n" + (
+        "\n".join(circles)
+    )
+
+
+def test_circles_are_found_in_functions_and_type_checking_blocks(tmp_path: Path) -> None:
+    """Three modules in a circle through a function-level import and a typing-only one, and a pair through
+    ``from . import x``; a module importing its package is no circle."""
+    workers = tmp_path / "workers"
+    workers.mkdir()
+    (workers / "__init__.py").write_text("")
+    (workers / "a.py").write_text("from .b import B\n")
+    (workers / "b.py").write_text("def f() -> None:\n    from . import c\n")
+    typed = "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from zinfer.workers.a import A\n"
+    (workers / "c.py").write_text(typed)
+    (workers / "d.py").write_text("from . import e\nimport zinfer.workers\n")
+    (workers / "e.py").write_text("from .d import D\n")
+    (workers / "f.py").write_text("from . import a, e\n")
+    circles = _circles(_module_graph("workers", workers))
+    assert circles == [
+        ["zinfer.workers.a", "zinfer.workers.b", "zinfer.workers.c"],
+        ["zinfer.workers.d", "zinfer.workers.e"],
+    ]
