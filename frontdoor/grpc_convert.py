@@ -290,24 +290,27 @@ def infer_response(
     response = service_pb2.ModelInferResponse(
         model_name=reply.model, model_version=reply.version, id=reply.request_id
     )
-    for key, value in reply.parameters.items():  # the response's own parameters (a Triton model's)
-        _set(response.parameters[key], value)
+    if reply.parameters:  # the response's own parameters (a Triton model's)
+        for key, value in reply.parameters.items():
+            _set(response.parameters[key], value)
+    outputs, contents = response.outputs, response.raw_output_contents
     for t in reply.outputs:
-        out = response.outputs.add(name=t.name, datatype=t.datatype, shape=list(t.shape))
-        data = _tensor_bytes(t)
-        ref = (regions or {}).get(t.name)
-        if ref is not None and shm is not None:
-            region, offset, size = ref
-            shm.write(region, offset, size, data)
-            _set(out.parameters["shared_memory_region"], region)
-            _set(out.parameters["shared_memory_byte_size"], len(data))
-            if offset:
-                _set(out.parameters["shared_memory_offset"], offset)
-            # an empty entry, as Triton adds one for every output: clients read raw_output_contents by
-            # output index (perf_analyzer crashed on a response without it)
-            response.raw_output_contents.append(b"")
-        else:
-            response.raw_output_contents.append(bytes(data))
+        out = outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        ref = regions.get(t.name) if regions else None
+        if ref is None or shm is None:  # the usual case: the bytes in the message (one copy)
+            data = t.data
+            contents.append(dtypes.serialize_bytes(data) if t.datatype == dtypes.BYTES else data.tobytes())
+            continue
+        region, offset, size = ref
+        view = _tensor_bytes(t)
+        shm.write(region, offset, size, view)
+        _set(out.parameters["shared_memory_region"], region)
+        _set(out.parameters["shared_memory_byte_size"], len(view))
+        if offset:
+            _set(out.parameters["shared_memory_offset"], offset)
+        # an empty entry, as Triton adds one for every output: clients read raw_output_contents by
+        # output index (perf_analyzer crashed on a response without it)
+        contents.append(b"")
     return response
 
 
