@@ -21,6 +21,7 @@ from zinfer.client.errors import InvalidArgument
 
 from .bridge_records import InferCall, InferReply, ModelMetadata, ModelStatistics, RepositoryModel, Tensor
 from .classification import parse_class_count
+from .door_client import wire_bytes, with_wire
 from .sysshm import CallerShm
 
 __all__ = [
@@ -146,7 +147,8 @@ def _from_bytes(
     name: str, model: str, datatype: str, shape: tuple[int, ...], raw: bytes | npt.NDArray[Any]
 ) -> npt.NDArray[Any]:
     if datatype == dtypes.BYTES:
-        return dtypes.deserialize_bytes(raw if isinstance(raw, bytes) else raw.tobytes(), shape)
+        wire = raw if isinstance(raw, bytes) else raw.tobytes()
+        return with_wire(dtypes.deserialize_bytes(wire, shape), wire)  # the broker gets ``wire`` as it is
     count = _expected_bytes(name, model, datatype, shape, len(raw) if isinstance(raw, bytes) else raw.nbytes)
     return np.frombuffer(raw, dtype=_NUMPY[datatype], count=count).reshape(shape)
 
@@ -299,7 +301,7 @@ def infer_response(
         ref = regions.get(t.name) if regions else None
         if ref is None or shm is None:  # the usual case: the bytes in the message (one copy)
             data = t.data
-            contents.append(dtypes.serialize_bytes(data) if t.datatype == dtypes.BYTES else data.tobytes())
+            contents.append(wire_bytes(data) if t.datatype == dtypes.BYTES else data.tobytes())
             continue
         region, offset, size = ref
         view = _tensor_bytes(t)
@@ -316,7 +318,7 @@ def infer_response(
 
 def _tensor_bytes(t: Tensor) -> bytes | memoryview:
     if t.datatype == dtypes.BYTES:
-        return dtypes.serialize_bytes(t.data)
+        return wire_bytes(t.data)
     arr = np.ascontiguousarray(t.data)
     return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
