@@ -24,7 +24,7 @@ from zinfer.client.request_parameters import sequence_parameters, user_parameter
 
 from .bridge_records import InferCall, InferReply, Tensor
 
-__all__ = ["DoorClient"]
+__all__ = ["DoorClient", "WireBytes", "with_wire", "wire_bytes"]
 
 
 class DoorClient(AsyncClient):
@@ -33,10 +33,11 @@ class DoorClient(AsyncClient):
     ) -> InferReply:
         """Run ``call`` (its model's ``version``, 0 the newest) with ``parameters`` (the model's, and the
         trace context); ``wait`` bounds the wait for the reply."""
-        info = await self._model_info(call.model, version)
+        info = self._cached_info(call.model, version) or await self._model_info(call.model, version)
         p = self._prepare_call(info, call, parameters)
         try:
-            await self._register_new()
+            if self._unregistered:  # a new arena segment the broker must learn of first
+                await self._register_new()
             reply, rframes = await self._exchange(p, wait)
             if self._unknown_region(reply):
                 await self._register_all()
@@ -118,11 +119,14 @@ class DoorClient(AsyncClient):
             for d in body.get("outputs", []):
                 ref = protocol.tensor_from_wire(d)
                 data = self._output_array(ref, frames, outs, used)
+                if ref.datatype == dtypes.BYTES and ref.frame is not None:  # sent on as the broker wrote it
+                    data = with_wire(data, bytes(frames[ref.frame]))
                 tensors.append(Tensor(ref.name, ref.datatype, ref.shape, data))
         finally:  # the input slots, and the output slots no array holds (an array frees its own)
-            out_ids = {id(s) for s in outs.values()}
-            unused = [s for n, s in outs.items() if n not in used]
-            self._free([s for s in p.slots if id(s) not in out_ids] + unused)
+            if p.slots:
+                out_ids = {id(s) for s in outs.values()}
+                unused = [s for n, s in outs.items() if n not in used]
+                self._free([s for s in p.slots if id(s) not in out_ids] + unused)
         params = body.get("parameters")
         params = dict(params) if isinstance(params, dict) else {}
         trace = params.pop(TRACE_ID, "") if params else ""  # the broker traced it: the door adds its stamps
@@ -135,6 +139,27 @@ class DoorClient(AsyncClient):
 def _raw(t: Tensor) -> memoryview:
     """A tensor's bytes as the wire carries them (BYTES: Triton's length-prefixed items)."""
     if t.datatype == dtypes.BYTES:
-        return memoryview(dtypes.serialize_bytes(t.data))
+        return memoryview(wire_bytes(t.data))
     arr: npt.NDArray[Any] = t.data if t.data.flags.c_contiguous else np.ascontiguousarray(t.data)
     return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+
+
+class WireBytes(np.ndarray[Any, np.dtype[np.object_]]):
+    """A ``BYTES`` tensor's object array that keeps the wire form it was read from (Triton's length-prefixed
+    items): the door passes those bytes on (to the broker, into a response) instead of encoding the items
+    again. Only the array ``with_wire`` made holds them; a view of it (a reshape, a slice) encodes anew."""
+
+    wire: bytes | None = None
+
+
+def with_wire(items: npt.NDArray[Any], wire: bytes) -> npt.NDArray[Any]:
+    """``items`` (decoded from ``wire``, whole) as a ``WireBytes`` that remembers ``wire``."""
+    arr = items.view(WireBytes)
+    arr.wire = wire
+    return arr
+
+
+def wire_bytes(data: npt.NDArray[Any]) -> bytes:
+    """A ``BYTES`` tensor's wire form: the one it was read from, or its items encoded."""
+    wire = data.wire if type(data) is WireBytes else None
+    return wire if wire is not None else dtypes.serialize_bytes(data)

@@ -13,7 +13,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -59,14 +59,18 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # every failure becomes Triton's answer
-            answer = triton_error(exc)
-            if answer.grpc_code == "INTERNAL" and not str(exc):
-                log.exception("event=frontdoor_error protocol=grpc")
-            self.door.counters.record("grpc", False)
-            await context.abort(getattr(grpc.StatusCode, answer.grpc_code), answer.message)
-            raise AssertionError("unreachable") from None  # abort raises
+            await self._abort(context, exc)
         self.door.counters.record("grpc", True)
         return result
+
+    async def _abort(self, context: Any, exc: Exception) -> NoReturn:
+        """End the call with Triton's status and text for ``exc``."""
+        answer = triton_error(exc)
+        if answer.grpc_code == "INTERNAL" and not str(exc):
+            log.exception("event=frontdoor_error protocol=grpc")
+        self.door.counters.record("grpc", False)
+        await context.abort(getattr(grpc.StatusCode, answer.grpc_code), answer.message)
+        raise AssertionError("unreachable") from None  # abort raises
 
     # ------------------------------------------------------------------------------------ health
 
@@ -146,28 +150,34 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     # ------------------------------------------------------------------------------------ inference
 
     async def ModelInfer(self, request: Any, context: Any) -> service_pb2.ModelInferResponse:
-        async def run() -> service_pb2.ModelInferResponse:
+        # the hot path: _answer's work written out (no closure, one coroutine less per call)
+        try:
             read_start = time.monotonic_ns()
             shm = self._shm(context)
             call, regions = self._call(request, shm, _traceparent(context))
             read_end = time.monotonic_ns()
-            if await self.bridge.is_decoupled(call.model, call.version):
+            bridge = self.bridge
+            if await bridge.is_decoupled(call.model, call.version):
                 raise FrontDoorError(
                     "UNIMPLEMENTED",
                     501,
                     "ModelInfer RPC doesn't support models with decoupled transaction policy",
                 )
-            reply = await self.bridge.infer(call)
-            reply = await classify_reply(self.bridge, self.door.labels, reply, call.class_counts)
+            reply = await bridge.infer(call)
+            if call.class_counts:
+                reply = await classify_reply(bridge, self.door.labels, reply, call.class_counts)
             response = convert.infer_response(reply, regions, shm)
             if reply.trace:  # traced by the broker: the door's timestamps go to its trace once sent
                 read = (("GRPC_WAITREAD_START", read_start), ("GRPC_WAITREAD_END", read_end))
-                sent = functools.partial(_grpc_sent, self.bridge.trace_stamps, reply.trace, read,
+                sent = functools.partial(_grpc_sent, bridge.trace_stamps, reply.trace, read,
                                          time.monotonic_ns())  # fmt: skip
                 context.add_done_callback(sent)
-            return response
-
-        return await self._answer(context, run)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # every failure becomes Triton's answer
+            await self._abort(context, exc)
+        self.door.counters.record("grpc", True)
+        return response
 
     def _call(
         self, request: Any, shm: CallerShm, traceparent: str = ""

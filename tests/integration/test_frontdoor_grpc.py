@@ -1,10 +1,12 @@
 """Triton's gRPC API on zinfer, called with the real tritonclient, unchanged: health, metadata, config,
 statistics, model control, inference with FP32, INT8, BF16 and BYTES tensors, decoupled streams,
-sequences, system shared memory and errors. One ``zinfer serve --grpc`` for the module."""
+sequences, system shared memory and errors. One ``zinfer serve --grpc`` per gRPC server the door can run on
+(grpcio; pygrpc-native when installed), every test on each."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import queue
 import time
 import uuid
@@ -29,13 +31,23 @@ pytestmark = pytest.mark.integration
 MODELS = ("add", "double", "text_upper", "token_stream", "running_sum")
 
 
-@pytest.fixture(scope="module")
-def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, str]]:
+# every test on each gRPC server the door can run on: grpcio, and pygrpc-native where the frontdoor-native
+# extra is installed (the test extra installs it)
+SERVERS = ["grpcio", *(["native"] if importlib.util.find_spec("pygrpc_native") is not None else [])]
+
+
+@pytest.fixture(scope="module", params=SERVERS)
+def door(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[tuple[ServerProcess, str]]:
     repo = repository(tmp_path_factory.mktemp("fd"), MODELS)
     url = f"127.0.0.1:{free_port()}"
-    server = start_server(repo, "--grpc", url, "--model-control-mode", "explicit", "--load-model", "*")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("ZINFER_GRPC_SERVER", request.param)
+        server = start_server(repo, "--grpc", url, "--model-control-mode", "explicit", "--load-model", "*")
     try:
         wait_grpc(url).close()
+        assert f"server={'pygrpc-native' if request.param == 'native' else 'grpcio'}" in server.log()
         yield server, url
     finally:
         stop_all([server])

@@ -24,6 +24,7 @@ from zinfer.frontdoor.bridge_records import (
     Tensor,
     TensorSpec,
 )
+from zinfer.frontdoor.door_client import wire_bytes, with_wire
 from zinfer.frontdoor.sysshm import SystemShm
 from zinfer.modelconfig.model_config import load_model_config
 
@@ -48,6 +49,25 @@ def test_raw_inputs_of_every_kind() -> None:
     np.testing.assert_array_equal(got["I"].data, i8)
     assert got["B"].data.dtype == ml_dtypes.bfloat16 and got["B"].data.tobytes() == bf.tobytes()
     assert got["T"].data.tolist() == [b"a", b"", b"xyz"]
+
+
+def test_bytes_keep_their_wire_form() -> None:
+    """A BYTES input read from raw_input_contents goes on as the bytes it came in (not decoded and encoded
+    again); a response's BYTES output read from the broker's frame likewise; a view encodes anew."""
+    r = _request()
+    text = np.array([b"a", b"", b"xyz"], np.object_)
+    wire = dtypes.serialize_bytes(text)
+    r.inputs.add(name="T", datatype="BYTES", shape=[3])
+    r.raw_input_contents.append(wire)
+    data = convert.infer_call(r, None).inputs[0].data
+    assert data.tolist() == [b"a", b"", b"xyz"] and wire_bytes(data) == wire
+    assert wire_bytes(data[:2]) == dtypes.serialize_bytes(text[:2])  # a view: its own items encoded
+    out = Tensor("Y", "BYTES", (3,), with_wire(dtypes.deserialize_bytes(wire, (3,)), wire))
+    response = convert.infer_response(InferReply("m", "1", "", (out,)))
+    assert response.raw_output_contents[0] == wire
+    changed = Tensor("Y", "BYTES", (1,), np.array([b"new"], np.object_))  # a plain array: encoded
+    response = convert.infer_response(InferReply("m", "1", "", (changed,)))
+    assert response.raw_output_contents[0] == dtypes.serialize_bytes(changed.data)
 
 
 def test_typed_contents() -> None:
