@@ -30,13 +30,12 @@ from .connection import Unsent
 from .curve_keys import CurveKeys
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
-from .paths import check_server_socket
+from .paths import SocketIdentity, check_server_socket
 from .protocol import Command, Frame, Reply, is_final
 from .transport import NOBLOCK, recv_frames, send_messages
 
 log = logging.getLogger(__name__)
 
-_REPLY_ONLY = frozenset({Command.REPLY})
 _SERVER_CHECK_S = 0.5  # while requests wait, how often to check that a local server is still there
 _DRAIN = 1024  # messages the reader handles before it lets other callbacks run
 _RETRY_S = 0.002  # while no server is connected, how often the queue tries again
@@ -58,6 +57,8 @@ class AsyncConnection:
     ) -> None:
         self.url = url
         self.server_uid = server_uid
+        self._ipc_path = url[6:] if url.startswith("ipc://") else ""
+        self._socket_seen: SocketIdentity | None = None  # the server socket last found trustworthy
         self.heartbeat_interval = heartbeat_interval
         self._on_late = on_late_reply
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -93,8 +94,8 @@ class AsyncConnection:
     def check_server(self) -> None:
         """A local server's socket file is gone when the server is: say so at once instead of timing out.
         A socket made by a user we do not trust, or a symbolic link, is refused (``check_server_socket``)."""
-        if self.url.startswith("ipc://"):
-            check_server_socket(self.url[6:], self.server_uid)
+        if self._ipc_path:
+            self._socket_seen = check_server_socket(self._ipc_path, self.server_uid, self._socket_seen)
 
     # ------------------------------------------------------------------------------------ requests
 
@@ -316,8 +317,7 @@ class AsyncConnection:
 
     def _dispatch(self, raw: list[zmq.Frame]) -> None:
         try:
-            messages = protocol.decode_many([f.buffer for f in raw], _REPLY_ONLY)
-            replies = [(protocol.reply_from_wire(m.header), m.frames) for m in messages]
+            replies = protocol.decode_replies([f.buffer for f in raw])
         except ProtocolError as exc:
             log.warning("event=bad_reply error=%r", str(exc))
             return

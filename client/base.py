@@ -79,8 +79,12 @@ class _Prepared:
 
 
 def _byte_view(arr: npt.NDArray[Any]) -> memoryview:
-    """The bytes of a contiguous array (a uint8 view also works for dtypes memoryview lacks, like bf16)."""
-    return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    """The bytes of a contiguous array: its buffer cast to bytes, or, for dtypes the buffer protocol lacks
+    (bf16) and empty arrays (which memoryview will not cast), a uint8 view of it."""
+    try:
+        return memoryview(arr).cast("B")  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # AsyncClient is not compiled (setup.py)
@@ -309,7 +313,7 @@ class _ClientBase:
         if not spec.datatype or spec.datatype == dtypes.BYTES:
             return None
         dims = spec.shape[1:] if info.max_batch_size > 0 else spec.shape
-        if all(d >= 0 for d in dims):
+        if min(dims, default=0) >= 0:
             rows = batch if info.max_batch_size > 0 else 1
             return rows * math.prod(dims) * dtypes.itemsize(spec.datatype)
         return input_bytes if input_bytes >= 4096 else None
