@@ -28,6 +28,7 @@ import zmq
 from . import protocol
 from .connection import Unsent
 from .curve_keys import CurveKeys
+from .deadlines import Deadlines
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
 from .paths import SocketIdentity, check_server_socket
@@ -78,6 +79,7 @@ class AsyncConnection:
         self._streams: dict[str, asyncio.Queue[_Item | ClientError]] = {}  # decoupled models
         self._out: list[_Out] = []  # messages for the next flush
         self._flush_handle: asyncio.Handle | None = None
+        self._deadlines: Deadlines | None = None  # the requests' timeouts, on one timer
         self._sending: set[str] = set()  # ids not sent yet: not lost with a connection
         self._late: set[str] = set()
         self._ids = itertools.count(1)
@@ -126,7 +128,7 @@ class AsyncConnection:
     ) -> tuple[Reply, list[Frame]]:
         """The reply to ``rid``. If the caller gives up first (``RequestTimeout``, ``ConnectionFailed``, or
         the task is cancelled), the reply, if it ever comes, goes to ``on_late_reply``."""
-        handle = fut.get_loop().call_later(max(0.0, timeout), self._time_out, fut)
+        handle = self._deadlines_of(fut).add(fut, timeout)
         try:
             return await fut
         except Unsent:
@@ -138,7 +140,13 @@ class AsyncConnection:
                 self._on_late(rid)  # the reply came, but the task was cancelled before it could take it
             raise
         finally:
-            handle.cancel()
+            if handle is not None:
+                handle.cancel()
+
+    def _deadlines_of(self, fut: asyncio.Future[Any]) -> Deadlines:
+        if self._deadlines is None:  # made on the loop of the first request
+            self._deadlines = Deadlines(fut.get_loop(), self._time_out)
+        return self._deadlines
 
     async def stream(
         self, command: Command, header: protocol.OutHeader, frames: Sequence[Frame], timeout: float
@@ -364,6 +372,8 @@ class AsyncConnection:
         self._out.clear()
         if self._flush_handle is not None:
             self._flush_handle.cancel()
+        if self._deadlines is not None:
+            self._deadlines.close()
         if self._loop is not None and not self._loop.is_closed():
             for fd in self._fds:
                 self._loop.remove_reader(fd)
