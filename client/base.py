@@ -44,6 +44,7 @@ from .result import InferResult
 from .shm import Segment
 from .triton_compat import InputsArg, OutputsArg, input_arrays, output_names
 
+_NO_SEQUENCE = (0, False, False)  # a request outside any sequence: no sequence parameters
 # Failures after which the server may still hold the request: its slots wait for the late reply.
 _IN_DOUBT = (RequestTimeout, ConnectionFailed, asyncio.CancelledError)
 
@@ -214,7 +215,7 @@ class _ClientBase:
         ``sequence`` is ``(sequence_id, sequence_start, sequence_end)``, sent when the id is set;
         ``parameters`` the request's own (Triton's request parameters, which model code reads). The header
         is the ``InferRequest`` record, which msgspec encodes as it is (no map is built)."""
-        params = user_parameters(parameters)
+        params = user_parameters(parameters) if parameters else {}
         named = input_arrays(inputs)
         names = output_names(outputs)
         slots: list[Slot] = []
@@ -228,7 +229,7 @@ class _ClientBase:
             self._free(slots)
             raise
         rid = request_id or ""
-        seq = sequence_parameters(*sequence)
+        seq = sequence_parameters(*sequence) if sequence != _NO_SEQUENCE else {}
         header = InferRequest(
             rid,
             info.name,

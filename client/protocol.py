@@ -170,6 +170,7 @@ WORKER_COMMANDS = frozenset(
 )
 
 _PREFIX = {c: PROTOCOL + bytes([c]) for c in Command}
+_PACKED_PREFIX = {int(c): PROTOCOL + bytes([c | framing.PACKED]) for c in Command}
 _PLAIN = (str, bytes, bytearray, int, float, dict, list, tuple)
 
 
@@ -240,8 +241,7 @@ def encode(command: Command, header: Header, frames: Sequence[Frame] = ()) -> li
 
 def _encode_packed(command: int, payload: Any, frames: Sequence[Frame]) -> list[Frame]:
     refs, blob, large = framing.pack(frames)
-    top = _pack((refs, payload))
-    return [PROTOCOL + bytes([command | framing.PACKED]) + top, blob, *large]
+    return [_PACKED_PREFIX[command] + _pack((refs, payload)), blob, *large]
 
 
 def _open(frames: Sequence[Frame], limit: int) -> tuple[Command, Any, list[Frame]]:
