@@ -395,8 +395,9 @@ class _ClientBase:
         try:
             result = self._read_outputs(reply, frames, p.out_slots, p.request_id)
         finally:
-            outs = p.out_slots.values()
-            self._free([s for s in p.slots if s not in outs])
+            if p.slots:
+                outs = p.out_slots.values()
+                self._free([s for s in p.slots if s not in outs])
         return result
 
     def _read_outputs(
@@ -414,7 +415,8 @@ class _ClientBase:
                 arrays[ref.name] = self._output_array(ref, frames, out_slots, used)
                 types[ref.name] = ref.datatype
         finally:
-            self._free([slot for name, slot in out_slots.items() if name not in used])
+            if out_slots:
+                self._free([slot for name, slot in out_slots.items() if name not in used])
         params = body.get("parameters")
         return InferResult(str(body.get("model", "")), int(body.get("version", 0)), request_id, arrays, types,
                            params if isinstance(params, dict) else None)  # fmt: skip
