@@ -27,6 +27,7 @@ COMPILED = (
     "zinfer.client.transport",
     "zinfer.client.base",
     "zinfer.client.connection",
+    "zinfer.client.call_waiter",
     "zinfer.client.client",
     "zinfer.client.result",
     "zinfer.client.worker_protocol",

@@ -221,13 +221,15 @@ class AsyncClient(_ClientBase):
     ) -> InferResult:
         """Run ``model`` on ``inputs`` (see ``Client.infer``). When ``client_timeout`` passes, or the task
         awaiting this is cancelled, the request is cancelled in the server too."""
-        info = await self._model_info(model, _version(model_version))
+        version = _version(model_version)
+        info = self._cached_info(model, version) or await self._model_info(model, version)
         sequence = (sequence_id, sequence_start, sequence_end)
         # a W3C traceparent (given, or the active OpenTelemetry span's): the server's trace continues it
         parameters = with_trace_context(parameters, trace_context)
         p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence, parameters)
         try:
-            await self._register_new()
+            if self._unregistered:  # new arena segments: the server learns of them first
+                await self._register_new()
             reply, rframes = await self._exchange(p, client_timeout)
             if self._unknown_region(reply):
                 await self._register_all()

@@ -28,15 +28,15 @@ import zmq
 from . import protocol
 from .connection import Unsent
 from .curve_keys import CurveKeys
+from .deadlines import Deadlines
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
-from .paths import check_server_socket
+from .paths import SocketIdentity, check_server_socket
 from .protocol import Command, Frame, Reply, is_final
 from .transport import NOBLOCK, recv_frames, send_messages
 
 log = logging.getLogger(__name__)
 
-_REPLY_ONLY = frozenset({Command.REPLY})
 _SERVER_CHECK_S = 0.5  # while requests wait, how often to check that a local server is still there
 _DRAIN = 1024  # messages the reader handles before it lets other callbacks run
 _RETRY_S = 0.002  # while no server is connected, how often the queue tries again
@@ -58,6 +58,8 @@ class AsyncConnection:
     ) -> None:
         self.url = url
         self.server_uid = server_uid
+        self._ipc_path = url[6:] if url.startswith("ipc://") else ""
+        self._socket_seen: SocketIdentity | None = None  # the server socket last found trustworthy
         self.heartbeat_interval = heartbeat_interval
         self._on_late = on_late_reply
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -77,6 +79,7 @@ class AsyncConnection:
         self._streams: dict[str, asyncio.Queue[_Item | ClientError]] = {}  # decoupled models
         self._out: list[_Out] = []  # messages for the next flush
         self._flush_handle: asyncio.Handle | None = None
+        self._deadlines: Deadlines | None = None  # the requests' timeouts, on one timer
         self._sending: set[str] = set()  # ids not sent yet: not lost with a connection
         self._late: set[str] = set()
         self._ids = itertools.count(1)
@@ -93,8 +96,8 @@ class AsyncConnection:
     def check_server(self) -> None:
         """A local server's socket file is gone when the server is: say so at once instead of timing out.
         A socket made by a user we do not trust, or a symbolic link, is refused (``check_server_socket``)."""
-        if self.url.startswith("ipc://"):
-            check_server_socket(self.url[6:], self.server_uid)
+        if self._ipc_path:
+            self._socket_seen = check_server_socket(self._ipc_path, self.server_uid, self._socket_seen)
 
     # ------------------------------------------------------------------------------------ requests
 
@@ -125,7 +128,7 @@ class AsyncConnection:
     ) -> tuple[Reply, list[Frame]]:
         """The reply to ``rid``. If the caller gives up first (``RequestTimeout``, ``ConnectionFailed``, or
         the task is cancelled), the reply, if it ever comes, goes to ``on_late_reply``."""
-        handle = fut.get_loop().call_later(max(0.0, timeout), self._time_out, fut)
+        handle = self._deadlines_of(fut).add(fut, timeout)
         try:
             return await fut
         except Unsent:
@@ -137,7 +140,13 @@ class AsyncConnection:
                 self._on_late(rid)  # the reply came, but the task was cancelled before it could take it
             raise
         finally:
-            handle.cancel()
+            if handle is not None:
+                handle.cancel()
+
+    def _deadlines_of(self, fut: asyncio.Future[Any]) -> Deadlines:
+        if self._deadlines is None:  # made on the loop of the first request
+            self._deadlines = Deadlines(fut.get_loop(), self._time_out)
+        return self._deadlines
 
     async def stream(
         self, command: Command, header: protocol.OutHeader, frames: Sequence[Frame], timeout: float
@@ -316,8 +325,7 @@ class AsyncConnection:
 
     def _dispatch(self, raw: list[zmq.Frame]) -> None:
         try:
-            messages = protocol.decode_many([f.buffer for f in raw], _REPLY_ONLY)
-            replies = [(protocol.reply_from_wire(m.header), m.frames) for m in messages]
+            replies = protocol.decode_replies([f.buffer for f in raw])
         except ProtocolError as exc:
             log.warning("event=bad_reply error=%r", str(exc))
             return
@@ -364,6 +372,8 @@ class AsyncConnection:
         self._out.clear()
         if self._flush_handle is not None:
             self._flush_handle.cancel()
+        if self._deadlines is not None:
+            self._deadlines.close()
         if self._loop is not None and not self._loop.is_closed():
             for fd in self._fds:
                 self._loop.remove_reader(fd)

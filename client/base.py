@@ -44,6 +44,7 @@ from .result import InferResult
 from .shm import Segment
 from .triton_compat import InputsArg, OutputsArg, input_arrays, output_names
 
+_NO_SEQUENCE = (0, False, False)  # a request outside any sequence: no sequence parameters
 # Failures after which the server may still hold the request: its slots wait for the late reply.
 _IN_DOUBT = (RequestTimeout, ConnectionFailed, asyncio.CancelledError)
 
@@ -79,8 +80,12 @@ class _Prepared:
 
 
 def _byte_view(arr: npt.NDArray[Any]) -> memoryview:
-    """The bytes of a contiguous array (a uint8 view also works for dtypes memoryview lacks, like bf16)."""
-    return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    """The bytes of a contiguous array: its buffer cast to bytes, or, for dtypes the buffer protocol lacks
+    (bf16) and empty arrays (which memoryview will not cast), a uint8 view of it."""
+    try:
+        return memoryview(arr).cast("B")  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # AsyncClient is not compiled (setup.py)
@@ -210,7 +215,7 @@ class _ClientBase:
         ``sequence`` is ``(sequence_id, sequence_start, sequence_end)``, sent when the id is set;
         ``parameters`` the request's own (Triton's request parameters, which model code reads). The header
         is the ``InferRequest`` record, which msgspec encodes as it is (no map is built)."""
-        params = user_parameters(parameters)
+        params = user_parameters(parameters) if parameters else {}
         named = input_arrays(inputs)
         names = output_names(outputs)
         slots: list[Slot] = []
@@ -224,7 +229,7 @@ class _ClientBase:
             self._free(slots)
             raise
         rid = request_id or ""
-        seq = sequence_parameters(*sequence)
+        seq = sequence_parameters(*sequence) if sequence != _NO_SEQUENCE else {}
         header = InferRequest(
             rid,
             info.name,
@@ -309,7 +314,7 @@ class _ClientBase:
         if not spec.datatype or spec.datatype == dtypes.BYTES:
             return None
         dims = spec.shape[1:] if info.max_batch_size > 0 else spec.shape
-        if all(d >= 0 for d in dims):
+        if min(dims, default=0) >= 0:
             rows = batch if info.max_batch_size > 0 else 1
             return rows * math.prod(dims) * dtypes.itemsize(spec.datatype)
         return input_bytes if input_bytes >= 4096 else None
@@ -390,8 +395,9 @@ class _ClientBase:
         try:
             result = self._read_outputs(reply, frames, p.out_slots, p.request_id)
         finally:
-            outs = p.out_slots.values()
-            self._free([s for s in p.slots if s not in outs])
+            if p.slots:
+                outs = p.out_slots.values()
+                self._free([s for s in p.slots if s not in outs])
         return result
 
     def _read_outputs(
@@ -409,7 +415,8 @@ class _ClientBase:
                 arrays[ref.name] = self._output_array(ref, frames, out_slots, used)
                 types[ref.name] = ref.datatype
         finally:
-            self._free([slot for name, slot in out_slots.items() if name not in used])
+            if out_slots:
+                self._free([slot for name, slot in out_slots.items() if name not in used])
         params = body.get("parameters")
         return InferResult(str(body.get("model", "")), int(body.get("version", 0)), request_id, arrays, types,
                            params if isinstance(params, dict) else None)  # fmt: skip

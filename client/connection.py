@@ -20,22 +20,21 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
 from . import protocol
+from .call_waiter import Waiter
 from .curve_keys import CurveKeys
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
-from .paths import check_server_socket
+from .paths import SocketIdentity, check_server_socket
 from .protocol import Command, Frame, Reply, is_final
 from .transport import NOBLOCK, recv_frames, send_messages
 
 log = logging.getLogger(__name__)
 
-_REPLY_ONLY = frozenset({Command.REPLY})
 _SERVER_CHECK_S = 0.5  # while waiting, how often to check that a local server is still there
 _OWNER_POLL_S = 0.05  # the longest the socket's owner polls before it looks at its own state again
 _WAIT_SLICE_S = 0.005  # how long a thread that does not own the socket sleeps between looks
@@ -48,18 +47,8 @@ class Unsent(ConnectionFailed):
     saw it, so nothing it holds (shared-memory slots) waits for a reply."""
 
 
-@dataclass
-class _Waiter:
-    event: threading.Event = field(default_factory=threading.Event)
-    reply: Reply | None = None
-    frames: list[Frame] = field(default_factory=list)
-    stream: deque[tuple[Reply, list[Frame]]] | None = None  # several replies (decoupled models)
-    sent: bool = False  # only a request that went out can be lost with the connection
-    error: ConnectionFailed | None = None  # the connection was lost while this waited, or it never went out
-
-
 # a queued message: command, header, frames, its waiter (None: nobody waits), connect deadline
-_Out = tuple[Command, protocol.OutHeader, Sequence[Frame], _Waiter | None, float]
+_Out = tuple[Command, protocol.OutHeader, Sequence[Frame], Waiter | None, float]
 
 
 class Connection:
@@ -73,6 +62,8 @@ class Connection:
     ) -> None:
         self.url = url
         self.server_uid = server_uid
+        self._ipc_path = url[6:] if url.startswith("ipc://") else ""
+        self._socket_seen: SocketIdentity | None = None  # the server socket last found trustworthy
         self.heartbeat_interval = heartbeat_interval
         self._on_late = on_late_reply
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -84,7 +75,7 @@ class Connection:
         if curve is not None:
             curve.apply(self._sock)
         self._waiters_lock = threading.Lock()  # the waiters, the queue and the wake flag
-        self._waiters: dict[str, _Waiter] = {}
+        self._waiters: dict[str, Waiter] = {}
         self._out: list[_Out] = []
         self._link = LinkWatch(self._sock, url, self._lost)
         self._sock.connect(url)
@@ -134,7 +125,7 @@ class Connection:
         if check:
             self.check_server()
         rid = protocol.stamp_id(header, self.new_id())
-        waiter = _Waiter()
+        waiter = Waiter()
         self._link.poll()  # a loss reported before this request must not fail it
         self._queue(command, header, frames, waiter, rid, timeout)
         try:
@@ -157,7 +148,7 @@ class Connection:
             raise ClientError("the client is closed")
         self.check_server()
         rid = protocol.stamp_id(header, self.new_id())
-        waiter = _Waiter(stream=deque())
+        waiter = Waiter(stream=deque())
         self._link.poll()
         self._queue(command, header, frames, waiter, rid, timeout)
         try:
@@ -167,7 +158,7 @@ class Connection:
                     yield reply, rframes
                     if is_final(reply):
                         return
-                waiter.event.clear()
+                waiter.rearm(self._waiters_lock)
                 if not waiter.stream:
                     self._wait(waiter, time.monotonic() + timeout)
         finally:
@@ -178,8 +169,8 @@ class Connection:
     def check_server(self) -> None:
         """A local server's socket file is gone when the server is: say so at once instead of timing out.
         A socket made by a user we do not trust, or a symbolic link, is refused (``check_server_socket``)."""
-        if self.url.startswith("ipc://"):
-            check_server_socket(self.url[6:], self.server_uid)
+        if self._ipc_path:
+            self._socket_seen = check_server_socket(self._ipc_path, self.server_uid, self._socket_seen)
 
     def send_only(self, command: Command, header: protocol.OutHeader) -> None:
         """Send without waiting for the answer (which is then dropped); dropped too while no server is
@@ -204,7 +195,7 @@ class Connection:
         command: Command,
         header: protocol.OutHeader,
         frames: Sequence[Frame],
-        waiter: _Waiter | None,
+        waiter: Waiter | None,
         rid: str,
         timeout: float,
     ) -> None:
@@ -227,15 +218,23 @@ class Connection:
 
     def _flush(self) -> None:
         """Send the queue (the caller owns the socket): runs as BUNDLEs; what finds no server connected
-        waits for the next flush, or fails with ``Unsent`` past its connect deadline."""
+        waits for the next flush, or fails with ``Unsent`` past its connect deadline. An empty queue is
+        seen without the lock: a message queued just after goes out with the next flush, as one queued just
+        after the lock would."""
+        if not self._out:
+            return
         with self._waiters_lock:
             out, self._out = self._out, []
-        if not out:
-            return
         try:
             sent = send_messages(self._sock, [(c, h, f) for c, h, f, _, _ in out])
         except zmq.ZMQError as exc:
             self._fail_unsent(out, Unsent(f"send failed: {exc}"))
+            return
+        if sent == len(out):  # the usual case: everything went out
+            with self._waiters_lock:
+                for item in out:
+                    if item[3] is not None:
+                        item[3].sent = True
             return
         now = time.monotonic()
         with self._waiters_lock:
@@ -255,7 +254,7 @@ class Connection:
                     continue
                 self._waiters.pop(protocol.header_id(header), None)
                 waiter.error = exc
-                waiter.event.set()
+                waiter.wake()
 
     def _own(self, wait_s: float, fast: bool = False) -> bool:
         """One round as the socket's owner: send the queue, wait up to ``wait_s`` for replies (or a thread
@@ -307,22 +306,25 @@ class Connection:
         return True
 
     def _hand_over(self) -> None:
-        """The owner leaves: wake one thread still waiting, to take the socket."""
+        """The owner leaves: wake one thread still waiting, to take the socket (one that registers after
+        this look tries the socket itself before it sleeps)."""
+        if not self._waiters:
+            return
         with self._waiters_lock:
             for w in self._waiters.values():
-                if not w.event.is_set():
-                    w.event.set()
+                if not w.awake():
+                    w.wake()
                     return
 
     def _lost(self, exc: ConnectionFailed) -> None:
         """The connection dropped: every call waiting for a reply fails (``LinkWatch``)."""
         with self._waiters_lock:
-            waiters = [w for w in self._waiters.values() if w.sent]
-        for waiter in waiters:
-            waiter.error = exc
-            waiter.event.set()
+            for waiter in self._waiters.values():
+                if waiter.sent:
+                    waiter.error = exc
+                    waiter.wake()
 
-    def _withdraw(self, waiter: _Waiter) -> bool:
+    def _withdraw(self, waiter: Waiter) -> bool:
         """Take a message that is still queued (never sent) out of the queue; False when it is not there
         (sent, or being sent by the socket's owner right now)."""
         with self._waiters_lock:
@@ -333,12 +335,9 @@ class Connection:
                     return True
         return False
 
-    def _done(self, waiter: _Waiter) -> bool:
-        return waiter.error is not None or waiter.reply is not None or bool(waiter.stream)
-
-    def _wait(self, waiter: _Waiter, deadline: float) -> None:
+    def _wait(self, waiter: Waiter, deadline: float) -> None:
         next_check = time.monotonic() + _SERVER_CHECK_S
-        while not self._done(waiter):
+        while not waiter.done():
             now = time.monotonic()
             remaining = deadline - now
             if remaining <= 0:
@@ -350,15 +349,13 @@ class Connection:
                 self.check_server()
             if not self._io_lock.acquire(blocking=False):
                 self._wake_owner()
-                waiter.event.wait(min(remaining, _WAIT_SLICE_S))
-                if not self._done(waiter):
-                    waiter.event.clear()
+                waiter.sleep(self._waiters_lock, min(remaining, _WAIT_SLICE_S))
                 continue
             try:
                 if self._closed:
                     raise ClientError("the client is closed")
                 fast = True  # a lone caller blocks in recv first (``_own``)
-                while not self._done(waiter):
+                while not waiter.done():
                     now = time.monotonic()
                     if now >= deadline or now >= next_check:
                         break
@@ -373,8 +370,7 @@ class Connection:
 
     def _dispatch(self, raw: list[Any]) -> None:
         try:
-            messages = protocol.decode_many(raw, _REPLY_ONLY)
-            replies = [(protocol.reply_from_wire(m.header), m.frames) for m in messages]
+            replies = protocol.decode_replies(raw)
         except ProtocolError as exc:
             log.warning("event=bad_reply error=%r", str(exc))
             return
@@ -382,19 +378,22 @@ class Connection:
             self._dispatch_one(reply, frames)
 
     def _dispatch_one(self, reply: Reply, frames: list[Frame]) -> None:
+        rid = reply.request_id
         with self._waiters_lock:
-            waiter = self._waiters.get(reply.request_id)
-            if waiter is not None and (waiter.stream is None or is_final(reply)):
-                del self._waiters[reply.request_id]
-            late = reply.request_id in self._late and is_final(reply)
+            waiter = self._waiters.get(rid)
+            if waiter is not None:
+                if waiter.stream is None:
+                    del self._waiters[rid]
+                    waiter.frames = frames
+                    waiter.reply = reply
+                else:
+                    if is_final(reply):
+                        del self._waiters[rid]
+                    waiter.stream.append((reply, frames))
+                waiter.wake()
+                return
+            late = rid in self._late and is_final(reply)
             if late:
-                self._late.discard(reply.request_id)
-        if waiter is not None:
-            if waiter.stream is not None:
-                waiter.stream.append((reply, frames))
-            else:
-                waiter.reply = reply
-                waiter.frames = frames
-            waiter.event.set()
-        elif late and self._on_late is not None:
-            self._on_late(reply.request_id)
+                self._late.discard(rid)
+        if late and self._on_late is not None:
+            self._on_late(rid)

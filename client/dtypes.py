@@ -72,6 +72,12 @@ def wire_to_numpy(wire: str) -> np.dtype[np.generic]:
 
 def numpy_to_wire(dtype: npt.DTypeLike) -> str:
     """The wire type of a NumPy dtype; ``object``, ``bytes_`` and ``str_`` arrays are ``BYTES``."""
+    try:  # an array's dtype (the usual case) is a key as it is: no conversion
+        found = _WIRE_BY_NUMPY.get(dtype)  # type: ignore[arg-type]
+    except TypeError:  # unhashable (a structured dtype's field list)
+        found = None
+    if found is not None:
+        return found
     dt = np.dtype(dtype)
     name = _WIRE_BY_NUMPY.get(dt)
     if name is not None:

@@ -37,17 +37,28 @@ def default_url() -> str:
     return client_endpoint(default_runtime_dir())
 
 
-def check_server_socket(path: str, server_uid: int | None = None) -> None:
+SocketIdentity = tuple[int, int, int, int, int]
+"""A file as ``check_server_socket`` found it: device, inode, mode, owner and change time."""
+
+
+def check_server_socket(
+    path: str, server_uid: int | None = None, seen: SocketIdentity | None = None
+) -> SocketIdentity:
     """Raise ``ConnectionFailed`` unless ``path`` is a socket a server we trust made: owned by this process's
     user, by root, or by ``server_uid`` (a server running as its own user), in a folder nobody else may
     write to (or a sticky one, where nobody else may replace it). Checked with ``lstat``: a symbolic link
-    is refused, whatever it points to."""
+    is refused, whatever it points to. Returns the socket's identity: given back as ``seen``, a socket that
+    is still that very file (same inode, mode, owner and change time: not replaced, not changed since) is
+    trusted without its folder's ``stat``."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         raise ConnectionFailed(f"no zinfer server at ipc://{path}") from None
     except OSError as exc:
         raise ConnectionFailed(f"cannot check the server socket ipc://{path}: {exc.strerror}") from None
+    identity = (st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_ctime_ns)
+    if identity == seen:
+        return identity
     trusted = {os.getuid(), os.geteuid(), 0} | ({server_uid} if server_uid is not None else set())
     if stat.S_ISLNK(st.st_mode):
         raise ConnectionFailed(f"refusing ipc://{path}: it is a symbolic link")
@@ -63,3 +74,4 @@ def check_server_socket(path: str, server_uid: int | None = None) -> None:
         raise ConnectionFailed(
             f"refusing ipc://{path}: its folder is writable by others, who could replace the socket"
         )
+    return identity

@@ -170,6 +170,7 @@ WORKER_COMMANDS = frozenset(
 )
 
 _PREFIX = {c: PROTOCOL + bytes([c]) for c in Command}
+_PACKED_PREFIX = {int(c): PROTOCOL + bytes([c | framing.PACKED]) for c in Command}
 _PLAIN = (str, bytes, bytearray, int, float, dict, list, tuple)
 
 
@@ -187,6 +188,8 @@ _pack = msgspec.msgpack.Encoder(enc_hook=_as_plain).encode
 ENVELOPE_HEAD = len(PROTOCOL) + 2
 """The shortest envelope frame: the protocol, the command byte and a header of at least one byte."""
 _COMMAND_BY_INT = {int(c): c for c in Command}
+_REPLY_BYTE = int(Command.REPLY)  # a REPLY's command byte, not packed
+_REPLY_ONLY = frozenset({Command.REPLY})
 _STATUS_BY_INT = {int(s): s for s in Status}
 COPY_THRESHOLD = framing.COPY_THRESHOLD
 """Frames at least this large are sent without copying (see ``send_copy``)."""
@@ -238,8 +241,7 @@ def encode(command: Command, header: Header, frames: Sequence[Frame] = ()) -> li
 
 def _encode_packed(command: int, payload: Any, frames: Sequence[Frame]) -> list[Frame]:
     refs, blob, large = framing.pack(frames)
-    top = _pack((refs, payload))
-    return [PROTOCOL + bytes([command | framing.PACKED]) + top, blob, *large]
+    return [_PACKED_PREFIX[command] + _pack((refs, payload)), blob, *large]
 
 
 def _open(frames: Sequence[Frame], limit: int) -> tuple[Command, Any, list[Frame]]:
@@ -337,6 +339,22 @@ def decode_infer(frames: Sequence[Frame]) -> Message | None:
     if params and (len(params) > 1 << 12 or not all(isinstance(v, _SCALARS) for v in params.values())):
         return None
     return msg
+
+
+def decode_replies(frames: Sequence[Frame]) -> list[tuple[Reply, list[Frame]]]:
+    """The replies of one message from the server (a REPLY, or a BUNDLE of them), each with its inline
+    frames; ``ProtocolError`` on anything malformed. A lone REPLY that is not packed, the usual answer to
+    one request, is read without the general path's ``Message`` (the same limits and checks)."""
+    if frames:
+        envelope = frames[0]
+        if len(envelope) >= ENVELOPE_HEAD and envelope[4] == _REPLY_BYTE and envelope[:4] == PROTOCOL:
+            if len(frames) - 1 > MAX_TENSORS:
+                raise ProtocolError("too many inline frames")
+            header = _unpack(memoryview(envelope)[ENVELOPE_HEAD - 1 :])
+            if not isinstance(header, dict):
+                raise ProtocolError("header must be a map")
+            return [(reply_from_wire(header), list(frames[1:]))]
+    return [(reply_from_wire(m.header), m.frames) for m in decode_many(frames, _REPLY_ONLY)]
 
 
 def encode_bundle(items: Sequence[tuple[Command, Header, Sequence[Frame]]]) -> list[Frame]:

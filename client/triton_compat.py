@@ -143,7 +143,7 @@ OutputsArg = Sequence[str | InferRequestedOutput] | None
 
 def input_arrays(inputs: InputsArg) -> Mapping[str, npt.ArrayLike]:
     """The ``{name: array}`` form of either input form, in order."""
-    if isinstance(inputs, Mapping):
+    if type(inputs) is dict or isinstance(inputs, Mapping):  # a dict is the usual case: no ABC check
         return inputs
     named: dict[str, npt.ArrayLike] = {}
     for item in inputs:
