@@ -4,7 +4,8 @@ Each turn runs one load on a fresh server and a fresh client process whose zinfe
 folder that, on ``PYTHONPATH``, imports as ``zinfer``: a symlink tree of a checkout, or a compiled build of
 ``bench_compiled.build_compiled``), A then B, for ``--rounds`` rounds; the medians per tree and load are
 printed, with B's ratio to A. Loads: ``add0:1`` (one sync ``Client``), ``MODEL:N`` (one ``AsyncClient``, N
-in flight), on bench_vs_triton's repository.
+in flight), ``MODEL:N:threads`` (N threads, a sync ``Client`` each: requests arrive one by one, as from a
+front door), on bench_vs_triton's repository.
 
 Usage: ``.venv/bin/python bench/ab_turns.py A_DIR B_DIR [--loads add0:1,add:32] [--rounds 3] [--seconds 3]``
 """
@@ -30,11 +31,13 @@ def child(load: str, seconds: float) -> None:
     import vs_triton_repo
     import zinfer_side as z
 
-    model, conc = load.split(":")
+    model, conc, *how = load.split(":")
     with tempfile.TemporaryDirectory(prefix="zab-") as tmp:
         repo = vs_triton_repo.write(Path(tmp) / "repo", zinfer_only=True)
         with z.serve(repo) as s:
-            if conc == "1":
+            if how == ["threads"]:
+                r = z.threads(s, model, int(conc), seconds, 1_000_000, False, z.add_inputs)
+            elif conc == "1":
                 r = z.sync_latency(s, model, seconds, 1_000_000)
             else:
                 r = z.async_closed(s, model, int(conc), seconds, 1_000_000)
