@@ -38,7 +38,7 @@ Pure: no clock (``now`` is passed in), no I/O.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any, TypeAlias
+from typing import Any
 
 from zinfer.client.errors import InternalError, InvalidArgument, ResourceExhausted, Unavailable
 
@@ -57,8 +57,7 @@ from .batching.sequence_batcher import SequenceBatch
 from .ensemble_plan import EnsemblePlan
 from .pending import Pending
 
-# a string: compiled, Batch is an ordinary class without Generic's subscripts at run time (batch_policy)
-AnyBatch: TypeAlias = "Batch[Pending] | SequenceBatch[Pending]"
+AnyBatch = Batch[Pending] | SequenceBatch[Pending]
 Ready = list[tuple[bytes, list[AnyBatch]]]  # (instance, batches): one EXECUTE each
 
 

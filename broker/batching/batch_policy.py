@@ -17,8 +17,6 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from mypy_extensions import mypyc_attr
-
 from zinfer.modelconfig.parameters import early_dispatch
 from zinfer.modelconfig.record_base import empty_map, frozen_map
 from zinfer.modelconfig.scheduling import QueuePolicy
@@ -193,7 +191,6 @@ class BatchPolicy:
         )
 
 
-@mypyc_attr(native_class=False)  # compiled, a generic dataclass is an ordinary class (a native one fails)
 @dataclass(frozen=True, slots=True)
 class QueuedRequest(Generic[T]):
     """One queued request; ``item`` is opaque to the batcher.
@@ -212,7 +209,6 @@ class QueuedRequest(Generic[T]):
     nbytes: int = 0  # input bytes, counted against max_batch_bytes
 
 
-@mypyc_attr(native_class=False)  # as QueuedRequest
 @dataclass(frozen=True, slots=True)
 class Batch(Generic[T]):
     """A batch to hand to one free instance, items in service order (priority, then FIFO)."""

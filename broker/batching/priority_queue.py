@@ -26,8 +26,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from mypy_extensions import mypyc_attr
-
 from zinfer.modelconfig.scheduling import TimeoutAction
 
 from .batch_policy import BatchPolicy, InvalidPriority, QueuedRequest, QueueFull, QueuePolicy
@@ -39,7 +37,6 @@ T = TypeVar("T")
 _US_PER_S = 1_000_000
 
 
-@mypyc_attr(native_class=False)  # compiled, a generic dataclass is an ordinary class (a native one fails)
 @dataclass(slots=True, eq=False)
 class Entry(Generic[T]):
     """A queued request with its level (0-based) and absolute queue deadline (``inf`` = none)."""
@@ -51,7 +48,6 @@ class Entry(Generic[T]):
     queued: bool = True
 
 
-@mypyc_attr(native_class=False)  # as Entry
 @dataclass(slots=True, eq=False)
 class _Level(Generic[T]):
     policy: QueuePolicy
