@@ -101,9 +101,9 @@ def main() -> int:
             result = load.communicate(timeout=args.seconds + 120)[0].strip()
             lines = [f"== broker under {args.load}, {args.seconds:g} s at {args.rate} Hz: {result}"]
             lines += summarize(stacks(data))
-    print("\n".join(lines))
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
     return 0
 
 
