@@ -31,6 +31,8 @@ RATE = 250  # samples per second
 TOP = 25
 LOADS = "add0:128,add:32"
 WORKER_OF = {"text_ensemble": "tokenizer"}  # the worker profiled for a model that has none
+SPY_FLAGS: list[str] = []  # py-spy record's own options (--gil, --native), from --spy
+RAW_DIR: list[str] = []  # where py-spy's raw stacks are kept (--raw), if anywhere
 
 
 def _py_spy() -> str:
@@ -49,6 +51,10 @@ def _worker_pid(broker: int, model: str) -> int:
     raise RuntimeError(f"no worker of {model}")
 
 
+WAITS = ("epoll_wait", "poll (", "select (", "ppoll", "pselect", "nanosleep", "pthread_cond")
+"""Leaf frames of a native stack that are a thread asleep (py-spy --native counts those samples as active)."""
+
+
 def summarize(raw: Path, seconds: float) -> list[str]:
     own: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
@@ -59,6 +65,8 @@ def summarize(raw: Path, seconds: float) -> list[str]:
             continue
         count = int(n)
         frames = stack.split(";")
+        if "--native" in SPY_FLAGS and frames[-1].startswith(WAITS):
+            continue
         total += count
         own[frames[-1]] += count
         for f in set(frames):
@@ -94,7 +102,9 @@ def profile(s: z.ZinferServer, model: str, conc: int, seconds: float, tmp: Path,
                 "--duration",
                 str(int(seconds)),
             ]
-            cmd += ["--format", "raw", "--nonblocking", "-o", str(out)]
+            # native stacks need the process paused while they are read (py-spy refuses --nonblocking then)
+            cmd += ["--format", "raw", "-o", str(out), *SPY_FLAGS]
+            cmd += [] if "--native" in SPY_FLAGS else ["--nonblocking"]
             spies[name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out)
         who = "one sync Client" if client == "sync" else "one AsyncClient"
         lines = [f"== {model}, {conc} in flight, {who}, {seconds:g} s at {RATE} Hz"]
@@ -105,6 +115,8 @@ def profile(s: z.ZinferServer, model: str, conc: int, seconds: float, tmp: Path,
                 lines.append(f"  py-spy failed: {err.decode(errors='replace')[-500:]}")
                 continue
             lines += summarize(out, seconds)
+            if RAW_DIR:
+                shutil.copy(out, Path(RAW_DIR[0]) / out.name)
         return lines
     finally:
         _, err = load.communicate(timeout=seconds + 60)
@@ -130,7 +142,19 @@ def main() -> int:
         default=LOADS,
         help="model:in_flight[:sync],... (default %(default)s); ':sync': one sync Client, one in flight",
     )
+    ap.add_argument(
+        "--spy",
+        default="",
+        help="py-spy record options, comma-separated: 'gil' (only samples holding the GIL: Python's own "
+        "work, not the waits a blocking call's samples may be counted in) and/or 'native' (C frames: a "
+        "compiled build's functions)",
+    )
+    ap.add_argument("--raw", type=Path, help="a folder to keep py-spy's raw stacks in (MODEL-PROCESS.txt)")
     args = ap.parse_args()
+    if args.raw:
+        args.raw.mkdir(parents=True, exist_ok=True)
+        RAW_DIR.append(str(args.raw))
+    SPY_FLAGS.extend(f"--{f}" for f in args.spy.split(",") if f)
     lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="zpp-") as tmp:
         repo = vs_triton_repo.write(Path(tmp) / "repo", zinfer_only=True)

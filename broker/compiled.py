@@ -13,10 +13,12 @@ import importlib.util
 __all__ = ["COMPILED", "compiled_here"]
 
 # On the path of every request in the client, the broker, the worker or all. Not here: modules with async
-# generators (async_client, async_connection: mypyc has none), the batchers (generic frozen dataclasses
-# with slots, which mypyc refuses), the worker's model-facing modules (pb_utils and its pb_* parts: their
-# objects are weakly referenced, which compiled classes refuse; model.py: models subclass its classes),
-# model_loop (asyncio runs its coroutines), and the decoupled and GPU paths (off the hot path).
+# generators (async_client, async_connection: mypyc has none), the worker's model-facing modules (pb_utils
+# and its pb_* parts: their objects are weakly referenced, which compiled classes refuse; model.py: models
+# subclass its classes), model_loop (asyncio runs its coroutines), and the decoupled and GPU paths.
+# The dynamic batcher (batch_policy, batcher, priority_queue) compiles only with its generic dataclasses
+# as ordinary classes (``mypyc_attr(native_class=False)``; native, they fail at import), and then its
+# checks of bad arguments change (TypeError where the tests want ValueError, bools read as ints): left out.
 # Not the worker's modules either: they are compile-safe (their tests use real objects), but compiled they
 # cost more than they save: one compiled run with and without them, same commit (bench_vs_triton --quick
 # --zinfer-only --compiled), three-step ensemble at c1: 2903 vs 2453 CPU us per request (workers 1452 vs
@@ -52,6 +54,11 @@ COMPILED = (
     "zinfer.broker.ensemble_run",
     "zinfer.broker.registry",
     "zinfer.broker.latency_window",
+    # the loop's wait (interpreted, the largest share of the compiled broker's Python at c1: perf,
+    # bench/profile_perf.py) and the batcher's rate estimates (each request is observed)
+    "zinfer.broker.precise_wait",
+    "zinfer.broker.batching.early_dispatch",
+    "zinfer.broker.batching.adaptive",
     # the front door's request path (not bridge, door_client, grpc_service: an async generator, and classes
     # of interpreted bases whose methods tests replace)
     "zinfer.frontdoor.bridge_records",

@@ -23,7 +23,6 @@ import time
 from collections.abc import Sequence
 
 from zinfer.client.protocol import Command
-from zinfer.client.worker_protocol import execute_to_wire
 
 from .batching.rate_limiter import RateLimiter
 from .completion import Completion
@@ -106,7 +105,7 @@ class Dispatcher:
         message, frames = execute_message(
             running.batch_id, items, controls, self._region_wire, serial=len(batches) > 1
         )
-        if not self.outbox.send_worker(worker, Command.W_EXECUTE, execute_to_wire(message), frames):
+        if not self.outbox.send_worker(worker, Command.W_EXECUTE, message, frames):
             self.pool.drop_batch(running.batch_id)
             self.completion.fail_batch(running, "the instance could not be reached")
         self._account(state, worker, batches, now)

@@ -7,7 +7,7 @@ from typing import Any
 
 from zinfer.client.errors import InvalidArgument
 from zinfer.client.protocol import Frame, TensorRef
-from zinfer.client.worker_protocol import Execute, ExecuteRequest, SequenceControl
+from zinfer.client.worker_protocol import NO_PARAMETERS, NO_REGIONS, Execute, ExecuteRequest, SequenceControl
 
 from .model_state import Pending
 
@@ -74,8 +74,10 @@ def execute_message(
         }
         if p.trace is not None:  # a traced request: its model may pass the context on to a BLS call
             parameters["traceparent"] = p.trace.context
-        requests.append(ExecuteRequest(p.seq, inputs, outputs, p.request.caller_id, sequence, parameters))
-    return Execute(batch_id, tuple(requests), table, serial), frames
+        requests.append(
+            ExecuteRequest(p.seq, inputs, outputs, p.request.caller_id, sequence, parameters or NO_PARAMETERS)
+        )  # the defaults when empty: an encoded record leaves them out
+    return Execute(batch_id, tuple(requests), table or NO_REGIONS, serial), frames
 
 
 def client_outputs(

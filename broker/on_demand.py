@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from zinfer.client import protocol
 from zinfer.client.errors import Cancelled, DeadlineExceeded, ResourceExhausted, ServerError, Unavailable
-from zinfer.client.protocol import Command, Reply
+from zinfer.client.protocol import Command, InferRequest, Reply
 
 from .footprint_probe import FootprintProbe
 from .memory_budget import HOST, MemoryBudget, format_bytes
@@ -127,7 +127,9 @@ class OnDemand:
         """Park an INFER whose model (or one of its ensemble's steps) is not loaded, and start its loads;
         False when everything it needs is loaded (admission takes it now) or it names no model of the
         repository (admission answers it)."""
-        name = message.header.get("model")
+        head = message.record_or_header  # an INFER read straight from its bytes, or its header map
+        typed = isinstance(head, InferRequest)
+        name = head.model if typed else head.get("model")
         if not isinstance(name, str) or not name or self.draining():
             return False
         needs = model_needs(self.registry, self.repository, name)
@@ -138,9 +140,9 @@ class OnDemand:
             for n in needs:
                 self.last_used[n] = now
             return False
-        timeout_us = message.header.get("timeout_us", 0)
+        timeout_us = head.timeout_us if typed else head.get("timeout_us", 0)
         wait_s = timeout_us / 1e6 if isinstance(timeout_us, int) and timeout_us > 0 else LOAD_TIMEOUT_S
-        rid = protocol.request_id_of(message.header)
+        rid = protocol.request_id_of(head)
         self.parked.append(Parked(identity, message, rid, frozenset(needs), now + wait_s))
         for n in missing:
             if n not in self.wanted and n not in self.loading:

@@ -29,6 +29,7 @@ from zinfer.client import protocol
 from zinfer.client.errors import ResourceExhausted, Status
 from zinfer.client.protocol import Command, Frame, Reply
 from zinfer.client.transport import NOBLOCK, SNDMORE, send_frames
+from zinfer.client.worker_protocol import Execute, encode_execute
 
 from .reply_backlog import DEFAULT_MAX_UNREAD_REPLY_BYTES, ReplyBacklog
 
@@ -159,13 +160,22 @@ class Outbox:
                     self._send_client(identity, protocol.encode_bundle(chunk), f"bundle of {len(chunk)}")
 
     def send_worker(
-        self, identity: bytes, command: Command, header: dict[str, Any], frames: list[Frame] | None = None
+        self,
+        identity: bytes,
+        command: Command,
+        header: dict[str, Any] | Execute,
+        frames: list[Frame] | None = None,
     ) -> bool:
-        """A message to the worker ``identity``; False when it could not be reached."""
+        """A message to the worker ``identity``; False when it could not be reached. An EXECUTE goes as its
+        record, encoded as it is (``worker_protocol.encode_execute``)."""
         assert self._backend is not None
         self._sent_on.append(self._backend)
+        if isinstance(header, Execute):
+            msg = encode_execute(header, frames or ())
+        else:
+            msg = protocol.encode(command, header, frames or ())
         try:
-            send_frames(self._backend, [identity, *protocol.encode(command, header, frames or ())], NOBLOCK)
+            send_frames(self._backend, [identity, *msg], NOBLOCK)
             return True
         except zmq.ZMQError as exc:
             log.warning("event=worker_unreachable worker=%s error=%r", identity, exc.strerror)

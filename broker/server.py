@@ -324,7 +324,7 @@ class Broker:
 
     def _on_client(self, identity: bytes, frames: list[Frame]) -> None:
         """One message from a client, or a BUNDLE of several: each handled as if it had come alone."""
-        infer = protocol.decode_infer(frames) if self.on_demand is None else None  # on-demand parks maps
+        infer = protocol.decode_infer(frames)
         if infer is not None:  # a lone INFER, read straight from its bytes
             return self._on_client_message(identity, infer)
         try:

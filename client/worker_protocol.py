@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from . import protocol
+from . import framing, protocol
 from .errors import ProtocolError, Status
 from .protocol import (
     INT63_LIMIT,
@@ -279,6 +279,29 @@ def _region_ids(value: Any) -> dict[str, tuple[int, int, int]]:
             raise ProtocolError("a region must be named by [fd, dev, ino], integers in [0, 2**64)")
         table[name] = (wire[0], wire[1], wire[2])
     return table
+
+
+def _plain_mapping(value: Any) -> Any:
+    """A record's read-only mapping (its parameters) as a map; anything else as ``protocol`` encodes it."""
+    if isinstance(value, MappingProxyType):
+        return dict(value)
+    return protocol._as_plain(value)
+
+
+_pack_record = msgspec.msgpack.Encoder(enc_hook=_plain_mapping).encode
+_EXECUTE_HEAD = protocol.PROTOCOL + bytes([Command.W_EXECUTE])
+_EXECUTE_PACKED_HEAD = protocol.PROTOCOL + bytes([Command.W_EXECUTE | framing.PACKED])
+
+
+def encode_execute(e: Execute, frames: Sequence[Frame] = ()) -> list[Frame]:
+    """A W_EXECUTE's frames, as ``protocol.encode`` frames a message, its record encoded as it is, in C: the
+    map ``execute_to_wire`` writes, but that a sequence's false flags and empty controls are left out (they
+    read back as the same record). Empty parameters and regions are left out when they are the records'
+    defaults (``NO_PARAMETERS``, ``NO_REGIONS``)."""
+    if len(frames) < 2 or not framing.worth_packing(frames):
+        return [_EXECUTE_HEAD + _pack_record(e), *frames]
+    refs, blob, large = framing.pack(frames)
+    return [_EXECUTE_PACKED_HEAD + _pack_record((refs, e)), blob, *large]
 
 
 _EXECUTE = protocol.typed_decoders(Execute)
