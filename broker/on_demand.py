@@ -11,9 +11,8 @@ it or parked requests waiting for it is never picked, nor a pinned one (paramete
 nothing can be unloaded, the parked requests fail at once with ResourceExhausted naming the budget.
 
 Footprints are measured, not declared: each instance's worker RSS (psutil) for ``host`` and, for GPU
-instances, the device memory the worker reports in its heartbeats for ``gpuN``. The estimate of a model
-not measured yet is its last measurement, else the mean instance measured so far.
-"""
+instances, the device memory its heartbeats report for ``gpuN``; a model not measured yet is estimated by
+its last measurement, else the mean instance."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``event=ready`` (and systemd's READY=1 after it) comes only once the front doors' ports are bound: a user who
-connects the moment the line appears is answered, not refused."""
+"""``event=ready`` (and systemd's READY=1 after it) comes only once the front doors' ports are bound: a user
+who connects the moment the line appears is answered, not refused."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import socket
 import urllib.request
 from pathlib import Path
 
-from tests.conftest import stop_all, start_server
+from tests.conftest import start_server, stop_all
 from tests.frontdoor_helpers import free_port
 
 
