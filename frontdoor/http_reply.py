@@ -10,8 +10,7 @@ reply. A client that needs the exact value asks for the output as binary data.""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -24,8 +23,7 @@ from .http_codec import NO_JSON, HttpInferRequest
 __all__ = ["EncodedReply", "encode_infer_reply", "tensor_to_bytes"]
 
 
-@dataclass(frozen=True)
-class EncodedReply:
+class EncodedReply(NamedTuple):
     """The response: ``json`` then ``binary`` parts in order; ``header_length`` is set (the
     ``Inference-Header-Content-Length`` header) when there are binary parts."""
 
@@ -103,4 +101,7 @@ def encode_infer_reply(
     if reply.parameters:
         head["parameters"] = dict(reply.parameters)
     head["outputs"] = outputs
-    return EncodedReply(json.dumps(head, separators=(",", ":"), allow_nan=False).encode(), tuple(parts))
+    return EncodedReply(_ENCODER.encode(head).encode(), tuple(parts))
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # json.dumps's, made once

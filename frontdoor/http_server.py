@@ -28,6 +28,8 @@ import collections
 import functools
 import logging
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import unquote
 
@@ -76,6 +78,9 @@ MAX_CONNECTIONS = 1024
 STOP_GRACE_S = 2.0
 _HEADER_LENGTH = HEADER_LENGTH.lower()
 _JSON = "application/json"
+_BINARY = "application/octet-stream"
+_NO_SHM: frozenset[str] = frozenset()
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 _SERVER = re.compile(r"/v2(?:/health/(live|ready))?")
 _MODEL = re.compile(
@@ -276,18 +281,18 @@ class HttpFrontDoor:
         )
         reply = await self.bridge.infer(call)
         counts = {o.name: o.class_count for o in parsed.outputs if o.class_count}
-        reply = await classify_reply(self.bridge, self.door.labels, reply, counts)
-        in_shm = self._write_shm_outputs(shm, parsed, reply.outputs)
-        encoded = encode_infer_reply(reply, parsed, in_shm)
-        headers = {}
-        if encoded.header_length is not None:
-            headers[HEADER_LENGTH] = str(encoded.header_length)
-        content_type = "application/octet-stream" if encoded.binary else _JSON
+        if counts:
+            reply = await classify_reply(self.bridge, self.door.labels, reply, counts)
+        in_shm = self._write_shm_outputs(shm, parsed, reply.outputs) if parsed.output_shm else _NO_SHM
+        json_part, binary = encode_infer_reply(reply, parsed, in_shm)
         on_sent = None
         if reply.trace:  # traced by the broker: the door's timestamps go to its trace once sent
             recv = (("HTTP_RECV_START", request.recv_start_ns), ("HTTP_RECV_END", request.recv_end_ns))
             on_sent = functools.partial(_http_sent, self.bridge.trace_stamps, reply.trace, recv)
-        return HttpResponse(200, (encoded.json, *encoded.binary), content_type, headers, on_sent=on_sent)
+        if not binary:
+            return HttpResponse(200, (json_part,), _JSON, _NO_HEADERS, False, on_sent)
+        headers = {HEADER_LENGTH: str(len(json_part))}  # Triton's binary-data extension: the JSON's size
+        return HttpResponse(200, (json_part, *binary), _BINARY, headers, False, on_sent)
 
     def _write_shm_outputs(
         self, shm: CallerShm, parsed: HttpInferRequest, outputs: tuple[Tensor, ...]

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,23 @@ from .sysshm import SystemShm
 log = logging.getLogger("zinfer.frontdoor")
 
 STATUS_INTERVAL_S = 1.0
+LOOP_ENV = "ZINFER_FRONTDOOR_LOOP"  # "asyncio": the standard event loop even where uvloop is installed
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on uvloop's event loop when it is installed (the ``frontdoor`` extra), else asyncio's.
+    uvloop's transports and callbacks are compiled (libuv): the HTTP door spends a third of its time in
+    transport writes, reads and the loop itself (bench/ab_frontdoor_http.py measures the two loops)."""
+    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    if os.environ.get(LOOP_ENV, "") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[FrontDoorOptions, int | None, str]:
@@ -138,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format=f"%(asctime)s level=%(levelname)s logger=%(name)s frontdoor={options.index} %(message)s",
     )
     try:
-        asyncio.run(serve(options, parent))
+        run_loop(serve(options, parent))
     except ConfigError as exc:
         log.error("event=frontdoor_failed error=%r", str(exc))
         return 2
