@@ -197,7 +197,7 @@ def tensor_from_bytes(name: str, datatype: str, shape: tuple[int, ...], raw: Any
         except InvalidArgument as exc:
             raise _bad(f"input '{name}': {exc}") from None
     dtype = _sized(name, datatype, shape, view.nbytes)
-    return np.frombuffer(view, dtype=dtype).reshape(shape)
+    return np.ndarray(shape, dtype, view)  # over the body's bytes (read-only), as frombuffer, in one call
 
 
 def _sized(name: str, datatype: str, shape: tuple[int, ...], nbytes: int) -> np.dtype[Any]:

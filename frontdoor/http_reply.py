@@ -43,7 +43,14 @@ def tensor_to_bytes(tensor: Tensor) -> memoryview:
     """An output's raw bytes, without a copy where the array is contiguous."""
     if tensor.datatype == BYTES:
         return memoryview(serialize_bytes(tensor.data))
-    data = np.ascontiguousarray(tensor.data)
+    data = tensor.data
+    if data.flags.c_contiguous:
+        try:
+            return data.data.cast("B")  # the array's own bytes, without a reshape and a view
+        except (TypeError, ValueError, NotImplementedError):  # a dtype the buffer protocol cannot name
+            pass
+    else:
+        data = np.ascontiguousarray(data)
     return data.reshape(-1).view(np.uint8).data
 
 

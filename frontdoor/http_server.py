@@ -144,6 +144,11 @@ class HttpFrontDoor:
     async def _route(self, request: HttpRequest) -> HttpResponse:
         path = request.path
         method = request.method
+        if m := _MODEL.fullmatch(path):  # inference first (the routes' patterns are disjoint)
+            model, version, kind = unquote(m.group(1)), m.group(2) or "", m.group(3) or ""
+            if kind == "infer" and method == "POST":
+                return await self._infer(request, model, version)
+            return await self._model(request, model, version, kind)
         if m := _SERVER.fullmatch(path):
             if method != "GET":
                 return _not_allowed()
@@ -155,9 +160,6 @@ class HttpFrontDoor:
             if await self.bridge.server_ready():
                 return _OK
             return _error(400, not_ready_reason(await self._index_or_none()))
-        if m := _MODEL.fullmatch(path):
-            model, version, kind = unquote(m.group(1)), m.group(2) or "", m.group(3) or ""
-            return await self._model(request, model, version, kind)
         if m := _CONTROL.fullmatch(path):
             if method != "POST":
                 return _not_allowed()
