@@ -30,19 +30,20 @@ from .sysshm import SystemShm
 log = logging.getLogger("zinfer.frontdoor")
 
 STATUS_INTERVAL_S = 1.0
-LOOP_ENV = "ZINFER_FRONTDOOR_LOOP"  # "asyncio": the standard event loop even where uvloop is installed
+LOOP_ENV = "ZINFER_FRONTDOOR_LOOP"  # "uvloop": uvloop's event loop (when installed) instead of asyncio's
 
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run ``main`` on uvloop's event loop when it is installed (the ``frontdoor`` extra), else asyncio's.
-    uvloop's transports and callbacks are compiled (libuv): the HTTP door spends a third of its time in
-    transport writes, reads and the loop itself (bench/ab_frontdoor_http.py measures the two loops)."""
+    """Run ``main`` on asyncio's event loop, or on uvloop's with ``ZINFER_FRONTDOOR_LOOP=uvloop`` where uvloop
+    is installed (asyncio's where it is not). Not the default: measured in turns against asyncio on the HTTP
+    door (bench/ab_frontdoor_http.py, bench/micro_http_door.py) it saved about 7% of the door's Python work
+    on in-memory transports and nothing measurable with perf_analyzer on real sockets."""
     factory: Callable[[], asyncio.AbstractEventLoop] | None = None
-    if os.environ.get(LOOP_ENV, "") != "asyncio":
+    if os.environ.get(LOOP_ENV, "") == "uvloop":
         try:
-            import uvloop
+            uvloop: Any = importlib.import_module("uvloop")  # optional, not a declared dependency
         except ImportError:
-            pass
+            log.warning("event=uvloop_unavailable loop=asyncio")
         else:
             factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
