@@ -89,6 +89,7 @@ class MemoryTransport(asyncio.Transport):
 
 
 async def drive(url: str, model: str, concurrency: int, requests: int) -> dict[str, Any]:
+    from zinfer.client.gc_tuning import tune_for_serving
     from zinfer.frontdoor.bridge import Bridge
     from zinfer.frontdoor.door import FrontDoor, FrontDoorOptions
     from zinfer.frontdoor.http_server import HttpFrontDoor
@@ -99,6 +100,7 @@ async def drive(url: str, model: str, concurrency: int, requests: int) -> dict[s
     with tempfile.TemporaryDirectory(prefix="zmh-") as tmp:
         door = FrontDoor(FrontDoorOptions(url, Path(tmp) / "shm"), Bridge(url), SystemShm(Path(tmp) / "shm"))
         handler = HttpFrontDoor(door)
+        tune_for_serving()  # as the door process, once set up (gc_tuning)
         req = request_bytes(model)
         total = requests + concurrency  # the first answer of each connection is a warm-up
         issued = counted = 0
