@@ -1,6 +1,7 @@
-"""A/B of front-door variants over HTTP, all up at once and measured in turns: perf_analyzer on ``add`` at
-concurrency 32 (and 1), round after round, each variant's door CPU per request (its CPU time over the
-requests perf_analyzer counted in the same window) and throughput (and p50 at c1).
+"""A/B of front-door variants over HTTP (or gRPC, ``--protocol grpc``), all up at once and measured in
+turns: perf_analyzer on ``add`` at concurrency 32 (and 1), round after round, each variant's door CPU per
+request (its CPU time over the requests perf_analyzer counted in the same window) and throughput (and p50
+at c1).
 
 A variant is ``NAME`` or ``NAME:KEY=VALUE,KEY=VALUE``: the environment its ``zinfer serve`` starts with
 (``ZINFER_FRONTDOOR_LOOP=asyncio`` for asyncio's event loop, ``ZINFER_FRONTDOOR_SHORTCUT=1`` to answer
@@ -61,6 +62,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--interval-ms", type=int, default=1500)
     ap.add_argument("--c1", action="store_true", help="also concurrency 1 (p50)")
+    ap.add_argument("--protocol", default="http", choices=("http", "grpc"))
     args = ap.parse_args()
     pa = args.triton_venv / "bin" / "perf_analyzer"
     install = triton_side.find(args.triton_venv) or triton_side.TritonInstall(
@@ -83,7 +85,9 @@ def main() -> int:
                 for step, conc in steps:
                     for name, target in order:
                         try:
-                            fig = perf_analyzer(pa, env, target, "http", "add", conc, ADD, args.interval_ms)
+                            fig = perf_analyzer(
+                                pa, env, target, args.protocol, "add", conc, ADD, args.interval_ms
+                            )
                         except Exception as exc:  # noqa: BLE001 - recorded, the others still run
                             fig = {"error": str(exc)[-300:]}
                         rows[name][step].append(fig)
