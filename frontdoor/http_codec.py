@@ -391,8 +391,11 @@ def decode_infer_request(
     if end > limits.max_json_bytes:
         raise _bad(f"the request's JSON is {end} bytes, more than the limit of {limits.max_json_bytes}")
     try:
-        raw = bytes(view[:end])
-        doc = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
+        head = view[:end]
+        # json.loads's decoding of bytes, without its copy: UTF-8 when the text opens as an object does
+        utf8 = len(head) > 1 and head[0] == 0x7B and head[1] != 0  # "{" then not a NUL (UTF-16/32)
+        encoding = "utf-8" if utf8 else json.detect_encoding(bytes(head))
+        doc = _DECODER.decode(str(head, encoding, "surrogatepass"))
     except (ValueError, RecursionError) as exc:
         raise _bad(f"failed to parse the request JSON buffer: {str(exc)[:200]}") from None
     request = _object(doc, "request")
@@ -415,21 +418,13 @@ def decode_infer_request(
     outputs: Sequence[Any] = _array(request["outputs"], "outputs") if "outputs" in request else []
     if len(outputs) > limits.max_tensors:
         raise _bad(f"the request has {len(outputs)} outputs, more than {limits.max_tensors}")
-    sequence_id = params.pop("sequence_id", 0)
     specs = tuple(_output(o, limits) for o in outputs)
+    pop = params.pop
     return HttpInferRequest(
-        request_id=request_id,
-        inputs=tuple(inputs),
-        outputs=specs,
-        binary_output=params.pop("binary_data_output", False),
-        priority=params.pop("priority", 0),
-        timeout_us=params.pop("timeout", 0),
-        sequence_id=sequence_id,
-        sequence_start=params.pop("sequence_start", False),
-        sequence_end=params.pop("sequence_end", False),
-        parameters=params,
-        output_shm=any(o.shm is not None for o in specs),
-    )
+        request_id, tuple(inputs), specs, pop("binary_data_output", False), pop("priority", 0),
+        pop("timeout", 0), pop("sequence_id", 0), pop("sequence_start", False), pop("sequence_end", False),
+        params, any(o.shm is not None for o in specs),
+    )  # fmt: skip
 
 
 def resolve_inputs(

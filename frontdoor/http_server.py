@@ -37,7 +37,7 @@ from zinfer.client.errors import InvalidArgument, ZinferError
 
 from . import cudashm
 from .bridge import HEALTH_TIMEOUT_S
-from .bridge_records import InferCall, RepositoryModel, Tensor
+from .bridge_records import NONE, InferCall, RepositoryModel, Tensor
 from .classification import classify_reply
 from .door import FrontDoor
 from .door_trace import DoorStamps
@@ -268,19 +268,10 @@ class HttpFrontDoor:
         shm = self.door.shm.caller(request.peer_uid)
         inputs = resolve_inputs(parsed, shm.read, self.limits, self.bridge.empty)
         call = InferCall(
-            model=model,
-            inputs=inputs,
-            version=version,
-            outputs=tuple(o.name for o in parsed.outputs),
-            request_id=parsed.request_id,
-            priority=parsed.priority,
-            timeout_us=parsed.timeout_us,
-            sequence_id=parsed.sequence_id,
-            sequence_start=parsed.sequence_start,
-            sequence_end=parsed.sequence_end,
-            parameters=parsed.parameters,
-            traceparent=request.headers.get("traceparent", ""),
-        )
+            model, inputs, version, tuple([o.name for o in parsed.outputs]), parsed.request_id,
+            parsed.priority, parsed.timeout_us, parsed.sequence_id, parsed.sequence_start,
+            parsed.sequence_end, parsed.parameters, NONE, request.headers.get("traceparent", ""),
+        )  # fmt: skip
         reply = await self.bridge.infer(call)
         counts = {o.name: o.class_count for o in parsed.outputs if o.class_count}
         if counts:
