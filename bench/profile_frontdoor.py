@@ -10,7 +10,8 @@ top frames by own time and by time inclusive of callees.
 
 Usage: ``.venv/bin/python bench/profile_frontdoor.py --triton-venv DIR [--seconds S]``. Needs py-spy in this
 venv (the dev install's) and perf_analyzer in ``--triton-venv``. Results: bench/results/profile_frontdoor.json
-(replaced by each run). Absolute figures move with the machine's load; compare rows of one run.
+(replaced by each run; ``--results PATH`` for another file). Absolute figures move with the machine's
+load; compare rows of one run.
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ def main() -> int:
     )
     ap.add_argument("--seconds", type=float, default=6.0, help="py-spy's window per run")
     ap.add_argument("--protocols", default="grpc,http")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
     args = ap.parse_args()
     pa = args.triton_venv / "bin" / "perf_analyzer"
     if not pa.exists() or not PYSPY.exists():
@@ -160,9 +162,9 @@ def main() -> int:
         os.environ.pop(SHORTCUT, None)
         shutil.rmtree(env_dir, ignore_errors=True)
     result = {"machine": machine(), "params": {"seconds": args.seconds, "concurrency": 32}, "runs": runs}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"written: {RESULTS.relative_to(ROOT)}")
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"written: {args.results}")
     return 0
 
 

@@ -140,7 +140,14 @@ def _raw(t: Tensor) -> memoryview:
     """A tensor's bytes as the wire carries them (BYTES: Triton's length-prefixed items)."""
     if t.datatype == dtypes.BYTES:
         return memoryview(wire_bytes(t.data))
-    arr: npt.NDArray[Any] = t.data if t.data.flags.c_contiguous else np.ascontiguousarray(t.data)
+    arr: npt.NDArray[Any] = t.data
+    if arr.flags.c_contiguous:
+        try:
+            return arr.data.cast("B")  # the array's own bytes, without a reshape and a view
+        except (TypeError, ValueError, NotImplementedError):  # a dtype the buffer protocol cannot name
+            pass
+    else:
+        arr = np.ascontiguousarray(arr)
     return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 

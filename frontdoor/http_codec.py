@@ -23,8 +23,9 @@ import base64
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -56,6 +57,9 @@ NO_JSON = frozenset({"FP16", "BF16"})  # Triton takes and gives these only as bi
 _RESERVED_PREFIX = "triton_"
 _SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
 _TOO_BIG = "failed to parse the request JSON buffer: Number too big to be stored in double."
+_NO_PARAMETERS: Mapping[str, Any] = MappingProxyType({})
+# records made for every request (several per request): named tuples, several times cheaper to build than
+# frozen dataclasses (``Limits`` is made once)
 
 
 @dataclass(frozen=True)
@@ -75,8 +79,7 @@ class Limits:
         return self.max_json_bytes + self.max_tensor_bytes + (1 << 20)
 
 
-@dataclass(frozen=True)
-class ShmRef:
+class ShmRef(NamedTuple):
     """A tensor in a registered system shared memory region."""
 
     region: str
@@ -84,8 +87,7 @@ class ShmRef:
     byte_size: int
 
 
-@dataclass(frozen=True)
-class InputSpec:
+class InputSpec(NamedTuple):
     """An input with its data decoded (``data``), or in shared memory (``shm``, read by the caller)."""
 
     name: str
@@ -95,8 +97,7 @@ class InputSpec:
     shm: ShmRef | None = None
 
 
-@dataclass(frozen=True)
-class OutputSpec:
+class OutputSpec(NamedTuple):
     """A requested output: ``binary`` None means the request's ``binary_data_output`` decides."""
 
     name: str
@@ -105,8 +106,7 @@ class OutputSpec:
     class_count: int = 0  # Triton's classification extension: the top classes instead of the tensor
 
 
-@dataclass(frozen=True)
-class HttpInferRequest:
+class HttpInferRequest(NamedTuple):
     request_id: str
     inputs: tuple[InputSpec, ...]
     outputs: tuple[OutputSpec, ...] = ()
@@ -116,7 +116,8 @@ class HttpInferRequest:
     sequence_id: int | str = 0
     sequence_start: bool = False
     sequence_end: bool = False
-    parameters: Mapping[str, Any] = field(default_factory=dict)
+    parameters: Mapping[str, Any] = _NO_PARAMETERS
+    output_shm: bool = False  # an output is written to shared memory
 
 
 def _bad(message: str) -> InvalidArgument:
@@ -177,7 +178,9 @@ def _byte_size(name: str, datatype: str, shape: tuple[int, ...], limits: Limits)
     count = math.prod(shape)
     size = count * (itemsize(datatype) or 1)
     # the dims other than 0 too: [0, 2**40, 2**40] holds nothing, but no array can have that shape
-    if max(size, math.prod(d for d in shape if d) * (itemsize(datatype) or 1)) > limits.max_tensor_bytes:
+    if size > limits.max_tensor_bytes or (
+        count == 0 and math.prod(d for d in shape if d) * (itemsize(datatype) or 1) > limits.max_tensor_bytes
+    ):
         raise _bad(
             f"input '{name}' of shape {list(shape)} needs {size} bytes, more than the limit of "
             f"{limits.max_tensor_bytes} (--max-tensor-bytes)"
@@ -194,7 +197,7 @@ def tensor_from_bytes(name: str, datatype: str, shape: tuple[int, ...], raw: Any
         except InvalidArgument as exc:
             raise _bad(f"input '{name}': {exc}") from None
     dtype = _sized(name, datatype, shape, view.nbytes)
-    return np.frombuffer(view, dtype=dtype).reshape(shape)
+    return np.ndarray(shape, dtype, view)  # over the body's bytes (read-only), as frombuffer, in one call
 
 
 def _sized(name: str, datatype: str, shape: tuple[int, ...], nbytes: int) -> np.dtype[Any]:
@@ -226,6 +229,9 @@ def _refuse_non_finite(name: str) -> None:
     (RFC 8259); rapidjson's text for them in a strict parse. (Triton parses with kParseNanAndInfFlag and
     takes them; zinfer does not, so no tensor or parameter can hold what a JSON reply cannot say.)"""
     raise ValueError("Invalid value.")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_refuse_non_finite)  # json.loads's, made once
 
 
 def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> npt.NDArray[Any]:
@@ -278,6 +284,14 @@ def _shm_ref(params: Mapping[str, Any]) -> ShmRef | None:
 
 
 def _content_kind(name: str, body: Mapping[str, Any], params: Mapping[str, Any]) -> str:
+    if "binary_data_size" in params:  # the common case first: one lookup each
+        if "data" not in body and "shared_memory_region" not in params:
+            return "'binary_data_size'"
+    elif "data" in body:
+        if "shared_memory_region" not in params:
+            return "'data'"
+    elif "shared_memory_region" in params:
+        return "'shared_memory_region'"
     kinds = [k for k, present in (
         ("'data'", "data" in body),
         ("'binary_data_size'", "binary_data_size" in params),
@@ -303,7 +317,10 @@ def _input(item: Any, binary: memoryview, pos: int, model: str, limits: Limits) 
     dims = _array(body.get("shape"), "shape")
     if len(dims) > limits.max_dims:
         raise _bad(f"input '{name}' has {len(dims)} dimensions, more than {limits.max_dims}")
-    shape = tuple(_uint(d, "shape", _I64) for d in dims)
+    shape = tuple(dims)
+    for d in shape:
+        if type(d) is not int or not 0 <= d <= _I64:
+            raise _bad("Unable to parse 'shape'")
     size = _byte_size(name, datatype, shape, limits)
     if kind == "'shared_memory_region'":
         return InputSpec(name, datatype, shape, shm=_shm_ref(params)), pos
@@ -374,7 +391,11 @@ def decode_infer_request(
     if end > limits.max_json_bytes:
         raise _bad(f"the request's JSON is {end} bytes, more than the limit of {limits.max_json_bytes}")
     try:
-        doc = json.loads(bytes(view[:end]), parse_constant=_refuse_non_finite)
+        head = view[:end]
+        # json.loads's decoding of bytes, without its copy: UTF-8 when the text opens as an object does
+        utf8 = len(head) > 1 and head[0] == 0x7B and head[1] != 0  # "{" then not a NUL (UTF-16/32)
+        encoding = "utf-8" if utf8 else json.detect_encoding(bytes(head))
+        doc = _DECODER.decode(str(head, encoding, "surrogatepass"))
     except (ValueError, RecursionError) as exc:
         raise _bad(f"failed to parse the request JSON buffer: {str(exc)[:200]}") from None
     request = _object(doc, "request")
@@ -397,19 +418,13 @@ def decode_infer_request(
     outputs: Sequence[Any] = _array(request["outputs"], "outputs") if "outputs" in request else []
     if len(outputs) > limits.max_tensors:
         raise _bad(f"the request has {len(outputs)} outputs, more than {limits.max_tensors}")
-    sequence_id = params.pop("sequence_id", 0)
+    specs = tuple(_output(o, limits) for o in outputs)
+    pop = params.pop
     return HttpInferRequest(
-        request_id=request_id,
-        inputs=tuple(inputs),
-        outputs=tuple(_output(o, limits) for o in outputs),
-        binary_output=params.pop("binary_data_output", False),
-        priority=params.pop("priority", 0),
-        timeout_us=params.pop("timeout", 0),
-        sequence_id=sequence_id,
-        sequence_start=params.pop("sequence_start", False),
-        sequence_end=params.pop("sequence_end", False),
-        parameters=params,
-    )
+        request_id, tuple(inputs), specs, pop("binary_data_output", False), pop("priority", 0),
+        pop("timeout", 0), pop("sequence_id", 0), pop("sequence_start", False), pop("sequence_end", False),
+        params, any(o.shm is not None for o in specs),
+    )  # fmt: skip
 
 
 def resolve_inputs(

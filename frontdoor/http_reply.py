@@ -10,8 +10,8 @@ reply. A client that needs the exact value asks for the output as binary data.""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+from json.encoder import encode_basestring_ascii
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -24,8 +24,7 @@ from .http_codec import NO_JSON, HttpInferRequest
 __all__ = ["EncodedReply", "encode_infer_reply", "tensor_to_bytes"]
 
 
-@dataclass(frozen=True)
-class EncodedReply:
+class EncodedReply(NamedTuple):
     """The response: ``json`` then ``binary`` parts in order; ``header_length`` is set (the
     ``Inference-Header-Content-Length`` header) when there are binary parts."""
 
@@ -45,7 +44,14 @@ def tensor_to_bytes(tensor: Tensor) -> memoryview:
     """An output's raw bytes, without a copy where the array is contiguous."""
     if tensor.datatype == BYTES:
         return memoryview(serialize_bytes(tensor.data))
-    data = np.ascontiguousarray(tensor.data)
+    data = tensor.data
+    if data.flags.c_contiguous:
+        try:
+            return data.data.cast("B")  # the array's own bytes, without a reshape and a view
+        except (TypeError, ValueError, NotImplementedError):  # a dtype the buffer protocol cannot name
+            pass
+    else:
+        data = np.ascontiguousarray(data)
     return data.reshape(-1).view(np.uint8).data
 
 
@@ -77,30 +83,34 @@ def encode_infer_reply(
     """The response body for ``reply``: outputs named in ``in_shm`` were written to shared memory (no data);
     the others go as JSON data or binary parts, as their request (or ``binary_data_output``) asks."""
     wanted = {o.name: o for o in request.outputs}
-    outputs: list[dict[str, Any]] = []
+    outputs: list[str] = []
     parts: list[memoryview] = []
     for tensor in reply.outputs:
         spec = wanted.get(tensor.name)
         if request.outputs and spec is None:
             continue
-        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype}
-        entry["shape"] = list(tensor.shape)
+        shape = ",".join([str(d) for d in tensor.shape])
+        entry = f'{{"name":{_string(tensor.name)},"datatype":{_string(tensor.datatype)},"shape":[{shape}]'
         if tensor.name in in_shm:
-            pass
+            entry += "}"
         elif spec.binary if spec is not None and spec.binary is not None else request.binary_output:
             raw = tensor_to_bytes(tensor)
-            entry["parameters"] = {"binary_data_size": raw.nbytes}
+            entry += f',"parameters":{{"binary_data_size":{raw.nbytes}}}}}'
             if raw.nbytes:
                 parts.append(raw)
         else:
-            entry["data"] = _json_data(tensor)
+            entry += f',"data":{_ENCODER.encode(_json_data(tensor))}}}'
         outputs.append(entry)
-    head: dict[str, Any] = {}
-    if reply.request_id or request.request_id:
-        head["id"] = reply.request_id or request.request_id
-    head["model_name"] = reply.model
-    head["model_version"] = reply.version
+    # the JSON text assembled at once, as json.dumps(head, separators=(",", ":")) writes it (same keys, same
+    # order, same escapes), without building the dicts and lists it would walk
+    rid = reply.request_id or request.request_id
+    text = f'{{"id":{_string(rid)},' if rid else "{"
+    text += f'"model_name":{_string(reply.model)},"model_version":{_string(reply.version)},'
     if reply.parameters:
-        head["parameters"] = dict(reply.parameters)
-    head["outputs"] = outputs
-    return EncodedReply(json.dumps(head, separators=(",", ":"), allow_nan=False).encode(), tuple(parts))
+        text += f'"parameters":{_ENCODER.encode(dict(reply.parameters))},'
+    text += f'"outputs":[{",".join(outputs)}]}}'
+    return EncodedReply(text.encode(), tuple(parts))
+
+
+_string = encode_basestring_ascii  # json.dumps's text for a string (ensure_ascii)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # json.dumps's, made once

@@ -28,6 +28,8 @@ import collections
 import functools
 import logging
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import unquote
 
@@ -35,7 +37,7 @@ from zinfer.client.errors import InvalidArgument, ZinferError
 
 from . import cudashm
 from .bridge import HEALTH_TIMEOUT_S
-from .bridge_records import InferCall, RepositoryModel, Tensor
+from .bridge_records import NONE, InferCall, RepositoryModel, Tensor
 from .classification import classify_reply
 from .door import FrontDoor
 from .door_trace import DoorStamps
@@ -76,6 +78,9 @@ MAX_CONNECTIONS = 1024
 STOP_GRACE_S = 2.0
 _HEADER_LENGTH = HEADER_LENGTH.lower()
 _JSON = "application/json"
+_BINARY = "application/octet-stream"
+_NO_SHM: frozenset[str] = frozenset()
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 _SERVER = re.compile(r"/v2(?:/health/(live|ready))?")
 _MODEL = re.compile(
@@ -139,6 +144,11 @@ class HttpFrontDoor:
     async def _route(self, request: HttpRequest) -> HttpResponse:
         path = request.path
         method = request.method
+        if m := _MODEL.fullmatch(path):  # inference first (the routes' patterns are disjoint)
+            model, version, kind = unquote(m.group(1)), m.group(2) or "", m.group(3) or ""
+            if kind == "infer" and method == "POST":
+                return await self._infer(request, model, version)
+            return await self._model(request, model, version, kind)
         if m := _SERVER.fullmatch(path):
             if method != "GET":
                 return _not_allowed()
@@ -150,9 +160,6 @@ class HttpFrontDoor:
             if await self.bridge.server_ready():
                 return _OK
             return _error(400, not_ready_reason(await self._index_or_none()))
-        if m := _MODEL.fullmatch(path):
-            model, version, kind = unquote(m.group(1)), m.group(2) or "", m.group(3) or ""
-            return await self._model(request, model, version, kind)
         if m := _CONTROL.fullmatch(path):
             if method != "POST":
                 return _not_allowed()
@@ -261,33 +268,24 @@ class HttpFrontDoor:
         shm = self.door.shm.caller(request.peer_uid)
         inputs = resolve_inputs(parsed, shm.read, self.limits, self.bridge.empty)
         call = InferCall(
-            model=model,
-            inputs=inputs,
-            version=version,
-            outputs=tuple(o.name for o in parsed.outputs),
-            request_id=parsed.request_id,
-            priority=parsed.priority,
-            timeout_us=parsed.timeout_us,
-            sequence_id=parsed.sequence_id,
-            sequence_start=parsed.sequence_start,
-            sequence_end=parsed.sequence_end,
-            parameters=parsed.parameters,
-            traceparent=request.headers.get("traceparent", ""),
-        )
+            model, inputs, version, tuple([o.name for o in parsed.outputs]), parsed.request_id,
+            parsed.priority, parsed.timeout_us, parsed.sequence_id, parsed.sequence_start,
+            parsed.sequence_end, parsed.parameters, NONE, request.headers.get("traceparent", ""),
+        )  # fmt: skip
         reply = await self.bridge.infer(call)
         counts = {o.name: o.class_count for o in parsed.outputs if o.class_count}
-        reply = await classify_reply(self.bridge, self.door.labels, reply, counts)
-        in_shm = self._write_shm_outputs(shm, parsed, reply.outputs)
-        encoded = encode_infer_reply(reply, parsed, in_shm)
-        headers = {}
-        if encoded.header_length is not None:
-            headers[HEADER_LENGTH] = str(encoded.header_length)
-        content_type = "application/octet-stream" if encoded.binary else _JSON
+        if counts:
+            reply = await classify_reply(self.bridge, self.door.labels, reply, counts)
+        in_shm = self._write_shm_outputs(shm, parsed, reply.outputs) if parsed.output_shm else _NO_SHM
+        json_part, binary = encode_infer_reply(reply, parsed, in_shm)
         on_sent = None
         if reply.trace:  # traced by the broker: the door's timestamps go to its trace once sent
             recv = (("HTTP_RECV_START", request.recv_start_ns), ("HTTP_RECV_END", request.recv_end_ns))
             on_sent = functools.partial(_http_sent, self.bridge.trace_stamps, reply.trace, recv)
-        return HttpResponse(200, (encoded.json, *encoded.binary), content_type, headers, on_sent=on_sent)
+        if not binary:
+            return HttpResponse(200, (json_part,), _JSON, _NO_HEADERS, False, on_sent)
+        headers = {HEADER_LENGTH: str(len(json_part))}  # Triton's binary-data extension: the JSON's size
+        return HttpResponse(200, (json_part, *binary), _BINARY, headers, False, on_sent)
 
     def _write_shm_outputs(
         self, shm: CallerShm, parsed: HttpInferRequest, outputs: tuple[Tensor, ...]

@@ -31,9 +31,9 @@ import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple, cast
 
 import httptools
 
@@ -57,10 +57,11 @@ MAX_HEAD_BYTES = 64 << 10
 REQUEST_TIMEOUT_S = 60.0
 KEEPALIVE_S = 75.0
 MAX_PIPELINED = 16  # whole requests waiting behind the one being answered before reading pauses
+ONE_WRITE_BYTES = 1 << 16  # an answer up to this size goes out as one buffer (one send), larger ones as parts
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
-@dataclass(frozen=True)
-class HttpRequest:
+class HttpRequest(NamedTuple):
     method: str
     target: str  # the raw request target: path and query, still percent-encoded
     headers: Mapping[str, str]  # names lower-cased; a repeated header keeps its last value
@@ -75,27 +76,27 @@ class HttpRequest:
         return self.target.split("?", 1)[0]
 
 
-@dataclass(frozen=True)
-class HttpResponse:
+class HttpResponse(NamedTuple):
     status: int
     body: Sequence[bytes | memoryview] = ()
     content_type: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = _NO_HEADERS
     close: bool = False  # close the connection after this answer
     # a traced request's answer: told when its write began and ended (HTTP_SEND_START, HTTP_SEND_END)
     on_sent: Callable[[int, int], None] | None = None
 
-    def head(self, keep_alive: bool) -> bytes:
-        length = sum(len(part) for part in self.body)
-        lines = [f"HTTP/1.1 {self.status} {_reason(self.status)}\r\n"]
+    def head(self, keep_alive: bool, length: int | None = None) -> bytes:
+        """The status line and headers (``length``: the body's bytes, when the caller has counted them)."""
+        if length is None:
+            length = sum(len(part) for part in self.body)
+        text = _status_line(self.status)
         if self.content_type is not None:
-            lines.append(f"Content-Type: {self.content_type}\r\n")
-        lines.extend(f"{k}: {v}\r\n" for k, v in self.headers.items())
-        lines.append(f"Content-Length: {length}\r\n")
-        if not keep_alive:
-            lines.append("Connection: close\r\n")
-        lines.append("\r\n")
-        return "".join(lines).encode("latin-1")
+            text += f"Content-Type: {self.content_type}\r\n"
+        for k, v in self.headers.items():
+            text += f"{k}: {v}\r\n"
+        text += f"Content-Length: {length}\r\n\r\n" if keep_alive else \
+            f"Content-Length: {length}\r\nConnection: close\r\n\r\n"
+        return text.encode("latin-1")
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
@@ -108,6 +109,18 @@ def _reason(status: int) -> str:
         return HTTPStatus(status).phrase
     except ValueError:
         return "Unknown"
+
+
+_STATUS_LINES: dict[int, str] = {}
+
+
+def _status_line(status: int) -> str:
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        line = f"HTTP/1.1 {status} {_reason(status)}\r\n"
+        if len(_STATUS_LINES) < 1024:  # statuses are the door's own, but bounded all the same
+            _STATUS_LINES[status] = line
+    return line
 
 
 def plain(status: int, message: str) -> HttpResponse:
@@ -159,7 +172,8 @@ class HttpWire(asyncio.Protocol):
         # requests parsed in full, waiting to be answered in order
         self._ready: collections.deque[tuple[HttpRequest, bool]] = collections.deque()
         self._task: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # due no later than the deadline (see ``_arm``)
+        self._deadline: float | None = None  # the loop's time the current step must be done by
         self._closing = False  # no more requests are read: answer what is queued, then close
         self._eof = False
         self._writable: asyncio.Future[None] | None = None
@@ -167,8 +181,7 @@ class HttpWire(asyncio.Protocol):
     # ---------------------------------------------------------------------------- connection events
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self._peer = self.peer = transport.get_extra_info("peername")
         sock = transport.get_extra_info("socket")
         self.peer_uid = socket_peer_uid(sock) if sock is not None else None
@@ -180,7 +193,7 @@ class HttpWire(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
-        self._disarm()
+        self._stop_timer()
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
         self._on_close(self)
@@ -254,15 +267,9 @@ class HttpWire(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         request = HttpRequest(
-            method=self._method,
-            target=self._url,
-            headers=self._headers,
-            body=b"".join(self._chunks),
-            peer=self._peer,
-            peer_uid=self.peer_uid,
-            recv_start_ns=self._recv_start,
-            recv_end_ns=time.monotonic_ns(),
-        )
+            self._method, self._url, self._headers, b"".join(self._chunks), self._peer, self.peer_uid,
+            self._recv_start, time.monotonic_ns(),
+        )  # fmt: skip
         self._chunks, self._partial = [], False
         self._ready.append((request, bool(self._parser.should_keep_alive())))
         self._disarm()
@@ -305,11 +312,17 @@ class HttpWire(asyncio.Protocol):
     def _write(self, answer: HttpResponse, keep_alive: bool) -> None:
         if self._transport is None or self._transport.is_closing():
             return
-        head = answer.head(keep_alive)
-        if len(answer.body) == 1 and len(answer.body[0]) <= 16384:
-            self._transport.write(head + bytes(answer.body[0]))
+        body = answer.body
+        length = 0
+        for part in body:
+            length += len(part)
+        head = answer.head(keep_alive, length)
+        if not body:
+            self._transport.write(head)
+        elif length <= ONE_WRITE_BYTES:  # head and body assembled once: one send
+            self._transport.write(b"".join((head, *body)))
         else:
-            self._transport.writelines([head, *answer.body])
+            self._transport.writelines([head, *body])
 
     def _refuse(self, answer: HttpResponse) -> None:
         """Answer at once and close: what comes after cannot be parsed, or must not be read."""
@@ -320,7 +333,7 @@ class HttpWire(asyncio.Protocol):
 
     def _close(self) -> None:
         self._closing = True
-        self._disarm()
+        self._stop_timer()
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
 
@@ -333,16 +346,38 @@ class HttpWire(asyncio.Protocol):
     # ---------------------------------------------------------------------------------------- timers
 
     def _arm(self, seconds: float) -> None:
-        self._disarm()
-        self._timer = self._loop.call_later(seconds, self._expired)
+        """The current step (a head, a body, an idle wait) must be done within ``seconds``. One timer per
+        connection, due at most ``header_timeout`` ahead, stays armed across requests: a later deadline
+        only moves ``_deadline`` (the timer, when due early, arms itself again), so a request on a busy
+        connection costs no timer of its own."""
+        now = self._loop.time()
+        deadline = self._deadline = now + seconds
+        timer = self._timer
+        if timer is not None:
+            if timer.when() <= deadline:
+                return
+            timer.cancel()
+        self._timer = self._loop.call_at(min(deadline, now + self._header_timeout), self._expired)
 
     def _disarm(self) -> None:
+        self._deadline = None  # the timer, when due, finds nothing to do
+
+    def _stop_timer(self) -> None:
+        self._deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
     def _expired(self) -> None:
         self._timer = None
+        deadline = self._deadline
+        if deadline is None:
+            return
+        now = self._loop.time()
+        if now < deadline:  # due early (the deadline moved on): wait for the rest
+            self._timer = self._loop.call_at(min(deadline, now + self._header_timeout), self._expired)
+            return
+        self._deadline = None
         if self._task is not None:  # answering: the handler bounds its own time; look again later
             self._arm(REQUEST_TIMEOUT_S)
             return

@@ -256,6 +256,37 @@ def test_a_trickled_head_is_cut_at_the_header_deadline_however_steady_the_trickl
     _run(go())
 
 
+def test_a_busy_keep_alive_connection_keeps_its_deadlines_across_requests() -> None:
+    """One timer per connection stays armed across requests: requests answered back to back for longer than
+    the head deadline are all answered, and the next head that stalls is still cut at its own deadline."""
+
+    async def go() -> None:
+        async with _server(header_timeout=0.3) as port:
+            loop = asyncio.get_running_loop()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                start = loop.time()
+                answered = 0
+                while loop.time() - start < 1.0:  # more than three head deadlines of requests
+                    writer.write(_get(f"/n{answered}"))
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), DEADLINE_S)
+                    assert head.startswith(b"HTTP/1.1 200"), head
+                    length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+                    await asyncio.wait_for(reader.readexactly(length), DEADLINE_S)
+                    answered += 1
+                    await asyncio.sleep(0.01)
+                assert answered > 10
+                stalled = loop.time()
+                writer.write(b"GET /stalled HTTP/1.1\r\nHo")  # the next head never ends
+                out = await asyncio.wait_for(reader.read(-1), DEADLINE_S)
+            finally:
+                writer.close()
+            assert out.startswith(b"HTTP/1.1 408") and b"headers did not arrive within 0.3 s" in out
+            assert 0.25 <= loop.time() - stalled < 3.0
+
+    _run(go())
+
+
 def test_admit_may_refuse_a_connection_and_requests_carry_the_peers_uid() -> None:
     import os
 
