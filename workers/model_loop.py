@@ -87,7 +87,7 @@ class ModelLoop:
         """Start ``fn(*args)``: a coroutine function on the loop, anything else on the model thread (an
         awaitable it returns is then awaited on the loop). The wake is set when it is done."""
         if inspect.iscoroutinefunction(fn):
-            future = asyncio.run_coroutine_threadsafe(fn(*args), self._loop)
+            future = asyncio.run_coroutine_threadsafe(_awaited(fn(*args)), self._loop)
         else:
             future = self._executor.submit(self._call, fn, *args)
         future.add_done_callback(self._woken)
@@ -114,8 +114,17 @@ class ModelLoop:
         self._loop.call_soon_threadsafe(self._loop.stop)
 
 
+class ModelExit(Exception):
+    """A model's ``SystemExit`` (``sys.exit`` in an ``async def``), caught inside its coroutine: raised on the
+    event loop it would stop the loop itself and leave every batch on it unanswered; as this, it fails its
+    batch like any exception of the model's (as under Triton's stub) and the worker serves on."""
+
+
 async def _awaited(awaitable: Any) -> Any:
-    return await awaitable
+    try:
+        return await awaitable
+    except SystemExit as exc:
+        raise ModelExit(f"SystemExit: {exc}") from exc
 
 
 class ModelThreads:

@@ -103,7 +103,9 @@ class Reply:
         if out is not None:
             timings = (out.input_ns, out.infer_ns, out.output_ns)
             self.send_result(WorkerResult(self.batch, tuple(out.results), timings=timings), out.frames)
-        return isinstance(exc, Exception)  # answered; SystemExit and the like still end the worker
+        # answered. A model's SystemExit (sys.exit in execute) is a failed batch, as under Triton's stub, and
+        # the worker serves on; KeyboardInterrupt and the like still end it
+        return isinstance(exc, (Exception, SystemExit))
 
 
 class DenseRunner:
