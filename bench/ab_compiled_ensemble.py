@@ -87,7 +87,7 @@ def _step_of(cmdline: list[str]) -> str | None:
         return None
 
 
-def child(bench_dir: Path, seconds: float) -> None:
+def child(bench_dir: Path, seconds: float, concurrency: int = 1) -> None:
     """One round of one tree (its zinfer on PYTHONPATH, its bench helpers in ``bench_dir``): prints JSON."""
     sys.path.insert(0, str(bench_dir))
     import psutil
@@ -114,16 +114,22 @@ def child(bench_dir: Path, seconds: float) -> None:
                     o0 = sum(cpu_s(pid) for pid in others)
                     lats: list[float] = []
                     end = time.perf_counter() + seconds
-                    while time.perf_counter() < end:
-                        t = time.perf_counter()
-                        await c.infer("text_ensemble", z.TEXT_INPUTS)
-                        lats.append(time.perf_counter() - t)
+
+                    async def loop() -> None:
+                        while time.perf_counter() < end:
+                            t = time.perf_counter()
+                            await c.infer("text_ensemble", z.TEXT_INPUTS)
+                            lats.append(time.perf_counter() - t)
+
+                    await asyncio.gather(*(loop() for _ in range(concurrency)))
                     n = len(lats)
                     per = {k: (cpu_s(pid) - t0[k]) / n * 1e6 for k, pid in pids.items()}
                     other_us = (sum(cpu_s(pid) for pid in others) - o0) / n * 1e6
                     step_us = sum(per[k] for k in steps)
                     return {
                         "requests": n,
+                        "concurrency": concurrency,
+                        "rate_s": round(n / seconds, 1),
                         "p50_us": round(statistics.median(lats) * 1e6, 1),
                         "broker_us": round(per["broker"], 1),
                         "client_us": round(per["client"], 1),
@@ -142,10 +148,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--keep", type=Path, help="keep the builds in DIR/NAME (and reuse them)")
+    ap.add_argument("--concurrency", type=int, default=1, help="requests in flight on the one AsyncClient")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
-        child(args.child, args.seconds)
+        child(args.child, args.seconds, args.concurrency)
         return 0
     if len(args.trees) < 2:
         ap.error("give two trees or more, NAME=TREE each")
@@ -162,7 +169,8 @@ def main() -> int:
             for name, path in built.items():
                 env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONPATH": str(path)}
                 bench = work / name / "src" / "bench"  # the tree's own helpers and model repository
-                cmd = [sys.executable, __file__, "--child", str(bench), "--seconds", str(args.seconds)]
+                cmd = [sys.executable, __file__, "--child", str(bench), "--seconds", str(args.seconds),
+                       "--concurrency", str(args.concurrency)]  # fmt: skip
                 done = subprocess.run(
                     cmd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd="/"
                 )
@@ -173,13 +181,14 @@ def main() -> int:
                 print(
                     f"round {i + 1} {name:>8}: workers {r['workers_us']:7.1f} (steps {r['steps_us']:7.1f}) "
                     f"broker {r['broker_us']:7.1f} client {r['client_us']:6.1f} p50 {r['p50_us']:7.1f} us "
+                    f"{r['rate_s']:7.1f}/s "
                     f"({r['requests']} requests, {r['compiled_modules']} modules compiled)",
                     flush=True,
                 )
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
-    keys = ("workers_us", "steps_us", "broker_us", "client_us", "p50_us")
+    keys = ("workers_us", "steps_us", "broker_us", "client_us", "p50_us", "rate_s")
     summary = {n: {k: round(statistics.median(r[k] for r in rs), 1) for k in keys} for n, rs in runs.items()}
     first = next(iter(trees))
     ratios = {
@@ -202,13 +211,15 @@ def main() -> int:
         "trees": {n: str(t) for n, t in trees.items()},
         "rounds": args.rounds,
         "seconds": args.seconds,
+        "concurrency": args.concurrency,
         "medians": summary,
         "workers_ratio_to_first": ratios,
         "runs": runs,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"written: {RESULTS}")
+    out = RESULTS if args.concurrency == 1 else RESULTS.with_name(f"{RESULTS.stem}_c{args.concurrency}.json")
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"written: {out}")
     return 0
 
 

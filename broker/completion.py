@@ -213,14 +213,16 @@ class Completion:
     def deliver(self, p: Pending, reply: Reply, frames: list[Frame]) -> None:
         """A final reply to its request's client, or to the ensemble run that sent the request."""
         t = p.trace
+        end_ns = 0
         if t is not None:  # a traced request's outcome (and outputs) before the reply leaves
             reply = self.tracer.replying(t, reply, frames)
+            end_ns = time.monotonic_ns()  # REQUEST_END as it leaves: a door may be done before we go on
         if p.on_done is not None:
             p.on_done(reply, frames)
         else:
             self.outbox.send_client(p.client, reply, frames)
         if t is not None:
-            self.tracer.finish(t)
+            self.tracer.finish(t, end_ns)
 
     def reply(self, state: ModelState, p: Pending, reply: Reply, frames: list[Frame]) -> None:
         """Answer ``p`` (in arrival order where ``state`` preserves it)."""

@@ -7,7 +7,7 @@ when a traced request's batch returns.
 
 Timestamps are ``CLOCK_MONOTONIC`` nanoseconds, as Triton's (a steady clock). The broker reads its own
 clock only: REQUEST_START when admission begins, QUEUE_START when the request joins its queue,
-REQUEST_END after its reply is sent. The compute timestamps are derived from the batch's send time S and
+REQUEST_END as its reply is sent. The compute timestamps are derived from the batch's send time S and
 receive time R at the broker and the worker's reported compute durations (input, infer, output; together C):
 the time on the wire both ways is ``W = R - S - C``, taken as half each way, so COMPUTE_START = S + W/2,
 COMPUTE_INPUT_END = COMPUTE_START + input, COMPUTE_OUTPUT_START = COMPUTE_INPUT_END + infer, COMPUTE_END =
@@ -312,13 +312,14 @@ class Tracer:
         t.status = status
         self.finish(t)
 
-    def finish(self, t: Trace) -> None:
-        """A traced request has been answered (whatever the outcome): its record goes to the output."""
+    def finish(self, t: Trace, end_ns: int = 0) -> None:
+        """A traced request has been answered (whatever the outcome): its record goes to the output.
+        ``end_ns``: when its reply left (0: now)."""
         if t.done:
             return
         t.done = True
         self._open -= 1
-        t.end_ns = end_ns = time.monotonic_ns()
+        t.end_ns = end_ns = end_ns or time.monotonic_ns()
         if t.context:
             self._issued.pop(t.context[36:52], None)
         stamps = [("REQUEST_START", t.request_start_ns), ("QUEUE_START", t.queue_start_ns)]
