@@ -142,6 +142,16 @@ def child(bench_dir: Path, seconds: float, concurrency: int = 1) -> None:
             print(json.dumps(asyncio.run(run())), flush=True)
 
 
+def _commit(tree: Path) -> str:
+    """The tree's commit (``+changes`` when its work tree differs), or ``?`` outside git."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tree, capture_output=True, text=True, check=False).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD")
+    return (head or "?") + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("trees", nargs="*", metavar="NAME=TREE")
@@ -208,7 +218,7 @@ def main() -> int:
         print(f"  workers {n}/{first}, median of the rounds' ratios: {q}")
     doc = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "trees": {n: str(t) for n, t in trees.items()},
+        "trees": {n: _commit(t) for n, t in trees.items()},  # the commits, not this machine's paths
         "rounds": args.rounds,
         "seconds": args.seconds,
         "concurrency": args.concurrency,
