@@ -146,7 +146,8 @@ def _commit(tree: Path) -> str:
     """The tree's commit (``+changes`` when its work tree differs), or ``?`` outside git."""
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=tree, capture_output=True, text=True, check=False).stdout.strip()
+        done = subprocess.run(["git", *args], cwd=tree, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
 
     head = git("rev-parse", "--short", "HEAD")
     return (head or "?") + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
