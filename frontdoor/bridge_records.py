@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+import numpy as np
 import numpy.typing as npt
 
 NONE: Mapping[str, Any] = MappingProxyType({})
@@ -128,3 +129,16 @@ class InferReply(NamedTuple):
 
     def output(self, name: str) -> Tensor | None:
         return next((t for t in self.outputs if t.name == name), None)
+
+
+def array_bytes(data: npt.NDArray[Any]) -> memoryview:
+    """A numeric tensor's raw bytes, without a copy where the array is contiguous (what both doors put on
+    the wire: gRPC's raw contents, HTTP's binary parts, the broker's frames)."""
+    if data.flags.c_contiguous:
+        try:
+            return data.data.cast("B")  # the array's own bytes, without a reshape and a view
+        except (TypeError, ValueError, NotImplementedError):  # a dtype the buffer protocol cannot name
+            pass
+    else:
+        data = np.ascontiguousarray(data)
+    return data.reshape(-1).view(np.uint8).data

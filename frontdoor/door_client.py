@@ -22,7 +22,7 @@ from zinfer.client.errors import ProtocolError, Status, from_status
 from zinfer.client.protocol import TRACE_ID, Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef
 from zinfer.client.request_parameters import sequence_parameters, user_parameters
 
-from .bridge_records import InferCall, InferReply, Tensor
+from .bridge_records import InferCall, InferReply, Tensor, array_bytes
 
 __all__ = ["DoorClient", "WireBytes", "with_wire", "wire_bytes"]
 
@@ -140,15 +140,7 @@ def _raw(t: Tensor) -> memoryview:
     """A tensor's bytes as the wire carries them (BYTES: Triton's length-prefixed items)."""
     if t.datatype == dtypes.BYTES:
         return memoryview(wire_bytes(t.data))
-    arr: npt.NDArray[Any] = t.data
-    if arr.flags.c_contiguous:
-        try:
-            return arr.data.cast("B")  # the array's own bytes, without a reshape and a view
-        except (TypeError, ValueError, NotImplementedError):  # a dtype the buffer protocol cannot name
-            pass
-    else:
-        arr = np.ascontiguousarray(arr)
-    return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    return array_bytes(t.data)
 
 
 class WireBytes(np.ndarray[Any, np.dtype[np.object_]]):

@@ -18,7 +18,7 @@ import numpy as np
 from zinfer.client.dtypes import BYTES, serialize_bytes
 from zinfer.client.errors import InvalidArgument
 
-from .bridge_records import InferReply, Tensor
+from .bridge_records import InferReply, Tensor, array_bytes
 from .http_codec import NO_JSON, HttpInferRequest
 
 __all__ = ["EncodedReply", "encode_infer_reply", "tensor_to_bytes"]
@@ -44,15 +44,7 @@ def tensor_to_bytes(tensor: Tensor) -> memoryview:
     """An output's raw bytes, without a copy where the array is contiguous."""
     if tensor.datatype == BYTES:
         return memoryview(serialize_bytes(tensor.data))
-    data = tensor.data
-    if data.flags.c_contiguous:
-        try:
-            return data.data.cast("B")  # the array's own bytes, without a reshape and a view
-        except (TypeError, ValueError, NotImplementedError):  # a dtype the buffer protocol cannot name
-            pass
-    else:
-        data = np.ascontiguousarray(data)
-    return data.reshape(-1).view(np.uint8).data
+    return array_bytes(tensor.data)
 
 
 def _json_data(tensor: Tensor) -> list[Any]:
