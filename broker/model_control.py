@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from zinfer.client.errors import InvalidArgument, NotFound, ServerError, Status, Unavailable, Unsupported
 from zinfer.client.protocol import Command, Reply
 from zinfer.client.worker_protocol import Shutdown, empty_to_wire
-from zinfer.modelconfig.repository import load_model_entry
+from zinfer.modelconfig.repository import load_model_entry, model_folder_names
 
 from .batching.rate_limiter import RateLimiter
 from .instance_pool import InstancePool
@@ -172,7 +172,7 @@ class ModelControl:
         names = set(registry.models) | set(registry.load_errors) | {p.name for p in self.pending}
         repo = self.options.model_repository
         if repo.is_dir():
-            names |= {p.name for p in repo.iterdir() if p.is_dir() and not p.name.startswith(".")}
+            names |= set(model_folder_names(repo, self.options.runtime_dir))
             registry.known |= names
         loading = {p.name for p in self.pending}
         for name in sorted(names):

@@ -27,6 +27,7 @@ from zinfer.client.worker_protocol import (
     drop_region_to_wire,
     empty_to_wire,
 )
+from zinfer.modelconfig.repository import model_folder_names
 
 from .admission import Admission
 from .batching.rate_limiter import RateLimiter
@@ -172,9 +173,7 @@ class Broker:
     def _load_repository(self) -> None:
         opts = self.options
         wanted = set(opts.load_models)
-        names = sorted(
-            p.name for p in opts.model_repository.iterdir() if p.is_dir() and not p.name.startswith(".")
-        )
+        names = model_folder_names(opts.model_repository, opts.runtime_dir)
         self.registry.known.update(names)
         for entry in names:
             if opts.model_control_mode != "none" and not wanted & {"*", entry}:

@@ -36,6 +36,7 @@ __all__ = [
     "ModelEntry",
     "available_versions",
     "load_model_entry",
+    "model_folder_names",
     "read_model_dir_config",
     "scan_repository",
     "select_versions",
@@ -158,6 +159,17 @@ def load_model_entry(model_dir: Path) -> ModelEntry:
         except ConfigError as exc:
             return ModelEntry(name, model_dir, config, versions, str(exc))
     return ModelEntry(name, model_dir, config, versions, error)
+
+
+def model_folder_names(root: Path, runtime_dir: Path | None = None) -> list[str]:
+    """The names of ``root``'s model folders, sorted: folders not hidden, and not the server's own runtime
+    directory when that was put inside the repository (its sockets and lock are no model)."""
+    skip = runtime_dir.resolve() if runtime_dir is not None else None
+    return sorted(
+        p.name
+        for p in root.iterdir()
+        if p.is_dir() and not p.name.startswith(".") and (skip is None or p.resolve() != skip)
+    )
 
 
 def scan_repository(root: Path) -> list[ModelEntry]:
