@@ -8,7 +8,8 @@
         1/            # numeric version folders; the version_policy picks which are served
         2/
 
-Hidden entries (names starting with '.') and plain files at the top level are ignored. A model that
+Hidden entries (names starting with '.'), plain files at the top level and the server's own runtime
+directory (when ``--runtime-dir`` points inside the repository) are ignored. A model that
 cannot be loaded (its config does not parse, it uses features zinfer does not have yet, or its
 version_policy selects no version folder) still gets a :class:`ModelEntry`, with ``error`` set, so one
 bad model never stops the others.
