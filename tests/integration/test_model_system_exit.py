@@ -80,3 +80,22 @@ def test_sys_exit_in_execute_fails_the_batch_and_the_worker_serves_on(tmp_path: 
         assert "event=worker_exited" not in server.log() and "exited with code" not in server.log()
     finally:
         stop_all([server])
+
+
+def test_sys_exit_in_a_decoupled_execute_ends_the_stream_with_the_reason(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    (repo / "quits" / "1").mkdir(parents=True)
+    config = CONFIG.format(name="quits") + "model_transaction_policy { decoupled: true }\n"
+    (repo / "quits" / "config.pbtxt").write_text(config)
+    (repo / "quits" / "1" / "model.py").write_text(textwrap.dedent(DECOUPLED_STYLE))
+    server = start_server(repo, runtime_dir=tmp_path / "run")
+    try:
+        with Client(server.url, timeout=30) as c:
+            first = [r.as_numpy("PID") for r in c.stream("quits", {"IN": np.array([1.0], np.float32)})]
+            with pytest.raises(InternalError, match="SystemExit: 3"):
+                list(c.stream("quits", {"IN": np.array([-1.0], np.float32)}))
+            again = [r.as_numpy("PID") for r in c.stream("quits", {"IN": np.array([2.0], np.float32)})]
+        assert int(again[0][0]) == int(first[0][0]), "the worker was replaced"
+        assert "event=worker_exited" not in server.log() and "exited with code" not in server.log()
+    finally:
+        stop_all([server])
