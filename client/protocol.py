@@ -441,7 +441,6 @@ _convert = msgspec.convert
 one (the field-by-field checks then name what is wrong)."""
 
 
-
 def _get(h: Mapping[str, Any], key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
     if key not in h:
         if default is ...:
