@@ -6,7 +6,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,28 +80,33 @@ def grpc_peer_uid(peer: str, listening: str | None) -> int | None:
 
 @dataclass
 class Counters:
-    """Requests answered per protocol, ok and failed; written to the status file the server reads."""
+    """Requests answered per protocol, ok and failed; written to the status file the server reads.
+
+    Only the door's event loop touches them (``record`` per request, ``snapshot`` once per status
+    interval), so no lock: ``write``, which may run in a thread, takes a snapshot made on the loop."""
 
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record(self, protocol: str, ok: bool) -> None:
-        with self._lock:
-            entry = self.counts.setdefault(protocol, {"ok": 0, "failed": 0})
-            entry["ok" if ok else "failed"] += 1
+        entry = self.counts.get(protocol)
+        if entry is None:
+            entry = self.counts[protocol] = {"ok": 0, "failed": 0}
+        entry["ok" if ok else "failed"] += 1
 
     def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "pid": os.getpid(),
-                "started": self.started,
-                "requests": json.loads(json.dumps(self.counts)),
-            }
+        """The counts as they are now (a copy: ``record`` may go on while it is written)."""
+        return {
+            "pid": os.getpid(),
+            "started": self.started,
+            "requests": {name: dict(entry) for name, entry in self.counts.items()},
+        }
 
-    def write(self, path: Path) -> None:
+    @staticmethod
+    def write(path: Path, snapshot: dict[str, Any]) -> None:
+        """``snapshot`` to ``path``, replaced at once (a reader never sees half a file)."""
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.snapshot()), encoding="utf-8")
+        tmp.write_text(json.dumps(snapshot), encoding="utf-8")
         os.replace(tmp, path)
 
 

@@ -126,8 +126,10 @@ async def serve(options: FrontDoorOptions, parent: int | None = None) -> None:
         )  # fmt: skip
         while not stop.is_set():
             if options.status_file is not None:
-                # in a thread: a write and rename can take tens of ms on a slow disk
-                await asyncio.to_thread(door.counters.write, options.status_file)
+                # the counts copied here, on the loop that records them; the write and rename in a thread
+                # (tens of ms on a slow disk)
+                snapshot = door.counters.snapshot()
+                await asyncio.to_thread(door.counters.write, options.status_file, snapshot)
             if parent is not None and os.getppid() != parent:
                 log.warning("event=frontdoor_parent_gone index=%d", options.index)
                 break
