@@ -6,7 +6,8 @@ Each variant (``NAME`` or ``NAME:KEY=VALUE,...``, the environment its ``zinfer s
 turns: ``door`` (``bench_frontdoor_ensemble``'s tritonclient.grpc.aio client, 32 coroutines, on the door's
 gRPC address) and ``native`` (zinfer's ``AsyncClient``, 32 coroutines, on the broker's socket). Printed per
 turn: throughput, p50 and the server's CPU per request by process (broker, door, workers). Variants and
-sides alternate order by round. ``--spy DIR`` also records py-spy (``--gil``) of the broker in each turn.
+sides alternate order by round. ``--spy DIR`` also records py-spy (``--gil``) of the broker in each turn
+(``--spy-process door``: of the door).
 
 Usage: ``.venv/bin/python bench/ab_door_ensemble.py --triton-venv DIR --variant new
 [--variant base:PYTHONPATH=TREE] [--rounds 3] [--seconds 5]``. Results: bench/results/ab_door_ensemble.json.
@@ -112,7 +113,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--sides", default="door,native")
-    ap.add_argument("--spy", type=Path, help="a folder for py-spy's raw stacks of the broker per turn")
+    ap.add_argument("--spy", type=Path, help="a folder for py-spy's raw stacks per turn")
+    ap.add_argument(
+        "--spy-process", default="broker", choices=("broker", "door"), help="which one --spy records"
+    )
     args = ap.parse_args()
     install = triton_side.find(args.triton_venv)
     python = install.python if install is not None else args.triton_venv / "bin" / "python"
@@ -134,7 +138,8 @@ def main() -> int:
                     spy = None
                     if args.spy is not None:
                         args.spy.mkdir(parents=True, exist_ok=True)
-                        spy = _spy(root, args.seconds, args.spy / f"{name}-{side}-{r}.txt")
+                        pid = root if args.spy_process == "broker" else target.door_pid
+                        spy = _spy(pid, args.seconds, args.spy / f"{name}-{side}-{r}-{args.spy_process}.txt")
                     if side == "door":
                         fig = turn(python, target.grpc, args.seconds, root, "zinfer")
                     else:

@@ -6,10 +6,13 @@ at c1).
 A variant is ``NAME`` or ``NAME:KEY=VALUE,KEY=VALUE``: the environment its ``zinfer serve`` starts with
 (``ZINFER_FRONTDOOR_LOOP=asyncio`` for asyncio's event loop, ``ZINFER_FRONTDOOR_SHORTCUT=1`` to answer
 without the broker, ``PYTHONPATH=DIR`` for another tree's code: a symlink tree ``DIR/zinfer/{client,...}``).
-On a shared machine, compare variants within a round, and the medians over rounds.
+``--case big``: the ``big`` model (4 MiB in and out) at concurrency 8 with system shared memory instead
+(``--c1``: ``big`` at 1, without shared memory). On a shared machine, compare variants within a round,
+and the medians over rounds.
 
 Usage: ``.venv/bin/python bench/ab_frontdoor_http.py --triton-venv DIR --variant new --variant
-old:ZINFER_FRONTDOOR_LOOP=asyncio [--rounds 4] [--c1]``. Results: bench/results/ab_frontdoor_http.json.
+old:ZINFER_FRONTDOOR_LOOP=asyncio [--rounds 4] [--c1] [--case big]``. Results:
+bench/results/ab_frontdoor_http.json (``--results PATH`` for another file).
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ import triton_side  # noqa: E402
 import vs_triton_repo  # noqa: E402
 from bench_frontdoor import Target, perf_analyzer, zinfer_front_door  # noqa: E402
 from bench_serving import ROOT, machine  # noqa: E402
+from profile_frontdoor import CASES  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "ab_frontdoor_http.json"
-ADD = {"INPUT_A": 1, "INPUT_B": 1}
 
 
 def _variant(text: str) -> tuple[str, dict[str, str]]:
@@ -63,13 +66,16 @@ def main() -> int:
     ap.add_argument("--interval-ms", type=int, default=1500)
     ap.add_argument("--c1", action="store_true", help="also concurrency 1 (p50)")
     ap.add_argument("--protocol", default="http", choices=("http", "grpc"))
+    ap.add_argument("--case", default="c32", choices=sorted(CASES), help="big: 4 MiB, c8, system shm")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
     args = ap.parse_args()
+    model, concurrency, shapes, extra = CASES[args.case]
     pa = args.triton_venv / "bin" / "perf_analyzer"
     install = triton_side.find(args.triton_venv) or triton_side.TritonInstall(
         args.triton_venv, args.triton_venv / "bin" / "python", Path()
     )
     variants = [_variant(v) for v in args.variant]
-    steps = [("c32", 32)] + ([("c1", 1)] if args.c1 else [])
+    steps = [(args.case, concurrency)] + ([("c1", 1)] if args.c1 else [])
     rows: dict[str, dict[str, list[dict[str, Any]]]] = {n: {s: [] for s, _ in steps} for n, _ in variants}
     env_dir = Path(tempfile.mkdtemp(prefix="zab-env-"))
     try:
@@ -86,8 +92,9 @@ def main() -> int:
                     for name, target in order:
                         try:
                             fig = perf_analyzer(
-                                pa, env, target, args.protocol, "add", conc, ADD, args.interval_ms
-                            )
+                                pa, env, target, args.protocol, model, conc, shapes, args.interval_ms,
+                                extra if conc == concurrency else (),
+                            )  # fmt: skip
                         except Exception as exc:  # noqa: BLE001 - recorded, the others still run
                             fig = {"error": str(exc)[-300:]}
                         rows[name][step].append(fig)
@@ -112,9 +119,15 @@ def main() -> int:
     for key, fig in summary.items():
         print(f"median {key:18s} {fig['throughput_s']:8.0f}/s p50 {fig['p50_us']:7.0f} us "
               f"door cpu {fig['door_cpu_us_per_request']} us/req")  # fmt: skip
-    out = {"machine": machine(), "variants": args.variant, "rounds": rows, "median": summary}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+    out = {
+        "machine": machine(),
+        "variants": args.variant,
+        "case": args.case,
+        "rounds": rows,
+        "median": summary,
+    }
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

@@ -6,7 +6,8 @@ the door answering from a recorded reply without the broker (``ZINFER_FRONTDOOR_
 reading, ZeroMQ, the broker, the worker); the profile of each splits the door's own time between the server
 library, the protocol conversion and the bridge. Per run: throughput, the door's CPU per request (its CPU
 time over the requests answered in the same window) and, from py-spy's samples (active threads only), the
-top frames by own time and by time inclusive of callees.
+top frames by own time and by time inclusive of callees. ``--case big``: the ``big`` model (4 MiB in and
+out) at concurrency 8 with system shared memory instead.
 
 Usage: ``.venv/bin/python bench/profile_frontdoor.py --triton-venv DIR [--seconds S]``. Needs py-spy in this
 venv (the dev install's) and perf_analyzer in ``--triton-venv``. Results: bench/results/profile_frontdoor.json
@@ -88,16 +89,25 @@ def _record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+BIG_SHM = ("--shared-memory", "system", "--output-shared-memory-size", str(4 << 20))
+CASES = {  # name -> (model, concurrency, shapes, perf_analyzer's extra options)
+    "c32": ("add", 32, ADD, ()),
+    "big": ("big", 8, {"INPUT0": vs_triton_repo.BIG_ELEMENTS}, BIG_SHM),
+}
+
+
 def one(pa: Path, env: dict[str, str], target: Target, protocol: str, seconds: float, tmp: Path,
-        with_broker: bool) -> dict[str, Any]:  # fmt: skip
-    """perf_analyzer at c32 while py-spy records the door (and the broker) for ``seconds``."""
+        with_broker: bool, case: str = "c32") -> dict[str, Any]:  # fmt: skip
+    """perf_analyzer on ``case`` (``CASES``) while py-spy records the door (and the broker) for
+    ``seconds``."""
+    model, concurrency, shapes, extra = CASES[case]
     broker, door = _processes()
     result: dict[str, Any] = {}
     done = threading.Event()
 
     def load() -> None:
         try:
-            result["pa"] = perf_analyzer(pa, env, target, protocol, "add", 32, ADD, 1500)
+            result["pa"] = perf_analyzer(pa, env, target, protocol, model, concurrency, shapes, 1500, extra)
         except Exception as exc:  # noqa: BLE001 - recorded, the profile still written
             result["pa"] = {"error": str(exc)[-500:]}
         done.set()
@@ -131,6 +141,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=6.0, help="py-spy's window per run")
     ap.add_argument("--protocols", default="grpc,http")
     ap.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
+    ap.add_argument("--case", default="c32", choices=sorted(CASES), help="big: 4 MiB, c8, system shm")
+    ap.add_argument("--modes", default="full,no-broker")
     args = ap.parse_args()
     pa = args.triton_venv / "bin" / "perf_analyzer"
     if not pa.exists() or not PYSPY.exists():
@@ -146,12 +158,14 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="zfp-") as tmp_name:
             tmp = Path(tmp_name)
             repo = vs_triton_repo.write(tmp / "models", zinfer_only=False)
-            for mode in ("full", "no-broker"):
+            for mode in args.modes.split(","):
                 os.environ[SHORTCUT] = "1" if mode == "no-broker" else "0"
                 with zinfer_front_door(repo, 1) as target:
                     for protocol in args.protocols.split(","):
-                        key = f"{mode} {protocol} c32"
-                        runs[key] = one(pa, env, target, protocol, args.seconds, tmp, mode == "full")
+                        key = f"{mode} {protocol} {args.case}"
+                        runs[key] = one(
+                            pa, env, target, protocol, args.seconds, tmp, mode == "full", args.case
+                        )
                         fig = runs[key]["perf_analyzer"]
                         shown = f"{fig['throughput_s']:8.0f}/s" if "throughput_s" in fig else "failed"
                         print(f"{key:22s} {shown}  door cpu {runs[key].get('door_cpu_us_per_request', '-')} "
@@ -161,7 +175,7 @@ def main() -> int:
     finally:
         os.environ.pop(SHORTCUT, None)
         shutil.rmtree(env_dir, ignore_errors=True)
-    result = {"machine": machine(), "params": {"seconds": args.seconds, "concurrency": 32}, "runs": runs}
+    result = {"machine": machine(), "params": {"seconds": args.seconds, "case": args.case}, "runs": runs}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=1) + "\n")
     print(f"written: {args.results}")

@@ -13,8 +13,9 @@ A registered key is hostile until checked, every time:
 - a region belongs to the uid that registered it: other callers can neither read nor write it in an
   inference, nor see it in a status, nor unregister it (root callers can); to them it does not exist;
 - ``offset + byte_size`` must lie within the file at registration, and the file's identity (device, inode)
-  and size are checked again at every use: tensors are read with ``pread`` and written with ``pwrite`` on
-  the descriptor, never through a mapping, so a segment shrunk behind our back is an error, not a SIGBUS.
+  and size are checked again at every use (a read's size by the count ``pread`` returns): tensors are read
+  with ``pread`` and written with ``pwrite`` on the descriptor, never through a mapping, so a segment
+  shrunk behind our back is an error, not a SIGBUS.
 
 Registrations live in files of one folder (the server's runtime directory), so every front-door process
 behind the shared port sees the same regions, as Triton's one process does. This first step copies bytes
@@ -101,6 +102,8 @@ class SystemShm:
         self.allow_unknown = allow_unknown
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._fds: dict[tuple[int, int], int] = {}  # (dev, ino) -> an open descriptor of that segment
+        # name -> (its registration file, that file's identity, the record read from it): one stat per use
+        self._known: dict[str, tuple[str, tuple[int, int, int, int], _Record]] = {}
         self._lock = threading.Lock()
 
     def caller(self, uid: int | None = None, uid_of: Callable[[], int | None] | None = None) -> CallerShm:
@@ -201,7 +204,7 @@ class SystemShm:
         """``byte_size`` bytes at ``offset`` within the region, as uint8 (into ``out`` when given: a uint8
         array of that size, e.g. an arena slot)."""
         record = self._record(name, uid)
-        fd, start = self._checked(record, offset, byte_size)
+        fd, start = self._checked(record, offset, byte_size, check_size=False)  # a short read says so
         buf = np.empty(byte_size, np.uint8) if out is None else out
         done = os.preadv(fd, [memoryview(buf)], start) if byte_size else 0  # type: ignore[arg-type]
         if done != byte_size:
@@ -239,14 +242,28 @@ class SystemShm:
         return found
 
     def _record(self, name: str, uid: int | None) -> _Record:
-        """The region ``name`` as the caller ``uid`` sees it: another user's region is not found."""
+        """The region ``name`` as the caller ``uid`` sees it: another user's region is not found. The
+        registration file is read again only when its identity (device, inode, change time, size) is not
+        the one last read: a region registered anew under the name is a new file (``register`` links it)."""
         if not name or len(name) > 256:
             raise _not_found(name[:256])
+        known = self._known.get(name)
+        path = known[0] if known is not None else str(self._path(name))
         try:
-            data: dict[str, Any] = json.loads(self._path(name).read_text(encoding="utf-8"))
-            record = _Record(**data)
-        except (OSError, ValueError, TypeError):
+            st = os.stat(path)
+        except OSError:
             raise _not_found(name) from None
+        ident = (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_size)
+        record: _Record | None = known[2] if known is not None and known[1] == ident else None
+        if record is None:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    record = _Record(**json.loads(f.read()))
+            except (OSError, ValueError, TypeError):
+                raise _not_found(name) from None
+            if len(self._known) >= MAX_REGIONS:
+                self._known.clear()
+            self._known[name] = (path, ident, record)
         if not _visible(record, uid):
             raise _not_found(name)
         return record
@@ -265,13 +282,16 @@ class SystemShm:
             raise InvalidArgument(f"Unable to open shared memory region: '{key}'")
         return fd
 
-    def _checked(self, record: _Record, offset: int, nbytes: int) -> tuple[int, int]:
+    def _checked(
+        self, record: _Record, offset: int, nbytes: int, *, check_size: bool = True
+    ) -> tuple[int, int]:
         """The descriptor of ``record``'s segment, still the one registered, and the file offset of
-        ``offset``; the region (and the file, now) must hold ``nbytes`` from there."""
+        ``offset``; the region (and the file, now: ``fstat``, or for a read the count ``pread`` returns,
+        ``check_size=False``) must hold ``nbytes`` from there."""
         if offset < 0 or nbytes < 0 or offset + nbytes > record.byte_size:
             raise InvalidArgument(f"Invalid offset + byte size for shared memory region: '{record.name}'")
         fd = self._fd(record)
-        if record.offset + offset + nbytes > os.fstat(fd).st_size:
+        if check_size and record.offset + offset + nbytes > os.fstat(fd).st_size:
             raise InvalidArgument(f"shared memory region '{record.name}' is smaller than registered")
         return fd, record.offset + offset
 

@@ -64,6 +64,31 @@ def test_round_trip_and_every_process_sees_the_registration(
         other.close()
 
 
+def test_a_name_registered_anew_elsewhere_is_read_anew(
+    tmp_path: Path, shm_dir: Path, registry: SystemShm
+) -> None:
+    """A process keeps what it read of a registration only while that file is the one registered: a name
+    unregistered and registered again by another front-door process (another segment, offset, size) is
+    seen as it is now, and one unregistered is gone."""
+    _segment(shm_dir, 64, "seg1")
+    (shm_dir / "seg2").write_bytes(b"\xaa" * 16 + b"\xbb" * 48)
+    registry.register("r", "/seg1", 0, 64, uid=ME)
+    other = SystemShm(tmp_path / "registry", shm_dir)  # another front-door process
+    try:
+        assert other.read("r", 0, 4, uid=ME).tolist() == [0, 1, 2, 3]
+        registry.unregister("r", uid=ME)
+        registry.register("r", "/seg2", 16, 32, uid=ME)
+        assert bytes(other.read("r", 0, 4, uid=ME)) == b"\xbb" * 4
+        assert [(s.key, s.offset, s.byte_size) for s in other.status("r", uid=ME)] == [("/seg2", 16, 32)]
+        with pytest.raises(InvalidArgument, match="Invalid offset"):
+            other.read("r", 0, 33, uid=ME)
+        registry.unregister("r", uid=ME)
+        with pytest.raises(NotFound, match="Unable to find system shared memory region: 'r'"):
+            other.read("r", 0, 4, uid=ME)
+    finally:
+        other.close()
+
+
 def test_a_caller_of_unknown_uid_may_not_register_by_default(shm_dir: Path, registry: SystemShm) -> None:
     _segment(shm_dir, 64)
     with pytest.raises(FrontDoorError) as err:
