@@ -204,7 +204,7 @@ class SystemShm:
         """``byte_size`` bytes at ``offset`` within the region, as uint8 (into ``out`` when given: a uint8
         array of that size, e.g. an arena slot)."""
         record = self._record(name, uid)
-        fd, start = self._checked(record, offset, byte_size, check_size=False)  # a short read says so
+        fd, start = self._checked(record, offset, byte_size, check_size=not byte_size)  # else: pread's count
         buf = np.empty(byte_size, np.uint8) if out is None else out
         done = os.preadv(fd, [memoryview(buf)], start) if byte_size else 0  # type: ignore[arg-type]
         if done != byte_size:
