@@ -18,7 +18,8 @@ Levels (``LEVELS``):
 
 The broker batches as zinfer's does for a model with ``max_queue_delay_microseconds: 0``: one batch in
 flight per worker; what arrives while it runs goes, up to ``MAX_BATCH``, in the next EXECUTE (at
-concurrency 1 every batch is one request). Statistics, metrics, deadlines, priorities, cancellation, shared
+concurrency 1 every batch is one request); it keeps the counts and durations of Triton's statistics
+extension. Other statistics, metrics, deadlines, priorities, cancellation, shared
 memory, tracing, heartbeats and every check beyond the records' own are left out: that is what zinfer adds
 on top of this floor.
 
@@ -56,7 +57,9 @@ class _Model:
         self.name, self.version, self.worker = name, 1, worker
         self.outputs = (OutputRequest("OUTPUT_SUM"),)
         self.busy = False
-        self.queue: deque[tuple[bytes, InferRequest, list[Any]]] = deque()
+        self.queue: deque[tuple[bytes, InferRequest, list[Any], int]] = deque()
+        # Triton's statistics extension: counts and cumulative durations (ns) per model
+        self.success = self.executions = self.queue_ns = self.compute_ns = 0
 
 
 def broker(front_ep: str, back_ep: str) -> None:
@@ -71,6 +74,8 @@ def broker(front_ep: str, back_ep: str) -> None:
     by_worker = {worker_id: models[MODEL]}
     in_flight: dict[int, tuple[_Model, list[tuple[bytes, str]]]] = {}
     batch_ids = iter(range(1, 1 << 62))
+    bundling: set[bytes] = set()  # clients that sent a BUNDLE
+    held: dict[bytes, list[tuple[Command, dict[str, Any], list[Any]]]] = {}
     poller = zmq.Poller()
     poller.register(front, zmq.POLLIN)
     poller.register(back, zmq.POLLIN)
@@ -80,7 +85,9 @@ def broker(front_ep: str, back_ep: str) -> None:
         requests: list[ExecuteRequest] = []
         frames: list[Any] = []
         waiting: list[tuple[bytes, str]] = []
-        for seq, (client, req, inline) in enumerate(items):
+        now = time.monotonic_ns()
+        for seq, (client, req, inline, arrived) in enumerate(items):
+            m.queue_ns += now - arrived
             inputs = req.inputs
             if frames:  # inline frames are numbered across the batch
                 inputs = tuple(TensorRef(t.name, t.datatype, t.shape, None, len(frames) + t.frame)
@@ -102,14 +109,17 @@ def broker(front_ep: str, back_ep: str) -> None:
                     client, *msg = front.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                if msg and msg[0] == b"stop":
-                    return
+                if protocol.is_bundle(msg):  # several INFERs in one message: replies go bundled too
+                    bundling.add(client)
+                    for entry in protocol.decode_many(msg, protocol.CLIENT_COMMANDS):
+                        req = protocol.infer_from_wire(entry.header)
+                        models[req.model].queue.append((client, req, entry.frames, time.monotonic_ns()))
+                    continue
                 infer = protocol.decode_infer(msg)
                 if infer is None:
                     raise SystemExit("the floor takes only well-formed INFERs")
-                req: InferRequest = infer.record
-                model = models[req.model]
-                model.queue.append((client, req, infer.frames))
+                req = infer.record
+                models[req.model].queue.append((client, req, infer.frames, time.monotonic_ns()))
         if back in events:
             while True:
                 try:
@@ -122,6 +132,9 @@ def broker(front_ep: str, back_ep: str) -> None:
                 result: WorkerResult = got.record
                 m, waiting = in_flight.pop(result.batch)
                 by_worker[worker].busy = False
+                m.executions += 1
+                m.success += len(result.results)
+                m.compute_ns += sum(result.timings)
                 for res in result.results:
                     client, rid = waiting[res.id]
                     outs, out_frames = [], []
@@ -133,10 +146,26 @@ def broker(front_ep: str, back_ep: str) -> None:
                         outs.append(t)
                     header = {"id": rid, "status": 0,
                               "body": {"model": m.name, "version": m.version, "outputs": outs}}  # fmt: skip
-                    front.send_multipart([client, *protocol.encode(Command.REPLY, header, out_frames)])
+                    if client in bundling:
+                        held.setdefault(client, []).append((Command.REPLY, header, out_frames))
+                    else:
+                        front.send_multipart([client, *protocol.encode(Command.REPLY, header, out_frames)])
+            for client, replies in held.items():  # a turn's replies to a bundling client: one message
+                if len(replies) == 1:
+                    front.send_multipart([client, *protocol.encode(*replies[0])])
+                else:
+                    for i in range(0, len(replies), protocol.MAX_BUNDLE):
+                        chunk = replies[i : i + protocol.MAX_BUNDLE]
+                        front.send_multipart([client, *protocol.encode_bundle(chunk)])
+            held.clear()
         for m in models.values():  # a worker that is free takes what waits
             if m.queue and not m.busy:
                 dispatch(m)
+
+
+def _array(t: TensorRef, frames: list[Any]) -> Any:
+    """The array an inline input's frame holds."""
+    return np.frombuffer(frames[t.frame], DTYPES[t.datatype]).reshape(t.shape)
 
 
 def worker(back_ep: str, arrays: bool) -> None:
@@ -158,10 +187,8 @@ def worker(back_ep: str, arrays: bool) -> None:
         t0 = ns()
         reqs = ex.requests
         if arrays:
-            a = [np.frombuffer(frames[r.inputs[0].frame], DTYPES[r.inputs[0].datatype]).reshape(r.inputs[0].shape)
-                 for r in reqs]  # fmt: skip
-            b = [np.frombuffer(frames[r.inputs[1].frame], DTYPES[r.inputs[1].datatype]).reshape(r.inputs[1].shape)
-                 for r in reqs]  # fmt: skip
+            a = [_array(r.inputs[0], frames) for r in reqs]
+            b = [_array(r.inputs[1], frames) for r in reqs]
             xa, xb = (a[0], b[0]) if len(reqs) == 1 else (np.concatenate(a), np.concatenate(b))
             t1 = ns()
             total = xa + xb
@@ -195,8 +222,9 @@ class FloorClient:
         self._a = np.ones((1, 1), np.float32)
         self._b = np.full((1, 1), 2.0, np.float32)
         self._raw = [self._a.tobytes(), self._b.tobytes()]
+        self._expected: Any = np.full((1, 1), 3.0, np.float32) if arrays else self._raw[0]
 
-    def request(self) -> tuple[str, list[Any]]:
+    def _one(self) -> tuple[str, InferRequest, list[Any]]:
         self._n += 1
         rid = f"{self._prefix}{self._n}"
         if self.arrays:
@@ -204,23 +232,61 @@ class FloorClient:
             inputs = tuple(TensorRef(name, "FP32", x.shape, None, i) for i, (name, x) in enumerate(named))
             payload = [x.tobytes() for _, x in named]
         else:
-            inputs = (TensorRef("INPUT_A", "FP32", (1, 1), None, 0), TensorRef("INPUT_B", "FP32", (1, 1), None, 1))
+            inputs = (
+                TensorRef("INPUT_A", "FP32", (1, 1), None, 0),
+                TensorRef("INPUT_B", "FP32", (1, 1), None, 1),
+            )
             payload = self._raw
-        req = InferRequest(rid, MODEL, 0, inputs, self._outputs, caller_id="")
+        return rid, InferRequest(rid, MODEL, 0, inputs, self._outputs, caller_id=""), payload
+
+    def request(self) -> tuple[str, list[Any]]:
+        """One INFER: its id and frames."""
+        rid, req, payload = self._one()
         return rid, protocol.encode(Command.INFER, req, payload)
 
+    def requests(self, k: int) -> list[Any]:
+        """``k`` INFERs as one message (a BUNDLE when several, as the AsyncClient sends a loop turn's)."""
+        if k == 1:
+            return self.request()[1]
+        items = []
+        for _ in range(k):
+            _, req, payload = self._one()
+            items.append((Command.INFER, req, payload))
+        return protocol.encode_bundle(items)
+
     def reply(self, frames: list[bytes]) -> Any:
+        """A lone REPLY: its id and its output (an array, or the frame as it came)."""
         env = frames[0]
         if env[:5] != _REPLY_HEAD:
             raise RuntimeError("not a lone REPLY")
         reply: Reply = _decode_reply(memoryview(env)[protocol.ENVELOPE_HEAD - 1 :])
+        return reply.request_id, self._output(reply, frames[1:])
+
+    def _output(self, reply: Reply, frames: list[Any]) -> Any:
         if reply.status != 0:
             raise RuntimeError(reply.error)
         out = reply.body["outputs"][0]
-        data = frames[1 + out["frame"]]
+        data = frames[out["frame"]]
         if not self.arrays:
-            return reply.request_id, data
-        return reply.request_id, np.frombuffer(data, DTYPES[out["datatype"]]).reshape(out["shape"])
+            return data
+        return np.frombuffer(data, DTYPES[out["datatype"]]).reshape(out["shape"])
+
+    def replies(self, frames: list[bytes]) -> int:
+        """The replies of one message (a REPLY or a BUNDLE of them), each made into its output; how many."""
+        if frames[0][:5] == _REPLY_HEAD:
+            self.reply(frames)
+            return 1
+        got = protocol.decode_replies(frames)
+        for reply, inline in got:
+            self._output(reply, inline)
+        return len(got)
+
+    def right(self, rid: str, frames: list[bytes]) -> bool:
+        """Whether ``frames`` are the answer to request ``rid``: its id, and the sum (or the echoed input)."""
+        got_id, value = self.reply(frames)
+        if self.arrays:
+            return bool(got_id == rid and value.shape == (1, 1) and np.array_equal(value, self._expected))
+        return bool(got_id == rid and bytes(value) == self._expected)
 
 
 def main() -> None:

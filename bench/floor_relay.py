@@ -81,10 +81,8 @@ def _spawn_relay(level: str, d: str) -> tuple[str, list[Any], dict[str, int]]:
 
 
 def _relay_turn(level: str, load: str, seconds: float) -> dict[str, Any]:
-    import zmq
-
     import floor_procs
-
+    import zmq
     from bench_serving import bare_frames
 
     d = tempfile.mkdtemp(prefix="zfl-")
@@ -98,16 +96,24 @@ def _relay_turn(level: str, load: str, seconds: float) -> dict[str, Any]:
     def make() -> list[Any]:
         return frames if fc is None else fc.request()[1]
 
-    def take(msg: list[bytes]) -> None:
-        if fc is not None:
-            fc.reply(msg)
+    def take(msg: list[bytes]) -> int:
+        return 1 if fc is None else fc.replies(msg)
 
     try:
-        for _ in range(WARMUP):
-            sock.send_multipart(make())
+        for _ in range(WARMUP):  # and every answer checked: the right request, the right sum
+            if fc is None:
+                sock.send_multipart(frames)
+            else:
+                rid, msg = fc.request()
+                sock.send_multipart(msg)
             if not sock.poll(10_000):
                 raise TimeoutError(f"{level}: no answer")
-            take(sock.recv_multipart())
+            got = sock.recv_multipart()
+            if fc is None:
+                if got != frames:
+                    raise RuntimeError("bare: the echo is not the request")
+            elif not fc.right(rid, got):
+                raise RuntimeError(f"{level}: wrong answer {fc.reply(got)!r}")
         t0 = {k: _cpu(p) for k, p in {**pids, "client": os.getpid()}.items()}
         lats: list[float] = []
         start = time.perf_counter()
@@ -125,15 +131,18 @@ def _relay_turn(level: str, load: str, seconds: float) -> dict[str, Any]:
         else:
             sent = 0
             while time.perf_counter() < end or done < sent:
-                while sent - done < WINDOW and time.perf_counter() < end:
-                    sock.send_multipart(make())
+                room = WINDOW - (sent - done) if time.perf_counter() < end else 0
+                if room > 0 and fc is not None:  # the floor client sends what it has as one message
+                    sock.send_multipart(fc.requests(room))
+                    sent += room
+                for _ in range(room if fc is None else 0):  # the bare client sends each alone
+                    sock.send_multipart(frames)
                     sent += 1
                 if not sock.poll(5000):
                     raise TimeoutError(f"{level}: pipelined run timed out")
                 while True:
                     try:
-                        take(sock.recv_multipart(zmq.NOBLOCK))
-                        done += 1
+                        done += take(sock.recv_multipart(zmq.NOBLOCK))
                     except zmq.Again:
                         break
         dt = time.perf_counter() - start
@@ -282,8 +291,9 @@ def main() -> int:
     doc = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join(["bench/floor_relay.py", *sys.argv[1:]]),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                 text=True).stdout.strip(),  # fmt: skip
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip(),  # fmt: skip
         "machine": machine(),
         "params": {"rounds": args.rounds, "seconds": args.seconds, "window": WINDOW, "warmup": WARMUP},
         "medians": med,
