@@ -90,7 +90,7 @@ def broker(front_ep: str, back_ep: str) -> None:
             m.queue_ns += now - arrived
             inputs = req.inputs
             if frames:  # inline frames are numbered across the batch
-                inputs = tuple(TensorRef(t.name, t.datatype, t.shape, None, len(frames) + t.frame)
+                inputs = tuple(TensorRef(t.name, t.datatype, t.shape, None, len(frames) + _frame(t))
                                for t in inputs)  # fmt: skip
             frames.extend(inline)
             outputs = m.outputs if req.outputs is None else req.outputs
@@ -163,9 +163,16 @@ def broker(front_ep: str, back_ep: str) -> None:
                 dispatch(m)
 
 
+def _frame(t: TensorRef) -> int:
+    """An inline tensor's frame number (the floor takes no shared memory)."""
+    if t.frame is None:
+        raise SystemExit("the floor takes only inline tensors")
+    return t.frame
+
+
 def _array(t: TensorRef, frames: list[Any]) -> Any:
     """The array an inline input's frame holds."""
-    return np.frombuffer(frames[t.frame], DTYPES[t.datatype]).reshape(t.shape)
+    return np.frombuffer(frames[_frame(t)], DTYPES[t.datatype]).reshape(t.shape)
 
 
 def worker(back_ep: str, arrays: bool) -> None:
@@ -198,14 +205,15 @@ def worker(back_ep: str, arrays: bool) -> None:
             ]  # fmt: skip
         else:
             t1 = t2 = ns()
-            out_frames = [frames[r.inputs[0].frame] for r in reqs]
+            out_frames = [frames[_frame(r.inputs[0])] for r in reqs]
         results = tuple(
             RequestResult(r.id, outputs=(TensorRef(r.outputs[0].name, "FP32", (1, 1), None, i),))
             for i, r in enumerate(reqs)
         )
         t3 = ns()
         result = WorkerResult(ex.batch, results, timings=(t1 - t0, t2 - t1, t3 - t2))
-        sock.send_multipart(protocol.encode(Command.W_RESULT, result, out_frames))
+        header: Any = result  # encoded as it is: the map ``result_to_wire`` writes
+        sock.send_multipart(protocol.encode(Command.W_RESULT, header, out_frames))
 
 
 # ------------------------------------------------------------------------------------------ client side

@@ -20,8 +20,9 @@ checkout, made here; with ``--compiled``, also a mypyc build of it, ``bench_comp
 with fresh server processes; levels alternate within each round and their order is reversed every other
 round. CPU per request: user + system time of each process over the timed part, over the requests done.
 
-Usage: ``.venv/bin/python bench/floor_relay.py [--rounds 3] [--seconds 2] [--compiled [--build DIR]]``
-Results: bench/results/floor_relay.json and floor_relay.txt.
+Usage: ``.venv/bin/python bench/floor_relay.py [--loads c1,c32] [--rounds 3] [--seconds 2] [--compiled [--build
+DIR] [--only-compiled]] [--label L]``. Results: bench/results/floor_relay.json (an entry per label) and
+floor_relay.txt (their tables).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -73,10 +75,12 @@ def _spawn_relay(level: str, d: str) -> tuple[str, list[Any], dict[str, int]]:
         procs.append(ctx.Process(target=baseline._echo_worker, args=(back,), daemon=True))
         procs[1].start()
     else:
-        script = str(HERE / "floor_procs.py")
-        procs = [subprocess.Popen([sys.executable, script, "broker", level, front, back])]
+        # floor_procs as this process imports it: the mypyc build when its folder is on PYTHONPATH
+        run = [sys.executable, "-c", "import floor_procs; floor_procs.main()"]
+        env = {**os.environ, "PYTHONPATH": f"{os.environ.get('PYTHONPATH', '')}:{HERE}"}
+        procs = [subprocess.Popen([*run, "broker", level, front, back], env=env)]
         time.sleep(0.3)
-        procs.append(subprocess.Popen([sys.executable, script, "worker", level, back]))
+        procs.append(subprocess.Popen([*run, "worker", level, back], env=env))
     return front, procs, {"broker": procs[0].pid, "worker": procs[1].pid}
 
 
@@ -191,10 +195,14 @@ def _zinfer_turn(level: str, load: str, seconds: float) -> dict[str, Any]:
 
 
 def child(level: str, load: str, seconds: float) -> None:
-    sys.path.insert(0, str(HERE))
+    # bench/ last: a mypyc build of floor_procs on PYTHONPATH comes first
+    sys.path = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
     out = _relay_turn(level, load, seconds) if level in ("bare", "codec", "numpy") else (
         _zinfer_turn(level, load, seconds)
     )  # fmt: skip
+    import floor_procs
+
+    out["floor_compiled"] = not floor_procs.__file__.endswith(".py")
     print(json.dumps(out))
 
 
@@ -209,8 +217,21 @@ def pure_tree(work: Path) -> Path:
     return work
 
 
-def turn(tree: Path, level: str, load: str, seconds: float) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+def build_floor(work: Path, pure: Path) -> Path:
+    """``floor_procs`` compiled with mypyc in ``work``; returns the folder to put on PYTHONPATH."""
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(HERE / "floor_procs.py", work / "floor_procs.py")
+    mypyc = Path(sys.executable).parent / "mypyc"
+    done = subprocess.run([str(mypyc), "floor_procs.py"], cwd=work, env={**os.environ, "MYPYPATH": str(pure)},
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    if done.returncode != 0 or not list(work.glob("floor_procs.*.so")):
+        raise SystemExit(f"mypyc floor_procs failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    (work / "floor_procs.py").unlink()
+    return work
+
+
+def turn(tree: str, level: str, load: str, seconds: float) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": tree}
     done = subprocess.run(
         [sys.executable, __file__, "--child", level, load, str(seconds)],
         env=env, cwd="/", capture_output=True, text=True, timeout=TURN_TIMEOUT_S,
@@ -261,19 +282,22 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--loads", default="c1,c32")
+    ap.add_argument("--label", default="latest", help="the results entry this run writes (replaces)")
     ap.add_argument("--compiled", action="store_true", help="also every level on a mypyc build")
     ap.add_argument("--build", type=Path, help="with --compiled: reuse (or make) the build in this folder")
     ap.add_argument("--only-compiled", action="store_true", help="with --compiled: skip the pure build")
     args = ap.parse_args()
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="zfl-tree-") as tmp:
-        trees: dict[str, Path] = {} if args.only_compiled else {"pure": pure_tree(Path(tmp) / "pure")}
-        if args.compiled:
+        pure = pure_tree(Path(tmp) / "pure")
+        trees: dict[str, str] = {} if args.only_compiled else {"pure": str(pure)}
+        if args.compiled:  # zinfer's mypyc build, and floor_procs compiled by mypyc before it on the path
             sys.path.insert(0, str(HERE))
             from bench_compiled import build_compiled
 
             work = args.build or Path(tmp) / "build"
-            trees["compiled"] = work / "path" if (work / "path").exists() else build_compiled(work)
+            zinfer = work / "path" if (work / "path").exists() else build_compiled(work)
+            trees["compiled"] = f"{build_floor(Path(tmp) / 'floor', pure)}:{zinfer}"
         runs: dict[str, list[dict[str, Any]]] = {}
         for r in range(args.rounds):
             for load in args.loads.split(","):
@@ -288,21 +312,27 @@ def main() -> int:
     sys.path.insert(0, str(HERE))
     from bench_serving import machine
 
-    doc = {
+    run = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join(["bench/floor_relay.py", *sys.argv[1:]]),
         "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip(),  # fmt: skip
+        ).stdout.strip(),
         "machine": machine(),
         "params": {"rounds": args.rounds, "seconds": args.seconds, "window": WINDOW, "warmup": WARMUP},
         "medians": med,
+        "table": text.splitlines(),
         "runs": runs,
         "wall_s": round(time.monotonic() - t_start, 1),
     }
+    doc: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    doc.setdefault("runs", {})[args.label] = run
     RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
-    TABLE.write_text(f"{doc['date']} {doc['command']} (commit {doc['commit']}), medians of "
-                     f"{args.rounds} rounds\n{text}\n")  # fmt: skip
+    TABLE.write_text("".join(
+        f"[{label}] {r['date']} {r['command']} (commit {r['commit']}), medians of {r['params']['rounds']} "
+        f"rounds of {r['params']['seconds']} s\n" + "\n".join(r["table"]) + "\n\n"
+        for label, r in doc["runs"].items()
+    ))  # fmt: skip
     print(f"written: {RESULTS}, {TABLE}")
     return 0
 
