@@ -20,9 +20,9 @@ checkout, made here; with ``--compiled``, also a mypyc build of it, ``bench_comp
 with fresh server processes; levels alternate within each round and their order is reversed every other
 round. CPU per request: user + system time of each process over the timed part, over the requests done.
 
-Usage: ``.venv/bin/python bench/floor_relay.py [--loads c1,c32] [--rounds 3] [--seconds 2] [--compiled [--build
-DIR] [--only-compiled]] [--label L]``. Results: bench/results/floor_relay.json (an entry per label) and
-floor_relay.txt (their tables).
+Usage: ``.venv/bin/python bench/floor_relay.py [--loads c1,c32] [--rounds 3] [--seconds 2] [--label L]
+[--compiled [--build DIR] [--only-compiled]]``. Results: bench/results/floor_relay.json (an entry per label)
+and floor_relay.txt (their tables).
 """
 
 from __future__ import annotations
