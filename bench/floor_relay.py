@@ -200,9 +200,14 @@ def child(level: str, load: str, seconds: float) -> None:
     out = _relay_turn(level, load, seconds) if level in ("bare", "codec", "numpy") else (
         _zinfer_turn(level, load, seconds)
     )  # fmt: skip
-    import floor_procs
+    if level in ("bare", "codec", "numpy"):
+        import floor_procs
 
-    out["floor_compiled"] = not floor_procs.__file__.endswith(".py")
+        out["floor_compiled"] = not floor_procs.__file__.endswith(".py")
+    else:
+        from zinfer.broker.compiled import compiled_here
+
+        out["zinfer_compiled_modules"] = len(compiled_here())  # in the client; the server runs the same tree
     print(json.dumps(out))
 
 
