@@ -18,7 +18,8 @@ read from bench/results/floor_relay.json when it is there); what is left of Trit
 the door alone is paid is the budget the hop, the broker and the worker have if zinfer is to match
 Triton's rate on the same cores.
 
-Usage: ``.venv/bin/python bench/floor_door.py --triton-venv DIR [--rounds 3] [--interval-ms 2000]``.
+Usage: ``.venv/bin/python bench/floor_door.py --triton-venv DIR [--rounds 3] [--interval-ms 2000]
+[--protocol http|grpc] [--label L]`` (gRPC: the same three over gRPC).
 Results: bench/results/floor_door.json (an entry per ``--label``).
 """
 
@@ -75,10 +76,12 @@ def _cpu(roles: dict[str, list[psutil.Process]]) -> dict[str, float]:
     return out
 
 
-def step(pa: Path, env: dict[str, str], target: Target, root_pid: int, interval_ms: int) -> dict[str, Any]:
+def step(
+    pa: Path, env: dict[str, str], target: Target, root_pid: int, interval_ms: int, protocol: str
+) -> dict[str, Any]:
     roles = _roles(root_pid, target.door_pid)
     c0, t0 = _cpu(roles), time.monotonic()
-    fig = perf_analyzer(pa, env, target, "http", "add", CONCURRENCY, ADD, interval_ms)
+    fig = perf_analyzer(pa, env, target, protocol, "add", CONCURRENCY, ADD, interval_ms)
     c1, t1 = _cpu(roles), time.monotonic()
     n = (t1 - t0) * fig["throughput_s"]
     per = {f"{k}_us": round(1e6 * (c1[k] - c0[k]) / n, 1) for k in c0}
@@ -104,6 +107,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--interval-ms", type=int, default=2000)
     ap.add_argument("--label", default="latest")
+    ap.add_argument("--protocol", choices=("http", "grpc"), default="http")
     args = ap.parse_args()
     install = triton_side.find(args.triton_venv)
     if install is None:
@@ -126,7 +130,7 @@ def main() -> int:
             sides.append((name, t, psutil.Process(t.door_pid).ppid()))
         for r in range(args.rounds):
             for name, target, pid in sides if r % 2 == 0 else sides[::-1]:
-                fig = step(pa, ts.env, target, pid, args.interval_ms)
+                fig = step(pa, ts.env, target, pid, args.interval_ms, args.protocol)
                 runs.setdefault(name, []).append(fig)
                 print(f"round {r} {name}: {json.dumps(fig)}", flush=True)
     med = {
@@ -155,7 +159,12 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join(["bench/floor_door.py", *sys.argv[1:]]),
         "machine": machine(),
-        "params": {"rounds": args.rounds, "interval_ms": args.interval_ms, "concurrency": CONCURRENCY},
+        "params": {
+            "rounds": args.rounds,
+            "interval_ms": args.interval_ms,
+            "concurrency": CONCURRENCY,
+            "protocol": args.protocol,
+        },  # fmt: skip
         "medians": med,
         "reading": reading,
         "runs": runs,

@@ -13,7 +13,9 @@ Levels, each with the same three processes (client DEALER -> broker ROUTER/ROUTE
   of the issue's c32 CPU goal.
 
 Loads: ``c1``: one request in flight, closed loop; ``c32``: 32 in flight (bare and floor: one pipelined
-DEALER that keeps 32 out, as ``baseline.bare_rate`` does; zinfer: 32 tasks of one ``AsyncClient``).
+DEALER that keeps 32 out, as ``baseline.bare_rate`` does, the floor's sending what it has as one BUNDLE as
+the AsyncClient does; zinfer: 32 tasks of one ``AsyncClient``); ``c32s``: bare and floor only, 32 out, every
+request a message of its own, as a front door's requests come to the broker (one per wake).
 
 Every turn runs in a fresh child process whose ``zinfer`` is a tree given by folder (a symlink tree of this
 checkout, made here; with ``--compiled``, also a mypyc build of it, ``bench_compiled.build_compiled``),
@@ -46,7 +48,7 @@ RESULTS = HERE / "results" / "floor_relay.json"
 TABLE = HERE / "results" / "floor_relay.txt"
 PACKAGES = ("client", "modelconfig", "broker", "workers", "tools", "frontdoor", "configs")
 LEVELS = ("bare", "codec", "numpy", "zinfer")
-LOADS = {"c1": LEVELS, "c32": (*LEVELS, "zinfer-add")}
+LOADS = {"c1": LEVELS, "c32": (*LEVELS, "zinfer-add"), "c32s": ("bare", "codec", "numpy")}
 WINDOW = 32
 WARMUP = 200
 TURN_TIMEOUT_S = 240
@@ -136,11 +138,11 @@ def _relay_turn(level: str, load: str, seconds: float) -> dict[str, Any]:
             sent = 0
             while time.perf_counter() < end or done < sent:
                 room = WINDOW - (sent - done) if time.perf_counter() < end else 0
-                if room > 0 and fc is not None:  # the floor client sends what it has as one message
+                if room > 0 and fc is not None and load == "c32":  # what it has, as one message (BUNDLE)
                     sock.send_multipart(fc.requests(room))
                     sent += room
-                for _ in range(room if fc is None else 0):  # the bare client sends each alone
-                    sock.send_multipart(frames)
+                for _ in range(room if fc is None or load == "c32s" else 0):  # each alone
+                    sock.send_multipart(make())
                     sent += 1
                 if not sock.poll(5000):
                     raise TimeoutError(f"{level}: pipelined run timed out")
