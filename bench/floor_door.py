@@ -13,8 +13,9 @@ Three servers are up at once, each driven in turn by the same ``perf_analyzer`` 
 
 Server CPU per request of a process: its user + system time over the step, over the step's wall time
 times perf_analyzer's rate (as ``bench_frontdoor.py`` counts the door's). The floor of the door path is
-``door-alone`` plus the floor relay's broker and worker at c32 (``floor_relay.py``'s ``numpy`` level,
-read from bench/results/floor_relay.json when it is there); what is left of Triton's CPU per request once
+``door-alone`` plus the floor relay's client side (the door's half of the hop), broker and worker at c32
+(``floor_relay.py``'s ``numpy`` level, its ``c32`` load with BUNDLEs and its ``c32s`` load without, read
+from bench/results/floor_relay.json when it is there); what is left of Triton's CPU per request once
 the door alone is paid is the budget the hop, the broker and the worker have if zinfer is to match
 Triton's rate on the same cores.
 
@@ -90,14 +91,14 @@ def step(
 
 
 def floor_relay_c32() -> dict[str, Any] | None:
-    """The floor relay's broker and worker CPU per request at c32 (numpy level), from its last results."""
+    """The floor relay's CPU per request by process at c32, bundled and not (numpy level), from its runs."""
     if not FLOOR.exists():
         return None
     out = {}
-    for label, run in json.loads(FLOOR.read_text()).get("runs", {}).items():
+    for run in json.loads(FLOOR.read_text()).get("runs", {}).values():
         for key, m in run["medians"].items():
-            if key.endswith("/c32/numpy"):
-                out[f"{label}:{key}"] = {"broker_us": m["broker_us"], "worker_us": m["worker_us"]}
+            if key.endswith(("/c32/numpy", "/c32s/numpy")):
+                out[key] = {k: m[k] for k in ("broker_us", "worker_us", "client_us")}
     return out or None
 
 
