@@ -19,11 +19,17 @@ Levels (``LEVELS``):
 The broker batches as zinfer's does for a model with ``max_queue_delay_microseconds: 0``: one batch in
 flight per worker; what arrives while it runs goes, up to ``MAX_BATCH``, in the next EXECUTE (at
 concurrency 1 every batch is one request); it keeps the counts and durations of Triton's statistics
-extension. Other statistics, metrics, deadlines, priorities, cancellation, shared
-memory, tracing, heartbeats and every check beyond the records' own are left out: that is what zinfer adds
-on top of this floor.
+extension. A client that sends a BUNDLE gets its replies of one turn as one BUNDLE (as zinfer's outbox
+sends them); ``FloorClient.requests`` sends a BUNDLE as the AsyncClient sends a loop turn's requests. Other
+statistics, metrics, deadlines, priorities, cancellation, shared memory, tracing, heartbeats and every
+check beyond the records' own are left out: that is what zinfer adds on top of this floor.
 
-Usage (by ``floor_relay.py``): ``python bench/floor_procs.py broker|worker LEVEL ENDPOINT...``.
+One difference in the ZeroMQ calls: the floor receives frames as bytes (``copy=True``), where the bare
+forwarder takes ``zmq.Frame`` objects; for frames this small bytes are the cheaper of the two, and the
+decoders read bytes.
+
+Usage (by ``floor_relay.py``, which imports this module and runs ``main``, compiled by mypyc or not):
+``python -c "import floor_procs; floor_procs.main()" broker|worker LEVEL ENDPOINT...``.
 """
 
 from __future__ import annotations
