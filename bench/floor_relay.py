@@ -295,6 +295,7 @@ def main() -> int:
     ap.add_argument("--only-compiled", action="store_true", help="with --compiled: skip the pure build")
     args = ap.parse_args()
     t_start = time.monotonic()
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="zfl-tree-") as tmp:
         pure = pure_tree(Path(tmp) / "pure")
         trees: dict[str, str] = {} if args.only_compiled else {"pure": str(pure)}
@@ -331,13 +332,15 @@ def main() -> int:
         "table": text.splitlines(),
         "runs": runs,
         "wall_s": round(time.monotonic() - t_start, 1),
+        "load_average_1m_before_after": [round(load_before[0], 1), round(os.getloadavg()[0], 1)],
     }
     doc: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     doc.setdefault("runs", {})[args.label] = run
     RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
     TABLE.write_text("".join(
         f"[{label}] {r['date']} {r['command']} (commit {r['commit']}), medians of {r['params']['rounds']} "
-        f"rounds of {r['params']['seconds']} s\n" + "\n".join(r["table"]) + "\n\n"
+        f"rounds of {r['params']['seconds']} s, 1-minute load average before/after "
+        f"{r.get('load_average_1m_before_after', 'not recorded')}\n" + "\n".join(r["table"]) + "\n\n"
         for label, r in doc["runs"].items()
     ))  # fmt: skip
     print(f"written: {RESULTS}, {TABLE}")
