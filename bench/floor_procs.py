@@ -232,6 +232,7 @@ class FloorClient:
         self.arrays = arrays
         self._prefix = f"{os.getpid()}-{id(self):x}-"
         self._n = 0
+        self._waiting: set[str] = set()  # ids sent and not answered: each reply is matched to its request
         self._outputs = (OutputRequest("OUTPUT_SUM"),)
         self._a = np.ones((1, 1), np.float32)
         self._b = np.full((1, 1), 2.0, np.float32)
@@ -241,6 +242,7 @@ class FloorClient:
     def _one(self) -> tuple[str, InferRequest, list[Any]]:
         self._n += 1
         rid = f"{self._prefix}{self._n}"
+        self._waiting.add(rid)
         if self.arrays:
             named = (("INPUT_A", self._a), ("INPUT_B", self._b))
             inputs = tuple(TensorRef(name, "FP32", x.shape, None, i) for i, (name, x) in enumerate(named))
@@ -277,6 +279,10 @@ class FloorClient:
         return reply.request_id, self._output(reply, frames[1:])
 
     def _output(self, reply: Reply, frames: list[Any]) -> Any:
+        try:
+            self._waiting.remove(reply.request_id)
+        except KeyError:
+            raise RuntimeError(f"a reply to no request: {reply.request_id!r}") from None
         if reply.status != 0:
             raise RuntimeError(reply.error)
         out = reply.body["outputs"][0]
