@@ -158,7 +158,9 @@ def main() -> int:
     doc: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     doc.setdefault("runs", {})[args.label] = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join(["bench/floor_door.py", *sys.argv[1:]]),
+        "command": " ".join(
+            ["bench/floor_door.py", *(("DIR" if a.startswith("/") else a) for a in sys.argv[1:])]
+        ),
         "machine": machine(),
         "params": {
             "rounds": args.rounds,

@@ -322,7 +322,9 @@ def main() -> int:
 
     run = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join(["bench/floor_relay.py", *sys.argv[1:]]),
+        "command": " ".join(
+            ["bench/floor_relay.py", *(("DIR" if a.startswith("/") else a) for a in sys.argv[1:])]
+        ),
         "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip(),
