@@ -53,7 +53,7 @@ def _answer(
     if isinstance(result, ServerError):
         return error_result(req.id, result)
     try:
-        if not isinstance(result, Mapping):
+        if type(result) is not dict and not isinstance(result, Mapping):  # a dict: no ABC check
             raise InternalError(f"model returned {type(result).__name__} for a request, expected outputs")
         missing = [o.name for o in req.outputs if o.name not in result]
         if missing:

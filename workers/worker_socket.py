@@ -11,12 +11,12 @@ pyzmq methods do (the same libzmq calls, the same copy rule as ``zinfer.client.t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
 from zmq.backend import Socket as _CySocket
-from zmq.backend import zmq_poll
+from zmq.backend import zmq_poll as _zmq_poll
 
 from zinfer.client.protocol import COPY_THRESHOLD, Frame
 
@@ -24,8 +24,9 @@ __all__ = ["POLLIN", "Waiter", "readable", "recv_buffers", "send_frames"]
 
 POLLIN = int(zmq.POLLIN)
 _SNDMORE = int(zmq.SNDMORE)
-_send = _CySocket.send
-_recv = _CySocket.recv
+_send: Callable[..., Any] = _CySocket.send
+_recv: Callable[..., Any] = _CySocket.recv
+zmq_poll: Callable[[Sequence[tuple[Any, int]], int], list[tuple[Any, int]]] = _zmq_poll  # sockets and fds
 
 
 def send_frames(sock: zmq.Socket[Any], frames: Sequence[Frame]) -> None:
@@ -60,7 +61,7 @@ class Waiter:
 
     def __init__(self, sock: zmq.Socket[Any], fd: int) -> None:
         self.sock, self.fd = sock, fd
-        self._items = [(sock, POLLIN), (fd, POLLIN)]
+        self._items: list[tuple[Any, int]] = [(sock, POLLIN), (fd, POLLIN)]
 
     def wait(self, timeout_ms: int) -> tuple[bool, bool]:
         """Wait up to ``timeout_ms`` for either: (a message is there, the descriptor is readable)."""
