@@ -94,7 +94,7 @@ def open_inputs(
             arrays.update(control_arrays([req], sig.batching))
         if states is not None:
             arrays.update(states.request_inputs(req))  # and its implicit state
-        names = tuple(o.name for o in req.outputs)
+        names = tuple([o.name for o in req.outputs])
         inputs.append(RequestInputs(req.request_id, arrays, names, req.sequence, req.parameters,
                                     None if cancels is None else cancels.flag(req.id)))  # fmt: skip
     return runnable, inputs
