@@ -104,13 +104,10 @@ def child(load: str, seconds: float) -> dict[str, Any]:
         outputs = ("TOKENS_OUT",) if model == "lm" else ("TEXT",)
     elif model == "bare":
         payload, tensors, outputs = b"x" * 100, (TensorRef("TEXT", "BYTES", (1, 1), None, 0),), ("T",)
-    else:  # add0, add: INPUT0, INPUT1 of [1, 16] float32
-        payload = np.ones((1, 16), dtype=np.float32).tobytes()
-        tensors = (
-            TensorRef("INPUT0", "FP32", (1, 16), None, 0),
-            TensorRef("INPUT1", "FP32", (1, 16), None, 0),
-        )
-        outputs = ("OUTPUT0",)
+    else:  # add0, add: INPUT_A, INPUT_B of [1, 1] float32
+        payload = np.ones((1, 1), dtype=np.float32).tobytes()
+        tensors = tuple(TensorRef(f"INPUT_{x}", "FP32", (1, 1), None, 0) for x in "AB")
+        outputs = ("OUTPUT_SUM",)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -174,10 +171,17 @@ def _drive(sock: Any, pid: int, per: int, inflight: int, seconds: float, tensors
         frames = [payload] * (per * len(tensors))
         sock.send_multipart([b"w0", *protocol.encode(Command.W_EXECUTE, header, frames)])
 
-    def result() -> None:
+    def result() -> Any:
         got = _recv(sock, protocol)
         if got.command != Command.W_RESULT:
             raise SystemExit(f"the worker said {got.command.name}, not RESULT")
+        return got
+
+    send()
+    first = wp.result_from_wire(result().header)
+    failed = [r for r in first.results if r.status != 0]
+    if failed or len(first.results) != per:
+        raise SystemExit(f"the worker failed the requests: {failed or first}")
 
     for _ in range(200):  # warm up
         send()
