@@ -259,7 +259,7 @@ def main() -> int:
             summary.setdefault(load, {})[name] = m
             print(f"  {load:>16} {name:>6}: {m}")
     doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "trees": {n: str(t) for n, t in trees.items()}, "loads": list(runs), "rounds": args.rounds,
+           "trees": list(trees), "loads": list(runs), "rounds": args.rounds,
            "seconds": args.seconds, "summary": summary, "runs": runs}  # fmt: skip
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
