@@ -142,7 +142,12 @@ def request_rows(arrays: dict[str, Array], batching: bool) -> int:
 
 
 def _fits(dims: Sequence[int], shape: Sequence[int]) -> bool:
-    return len(shape) == len(dims) and all(d in (-1, s) for d, s in zip(dims, shape, strict=True))
+    if len(shape) != len(dims):
+        return False
+    for d, s in zip(dims, shape, strict=True):  # a loop, not all(<generator>): this runs for every output
+        if d != -1 and d != s:
+            return False
+    return True
 
 
 def check_output(
@@ -252,7 +257,8 @@ def emit(
     device: Device = CPU,
 ) -> TensorRef:
     """One output of one request: into its slot when it fits, else as an inline frame."""
-    shape = tuple(int(d) for d in piece.shape)
+    # a NumPy array's shape is a tuple of ints already (a device array's may hold other integers)
+    shape = piece.shape if type(piece) is np.ndarray else tuple(int(d) for d in piece.shape)
     if wire == dtypes.BYTES:
         data = dtypes.serialize_bytes(piece)
         if slot is not None and len(data) <= slot.nbytes:

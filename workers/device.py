@@ -111,7 +111,9 @@ class CpuDevice:
         return np.asarray(value)
 
     def copy_to_host(self, a: Array, dst: Array) -> None:
-        if a.ctypes.data != dst.ctypes.data or a.strides != dst.strides:  # else the model wrote it there
+        # else the model wrote it there. ``may_share_memory`` (a bounds test in C) first: ``ctypes.data``
+        # builds a ctypes object per call, several µs, where the copy of a small output costs one
+        if not np.may_share_memory(a, dst) or a.ctypes.data != dst.ctypes.data or a.strides != dst.strides:
             np.copyto(dst, a)
 
     def to_host(self, a: Array) -> Array:

@@ -22,6 +22,7 @@ import inspect
 import os
 import select
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -127,6 +128,22 @@ async def _awaited(awaitable: Any) -> Any:
         raise ModelExit(f"SystemExit: {exc}") from exc
 
 
+_PLAIN: set[Callable[..., Any]] = set()
+"""Plain functions (not coroutine functions) ``ModelThreads.run`` was given (``call_with``, mostly):
+``inspect.iscoroutinefunction`` costs about a µs per call, and a function's kind does not change."""
+
+
+def _is_coroutine_function(fn: Callable[..., Any]) -> bool:
+    plain = type(fn) is types.FunctionType  # hashable, and usually module-level: a few of them
+    if plain and fn in _PLAIN:
+        return False
+    if inspect.iscoroutinefunction(fn):
+        return True
+    if plain and len(_PLAIN) < 64:
+        _PLAIN.add(fn)
+    return False
+
+
 class ModelThreads:
     """One worker's model thread and event loop (started on first use), its wake and its pump."""
 
@@ -173,9 +190,9 @@ class ModelThreads:
         the loop as :meth:`ModelLoop.submit` says; an awaitable a plain function returns is awaited on the
         loop.
         """
-        if self._setup is None and not inspect.iscoroutinefunction(fn):
+        if self._setup is None and not _is_coroutine_function(fn):
             result = fn(*args)
-            if not inspect.isawaitable(result):
+            if type(result) is list or not inspect.isawaitable(result):  # execute's list: the usual
                 return result
             loop = self.get()
             future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(

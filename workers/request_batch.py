@@ -53,7 +53,7 @@ def _answer(
     if isinstance(result, ServerError):
         return error_result(req.id, result)
     try:
-        if not isinstance(result, Mapping):
+        if type(result) is not dict and not isinstance(result, Mapping):  # a dict: no ABC check
             raise InternalError(f"model returned {type(result).__name__} for a request, expected outputs")
         missing = [o.name for o in req.outputs if o.name not in result]
         if missing:
@@ -94,7 +94,7 @@ def open_inputs(
             arrays.update(control_arrays([req], sig.batching))
         if states is not None:
             arrays.update(states.request_inputs(req))  # and its implicit state
-        names = tuple(o.name for o in req.outputs)
+        names = tuple([o.name for o in req.outputs])
         inputs.append(RequestInputs(req.request_id, arrays, names, req.sequence, req.parameters,
                                     None if cancels is None else cancels.flag(req.id)))  # fmt: skip
     return runnable, inputs

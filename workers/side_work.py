@@ -17,6 +17,7 @@ from zinfer.client.worker_protocol import Readiness, WorkerResult, readiness_to_
 from .batch_io import BatchOutcome
 from .readiness import ReadinessCheck
 from .runtime import WorkerRuntime
+from .worker_socket import Waiter
 
 SendResult = Callable[[WorkerResult, list[Frame]], None]
 Send = Callable[[Command, dict[str, Any]], None]
@@ -39,6 +40,7 @@ class SideWork:
         self.runtime = runtime
         self.runs: dict[int, SideRun] = {}  # by batch id
         self.readiness: ReadinessCheck | None = None
+        self._waiter: Waiter | None = None  # the socket and the wake, polled together (made once)
 
     def __bool__(self) -> bool:
         """Whether anything besides the socket may wake the worker."""
@@ -71,11 +73,11 @@ class SideWork:
 
     def wait(self, sock: zmq.Socket[bytes], timeout_ms: int) -> bool:
         """Wait for a message or a wake-up; True when a message came."""
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
         wake = self.runtime.threads.wake
-        poller.register(wake.fd, zmq.POLLIN)
-        events = dict(poller.poll(timeout_ms))
-        if wake.fd in events:
+        waiter = self._waiter
+        if waiter is None or waiter.sock is not sock or waiter.fd != wake.fd:
+            waiter = self._waiter = Waiter(sock, wake.fd)
+        message, woken = waiter.wait(timeout_ms)
+        if woken:
             wake.clear()
-        return sock in events
+        return message

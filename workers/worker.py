@@ -29,7 +29,6 @@ from zinfer.client import protocol
 from zinfer.client.errors import ConfigError, ProtocolError, ResourceExhausted
 from zinfer.client.gc_tuning import tune_for_serving
 from zinfer.client.protocol import Command, Frame, Message
-from zinfer.client.transport import recv_frames, send_frames
 from zinfer.client.worker_protocol import (
     MAX_SLOT,
     CancelRequest,
@@ -62,6 +61,7 @@ from .sequence_state import ImplicitStates, state_specs
 from .side_work import SideWork
 from .triton_model import executes_async
 from .warmup import run_warmup
+from .worker_socket import Waiter, readable, recv_buffers, send_frames
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class Worker:
         """A RESULT; one whose inline outputs pass the broker's frame limit (which would drop this worker's
         connection) fails its requests instead, with ResourceExhausted."""
         limit = self.args.max_frame_bytes
-        big = max((memoryview(f).nbytes for f in frames), default=0)
+        big = max([memoryview(f).nbytes for f in frames]) if frames and limit >= 0 else 0
         if 0 <= limit < big:
             error = ResourceExhausted(
                 f"an output of {big} bytes is over the {limit} byte frame limit; raise --max-tensor-bytes, "
@@ -245,7 +245,7 @@ class Worker:
     def _receive(self) -> Message | None:
         """The next message, None when it is malformed (logged); waits up to POLL_MS (the socket's
         RCVTIMEO) for one, then raises ``zmq.Again`` (callers that polled first never wait)."""
-        buffers = [f.buffer for f in recv_frames(self.sock)]
+        buffers = recv_buffers(self.sock)
         try:  # an EXECUTE straight from its bytes; anything else (or a malformed one) through the map
             return decode_execute(buffers) or protocol.decode(buffers)
         except ProtocolError as exc:
@@ -255,16 +255,14 @@ class Worker:
     def _look_ahead(self, wait: DeviceWait) -> None:
         """The device's ``on_wait``: read the socket until the device is done, asleep in ``poll`` on the
         socket and the device's wake-up descriptor (never spinning); stage a batch that came."""
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        poller.register(wait.fd, zmq.POLLIN)
+        waiter = Waiter(self.sock, wait.fd)
         while True:
             if self._pending:
                 self._stage(self._pending[0])
                 return
             if wait.done():
                 return
-            if self.sock in dict(poller.poll(POLL_MS)):
+            if waiter.wait(POLL_MS)[0]:
                 received = self._receive()
                 if received is not None:
                     self._pending.append(received)
@@ -314,22 +312,20 @@ class Worker:
         """Wait for ``done()`` while the model runs on its own threads: read the socket (a CANCEL sets its
         request's flag at once; anything else waits its turn in ``_pending``) and wake whenever the runtime's
         ``threads.wake`` is set. False when the worker is to stop (SHUTDOWN, SIGTERM, broker gone)."""
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
         wake = self.runtime.threads.wake
-        poller.register(wake.fd, zmq.POLLIN)
+        waiter = Waiter(self.sock, wake.fd)
         while not done():
             if self._stop:
                 return False
             if self.side:
                 self.side.tend(self.send, self.send_result)
-            events = dict(poller.poll(POLL_MS))
-            if wake.fd in events:
+            message, woken = waiter.wait(POLL_MS)
+            if woken:
                 wake.clear()
-            if self.sock in events:
+            if message:
                 if not self._take_while_busy():
                     return False
-            elif not events and os.getppid() != self.args.parent:
+            elif not woken and os.getppid() != self.args.parent:
                 return False
         return True
 
@@ -352,7 +348,7 @@ class Worker:
         """The cancel flags' hook while a model's ``execute`` runs on this thread: take what has arrived
         (bounded, without waiting), so a CANCEL sent meanwhile sets its flag before the model reads it."""
         for _ in range(64):
-            if not self.sock.poll(0, zmq.POLLIN) or not self._take_while_busy():
+            if not readable(self.sock) or not self._take_while_busy():
                 return
 
     def close(self) -> None:
