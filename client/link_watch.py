@@ -73,6 +73,7 @@ class LinkWatch:
         self._on_lost = on_lost
         self._lock = threading.Lock()
         addr = f"inproc://zinfer-link-{next(_ids)}-{id(self):x}"
+        self._sock = sock
         sock.monitor(addr, _WATCHED)
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pair = ctx.socket(zmq.PAIR)
@@ -111,6 +112,14 @@ class LinkWatch:
                 )
 
     def close(self) -> None:
+        """Stop the monitor, then close its reading end (before the watched socket is closed). In that order:
+        libzmq's I/O thread sends an event (a connection made just now) to the monitor's socket blocking,
+        and one with no reader left would block it for good: no socket of the process would connect again."""
         with self._lock:
             self._closed = True
+            if not self._sock.closed:
+                try:
+                    self._sock.disable_monitor()
+                except zmq.ZMQError:  # its context is gone: so is the monitor
+                    pass
             self._pair.close(linger=0)

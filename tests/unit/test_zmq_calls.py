@@ -163,3 +163,45 @@ def test_a_quiet_connection_checks_its_socket_file_once_and_again_when_it_is_los
         conn.close()
         server.close(linger=0)
         ctx.term()
+
+
+_CLOSE_EARLY = """
+import sys, time, zmq
+from zinfer.client.link_watch import LinkWatch
+url = sys.argv[1]
+server = zmq.Context().socket(zmq.ROUTER)
+server.bind(url)
+ctx = zmq.Context.instance()
+for i in range(40):  # closed before, just as or after their connection is made: its event has no reader
+    d = ctx.socket(zmq.DEALER)
+    d.setsockopt(zmq.LINGER, 0)
+    w = LinkWatch(d, url, lambda exc: None)
+    d.connect(url)
+    time.sleep(i * 0.0001)
+    w.close()
+    d.close(linger=0)
+d = ctx.socket(zmq.DEALER)
+d.setsockopt(zmq.LINGER, 0)
+w = LinkWatch(d, url, lambda exc: None)
+d.connect(url)
+deadline = time.monotonic() + 10
+while w.changes < 1 and time.monotonic() < deadline:
+    w.poll()
+    time.sleep(0.002)
+print("connected" if w.changes else "stuck", flush=True)
+import os
+os._exit(0)  # a stuck I/O thread would hang the context's termination
+"""
+
+
+def test_watches_closed_before_their_connection_is_made_leave_the_process_able_to_connect(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = subprocess.run([sys.executable, "-c", _CLOSE_EARLY, f"ipc://{tmp_path / 'c.sock'}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.stdout.strip() == "connected", out.stderr[-2000:]
