@@ -117,14 +117,12 @@ class Connection:
 
         The request id is ``header["id"]`` when the caller set one (see ``new_id``), else a fresh one. After
         a ``RequestTimeout`` the reply, if it ever comes, goes to ``on_late_reply`` with that id. ``check``
-        False: the caller has just checked the server (``check_server``).
+        False: the caller has just called ``server_check.check_changed()``.
         """
         if self._closed:
             raise ClientError("the client is closed")
-        if check:
-            self.server_check.check_changed()  # it polls the link first, as below
-        else:
-            self._link.poll()  # a loss reported before this request must not fail it
+        if check:  # it polls the link first: a loss reported before this request must not fail it
+            self.server_check.check_changed()
         rid = protocol.stamp_id(header, self.new_id())
         waiter = Waiter()
         self._queue(command, header, frames, waiter, rid, timeout)
