@@ -9,7 +9,11 @@ time per call is printed (min, p25 and median of the rounds) beside an empty cal
 * ``zmq_poll 0``: ``zmq.zmq_poll`` of the socket, timeout 0;
 * ``recv EAGAIN``: a receive that finds nothing (the exception);
 * ``send+2recv sugar`` / ``send+2recv cython``: one 64-byte frame from a DEALER to a ROUTER over inproc and
-  its two frames received, the send through pyzmq's Python ``send`` or its Cython one (``zmq_calls.send``).
+  its two frames received, the send through pyzmq's Python ``send`` or its Cython one (``zmq_calls.send``);
+* ``link poll EVENTS`` / ``link poll fd-gated``: the sync client's per-request look at its socket monitor
+  (``LinkWatch.poll``), asking ``EVENTS`` as before or only when the monitor's descriptor is readable;
+* ``server check lstat`` / ``server check gated``: the per-request check of the server's socket file as
+  before (``paths.check_server_socket``, one ``lstat``) or ``ServerCheck.check_changed`` (a link poll).
 
 Usage: ``.venv/bin/python bench/micro_zmq_calls.py [--rounds 15] [--calls 20000]``
 """
@@ -18,12 +22,17 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import zmq
 
-from zinfer.client import zmq_calls
+from zinfer.client import paths, zmq_calls
+from zinfer.client.link_watch import LinkWatch
+from zinfer.client.server_check import ServerCheck
 
 
 def main() -> int:
@@ -42,6 +51,24 @@ def main() -> int:
     pval, psize = ctypes.byref(val), ctypes.byref(size)
     msg = b"y" * 64
     send = zmq_calls.send
+    with tempfile.TemporaryDirectory() as tmp:
+        return _run(args, ctx, a, b, ev, noblock, raw, pval, psize, msg, send, Path(tmp) / "s.sock")
+
+
+def _run(args: Any, ctx: Any, a: Any, b: Any, ev: int, noblock: int, raw: Any, pval: Any, psize: Any,
+         msg: bytes, send: Any, sock_path: Path) -> int:  # fmt: skip
+    server = ctx.socket(zmq.ROUTER)
+    server.bind(f"ipc://{sock_path}")
+    client = zmq.Context.instance().socket(zmq.DEALER)
+    link = LinkWatch(client, f"ipc://{sock_path}", lambda exc: None)
+    client.connect(f"ipc://{sock_path}")
+    check = ServerCheck(str(sock_path), None, link)
+    deadline = time.monotonic() + 10
+    while link.changes < 1 and time.monotonic() < deadline:  # connected
+        link.poll()
+        time.sleep(0.001)
+    check.check()
+    seen = paths.check_server_socket(str(sock_path))
 
     def nothing() -> None:
         pass
@@ -72,9 +99,18 @@ def main() -> int:
         b.recv(0, copy=False)
         b.recv(0, copy=False)
 
+    def link_events() -> None:
+        link._look = True  # as before: EVENTS asked whatever the descriptor says
+        link.poll()
+
+    def lstat() -> None:
+        paths.check_server_socket(str(sock_path), None, seen)
+
     variants: dict[str, Callable[[], None]] = {
         "empty call": nothing, "get(EVENTS)": get, "ctypes EVENTS": by_ctypes, "zmq_poll 0": zpoll,
         "recv EAGAIN": again, "send+2recv sugar": sugar, "send+2recv cython": cython,
+        "link poll EVENTS": link_events, "link poll fd-gated": link.poll, "server check lstat": lstat,
+        "server check gated": check.check_changed,
     }  # fmt: skip
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.rounds):
@@ -87,8 +123,9 @@ def main() -> int:
     for name, t in times.items():
         t.sort()
         print(f"{name:<24} {t[0]:7.3f} {t[len(t) // 4]:7.3f} {t[len(t) // 2]:7.3f}")
-    a.close(linger=0)
-    b.close(linger=0)
+    link.close()
+    for sock in (a, b, server, client):
+        sock.close(linger=0)
     ctx.term()
     return 0
 
