@@ -6,7 +6,11 @@ region hand-off's connections), registered once, instead of building a ``zmq_pol
 the socket (a send, a receive, an ``EVENTS`` query) may take those commands, message arrivals included,
 without the descriptor saying so again. So before it sleeps, ``poll`` asks ``EVENTS`` of each socket used
 since it last asked (``touched``; the broker's turn sends on and reads from its sockets), and after a wake-up
-only of the sockets whose descriptor woke it; a socket that was not used keeps its descriptor's word.
+only of the sockets whose descriptor woke it; a socket that was not used keeps its descriptor's word. With
+``recv_first`` it does not ask those either: a socket whose descriptor woke it is returned as it is (``0``,
+not ``POLLIN``), and the caller's first receive, without blocking, takes the commands and says whether a
+message is there (``EAGAIN``: none). A descriptor wakes for little else than a message's arrival, and a
+query of ``EVENTS`` costs two system calls in libzmq and a Python enum in pyzmq (``client.zmq_calls``).
 
 A wait of a millisecond or more sleeps in ``epoll_wait`` for the whole milliseconds (the rest is waited on
 the next turn); a shorter one waits in ``select`` (microseconds) on the same descriptors, and polls the last
@@ -47,9 +51,11 @@ def tighten_timer_slack(ns: int = 1000) -> bool:
 
 class PreciseWait:
     """``poll(timeout_ms)`` over ZeroMQ sockets and raw descriptors, sub-millisecond deadlines kept (see the
-    module). Not thread-safe: the broker's loop owns it."""
+    module; ``recv_first``: a socket whose descriptor woke the wait is returned unasked). Not thread-safe:
+    the broker's loop owns it."""
 
-    def __init__(self) -> None:
+    def __init__(self, recv_first: bool = False) -> None:
+        self._recv_first = recv_first
         self._epoll = select.epoll()
         self._sockets: dict[int, zmq.Socket[bytes]] = {}  # ZMQ_FD -> its socket
         self._raw: set[int] = set()
@@ -91,7 +97,8 @@ class PreciseWait:
         self._epoll.close()
 
     def poll(self, timeout_ms: float) -> dict[Any, int]:
-        """What is readable now or within ``timeout_ms``: ``{socket or raw descriptor: POLLIN}``."""
+        """What is readable now or within ``timeout_ms``: ``{socket or raw descriptor: POLLIN}``; with
+        ``recv_first``, ``{socket: 0}`` for a socket that may be (its descriptor woke the wait)."""
         ready: dict[Any, int] = {}
         for sock in self._touched:
             if int(sock.get(_EVENTS)) & _POLLIN:
@@ -116,10 +123,15 @@ class PreciseWait:
                 return ready
 
     def _collect(self, events: list[tuple[int, int]], ready: dict[Any, int]) -> None:
-        """Readable descriptors into ``ready``: a raw one as it is, a socket's after asking its EVENTS."""
+        """Readable descriptors into ``ready``: a raw one as it is, a socket's after asking its EVENTS (with
+        ``recv_first``, unasked)."""
         for fd, _ in events:
             sock = self._sockets.get(fd)
             if sock is None:
                 ready[fd] = _POLLIN
-            elif sock not in ready and int(sock.get(_EVENTS)) & _POLLIN:
+            elif sock in ready:
+                continue
+            elif self._recv_first:
+                ready[sock] = 0
+            elif int(sock.get(_EVENTS)) & _POLLIN:
                 ready[sock] = _POLLIN

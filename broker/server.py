@@ -20,7 +20,6 @@ from zinfer.client.paths import SOCKET_NAME, WORKER_SOCKET_NAME, client_endpoint
 from zinfer.client.protocol import Command, Frame, Reply
 from zinfer.client.region_handoff import HANDOFF_SOCKET_NAME
 from zinfer.client.shm import reap_orphans
-from zinfer.client.transport import recv_frames
 from zinfer.client.worker_protocol import (
     DropRegion,
     Shutdown,
@@ -34,6 +33,7 @@ from .batching.rate_limiter import RateLimiter
 from .cache_path import CachePath
 from .completion import Completion
 from .dispatcher import Dispatcher
+from .drain import drain
 from .ensemble_path import EnsemblePath
 from .fd_limit import raise_fd_limit
 from .handlers import LATER, QUERIES, Controls, Queries
@@ -62,7 +62,6 @@ log = logging.getLogger(__name__)
 
 REAP_INTERVAL_S = 0.05
 REGION_REAP_INTERVAL_S = 2.0
-_POLLIN, _EVENTS = int(zmq.POLLIN), int(zmq.EVENTS)  # ints: no enum conversions per message
 
 
 class Broker:
@@ -237,7 +236,7 @@ class Broker:
         """Serve until asked to stop. The first request drains: new requests are refused with Unavailable,
         what is queued and running finishes (up to the drain timeout); a second request stops at once."""
         assert self.frontend is not None and self.backend is not None
-        waiter = PreciseWait()  # one persistent epoll of the sockets' descriptors, microsecond deadlines
+        waiter = PreciseWait(recv_first=True)  # one persistent epoll of the sockets' fds, µs deadlines
         tcp = self.tcp.sock if self.tcp is not None else None
         waiter.register(*[s for s in (self.frontend, self.backend, tcp) if s is not None])
         intake = self.intake
@@ -248,11 +247,11 @@ class Broker:
         while not self._should_exit(stop_requests()):
             events = waiter.poll(self.dispatcher.poll_timeout_ms())
             self.outbox.hold()  # replies of this turn to one connection go in one message
-            if self.backend in events and self._drain(self.backend, self.worker_inbox.on_message, b""):
+            if self.backend in events and drain(self.backend, self.worker_inbox.on_message, b""):
                 waiter.touch(self.backend)
-            if self.frontend in events and self._drain(self.frontend, self._on_client, IPC_TAG):
+            if self.frontend in events and drain(self.frontend, self._on_client, IPC_TAG):
                 waiter.touch(self.frontend)
-            if tcp is not None and tcp in events and self._drain(tcp, self._on_client, TCP_TAG):
+            if tcp is not None and tcp in events and drain(tcp, self._on_client, TCP_TAG):
                 waiter.touch(tcp)
             if intake is not None and len(events) > (self.backend in events) + (self.frontend in events):
                 for fd in intake.fds() & events.keys():  # raw descriptors woke it: the hand-off's
@@ -288,16 +287,6 @@ class Broker:
         if requests > 1 or now - self.draining_since > self.options.drain_timeout_s:
             return True
         return not self.pool.running() and not self.dispatcher.queued()
-
-    def _drain(self, sock: zmq.Socket[bytes], on: Callable[[bytes, list[Frame]], None], tag: bytes) -> bool:
-        """Handle what ``sock`` has (bounded: True when messages are left, else EVENTS was just asked). Client
-        identities are tagged with the socket they came from, so replies go back the same way."""
-        for _ in range(256):
-            frames = recv_frames(sock)
-            on(tag + frames[0].bytes, [f.buffer for f in frames[1:]])
-            if not int(sock.get(_EVENTS)) & _POLLIN:
-                return False
-        return True
 
     def _log_ready_once(self) -> None:
         if self._ready_logged:

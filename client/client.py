@@ -233,7 +233,7 @@ class Client(_ClientBase):
         parameters = with_trace_context(parameters, trace_context)
         p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence, parameters)
         try:
-            self._conn.check_server()  # nothing sent yet: a missing server frees the slots below
+            self._conn.server_check.check_changed()  # nothing sent yet: a missing server frees the slots
             reply, rframes = self._exchange(p, client_timeout)
             if self._unknown_region(reply):
                 self._register_all()

@@ -29,8 +29,8 @@ from .call_waiter import Waiter
 from .curve_keys import CurveKeys
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
-from .paths import SocketIdentity, check_server_socket
 from .protocol import Command, Frame, Reply, is_final
+from .server_check import ServerCheck
 from .transport import NOBLOCK, recv_frames, send_messages
 
 log = logging.getLogger(__name__)
@@ -62,8 +62,6 @@ class Connection:
     ) -> None:
         self.url = url
         self.server_uid = server_uid
-        self._ipc_path = url[6:] if url.startswith("ipc://") else ""
-        self._socket_seen: SocketIdentity | None = None  # the server socket last found trustworthy
         self.heartbeat_interval = heartbeat_interval
         self._on_late = on_late_reply
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -78,6 +76,7 @@ class Connection:
         self._waiters: dict[str, Waiter] = {}
         self._out: list[_Out] = []
         self._link = LinkWatch(self._sock, url, self._lost)
+        self.server_check = ServerCheck(url[6:] if url.startswith("ipc://") else "", server_uid, self._link)
         self._sock.connect(url)
         self._io_lock = threading.Lock()  # whoever holds it owns the socket
         self._wake_r, self._wake_w = os.pipe()
@@ -118,15 +117,14 @@ class Connection:
 
         The request id is ``header["id"]`` when the caller set one (see ``new_id``), else a fresh one. After
         a ``RequestTimeout`` the reply, if it ever comes, goes to ``on_late_reply`` with that id. ``check``
-        False: the caller has just checked the server (``check_server``).
+        False: the caller has just called ``server_check.check_changed()``.
         """
         if self._closed:
             raise ClientError("the client is closed")
-        if check:
-            self.check_server()
+        if check:  # it polls the link first: a loss reported before this request must not fail it
+            self.server_check.check_changed()
         rid = protocol.stamp_id(header, self.new_id())
         waiter = Waiter()
-        self._link.poll()  # a loss reported before this request must not fail it
         self._queue(command, header, frames, waiter, rid, timeout)
         try:
             self._wait(waiter, time.monotonic() + timeout)
@@ -168,9 +166,8 @@ class Connection:
 
     def check_server(self) -> None:
         """A local server's socket file is gone when the server is: say so at once instead of timing out.
-        A socket made by a user we do not trust, or a symbolic link, is refused (``check_server_socket``)."""
-        if self._ipc_path:
-            self._socket_seen = check_server_socket(self._ipc_path, self.server_uid, self._socket_seen)
+        A socket made by a user we do not trust, or a symbolic link, is refused (``server_check``)."""
+        self.server_check.check()
 
     def send_only(self, command: Command, header: protocol.OutHeader) -> None:
         """Send without waiting for the answer (which is then dropped); dropped too while no server is

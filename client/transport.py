@@ -1,7 +1,8 @@
 """Sending frames with plain-int flags, queues of messages as BUNDLEs, and receiving a message's frames.
 
 pyzmq's ``send_multipart`` combines its flag enums for every frame, which costs more than the send itself
-for small frames; this does the same with ints. Frames of 64 KiB or more go without a copy.
+for small frames; this does the same with ints, through pyzmq's Cython ``send`` itself (``zmq_calls``). Frames
+of 64 KiB or more go without a copy.
 
 pyzmq's ``recv_multipart`` asks the socket ``RCVMORE`` after every frame (a Python-level ``getsockopt``);
 ``recv_frames`` reads ``Frame.more`` of each frame received without copying instead (the message itself
@@ -15,7 +16,7 @@ from typing import Any
 
 import zmq
 
-from . import protocol
+from . import protocol, zmq_calls
 from .protocol import COPY_THRESHOLD, MAX_BUNDLE, MAX_BUNDLE_FRAMES, Command, Frame
 
 SNDMORE = int(zmq.SNDMORE)
@@ -25,6 +26,11 @@ NOBLOCK = int(zmq.NOBLOCK)
 def send_frames(sock: zmq.Socket[Any], frames: Sequence[Frame], flags: int = 0) -> None:
     more = SNDMORE | flags
     last = len(frames) - 1
+    if zmq_calls.fast(sock):  # pyzmq's Cython send, without its Python wrapper (``zmq_calls``)
+        send = zmq_calls.send
+        for i, frame in enumerate(frames):
+            send(sock, frame, more if i < last else flags, len(frame) < COPY_THRESHOLD)
+        return
     for i, frame in enumerate(frames):
         sock.send(frame, more if i < last else flags, copy=len(frame) < COPY_THRESHOLD)
 

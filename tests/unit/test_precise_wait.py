@@ -169,3 +169,58 @@ def test_only_the_sockets_a_turn_used_are_asked_their_events(
         assert a.recv(zmq.NOBLOCK) == b"x" and b.recv(zmq.NOBLOCK) == b"y"
     finally:
         idle.close(linger=0)
+
+
+def test_recv_first_returns_a_woken_socket_unasked_and_a_receive_says_what_is_there(
+    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+) -> None:
+    """``recv_first``: a socket whose descriptor woke the wait comes back unasked (0); the broker's drain
+    receives without blocking, takes EAGAIN as nothing, and reads every message that is there."""
+    from zinfer.broker.drain import drain
+
+    a, b = pair
+    ctx = zmq.Context.instance()
+    counted = ctx.socket(zmq.PAIR, socket_class=_Counting)
+    peer = ctx.socket(zmq.PAIR)
+    url = f"inproc://precise-first-{uuid.uuid4().hex}"
+    counted.bind(url)
+    peer.connect(url)
+    try:
+        w = PreciseWait(recv_first=True)
+        w.register(counted)
+        assert w.poll(0) == {}  # registered sockets are asked once
+        asked = counted.asked
+        peer.send_multipart([b"id", b"one"])
+        peer.send_multipart([b"id", b"two"])
+        found: dict[object, int] = {}
+        for _ in range(1000):  # bounded; inproc wakes the descriptor at once
+            found = w.poll(1.0)
+            if found:
+                break
+        assert found == {counted: 0} and counted.asked == asked  # woken, not asked
+        got: list[tuple[bytes, list[bytes]]] = []
+        keep = lambda who, frames: got.append((who, [bytes(f) for f in frames]))  # noqa: E731
+        assert drain(counted, keep, b"T") is False
+        assert got == [(b"Tid", [b"one"]), (b"Tid", [b"two"])]
+        assert counted.asked == asked + 2  # after each message: is another there?
+        assert drain(counted, lambda who, frames: got.append((who, [])), b"T") is False  # EAGAIN: nothing
+        assert len(got) == 2
+    finally:
+        counted.close(linger=0)
+        peer.close(linger=0)
+
+
+def test_a_drain_reads_at_most_its_turns_share_and_says_more_are_left(
+    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+) -> None:
+    from zinfer.broker.drain import MAX_PER_TURN, drain
+
+    a, b = pair
+    for i in range(MAX_PER_TURN + 44):
+        b.send_multipart([b"id", str(i).encode()])
+    assert a.poll(1000) == zmq.POLLIN
+    got: list[bytes] = []
+    assert drain(a, lambda who, frames: got.append(bytes(frames[0])), b"") is True
+    assert len(got) == MAX_PER_TURN
+    assert drain(a, lambda who, frames: got.append(bytes(frames[0])), b"") is False
+    assert got == [str(i).encode() for i in range(MAX_PER_TURN + 44)]
