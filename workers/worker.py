@@ -29,6 +29,7 @@ from zinfer.client import protocol
 from zinfer.client.errors import ConfigError, ProtocolError, ResourceExhausted
 from zinfer.client.gc_tuning import tune_for_serving
 from zinfer.client.protocol import Command, Frame, Message
+from zinfer.client.transport import send_frames
 from zinfer.client.worker_protocol import (
     MAX_SLOT,
     CancelRequest,
@@ -61,7 +62,7 @@ from .sequence_state import ImplicitStates, state_specs
 from .side_work import SideWork
 from .triton_model import executes_async
 from .warmup import run_warmup
-from .worker_socket import Waiter, readable, recv_buffers, send_frames
+from .worker_socket import Waiter, readable, recv_buffers
 
 log = logging.getLogger(__name__)
 

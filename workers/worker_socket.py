@@ -1,12 +1,10 @@
 """The worker's calls on its DEALER socket, made straight on pyzmq's Cython socket methods.
 
-pyzmq's ``Socket.send`` is a Python method over the Cython one (it looks at ``routing_id`` and ``group`` and
-passes its arguments on by keyword), and ``Socket.poll`` builds a ``Poller`` and a dict for one call: per
-message, the first costs a few µs per frame and the second ~10 µs, where the work itself (a frame into
-libzmq's queue, one ``zmq_poll``) costs less. The worker sends a RESULT per EXECUTE and asks its socket,
-before each request of a run and each time a model asks ``is_cancelled()``, whether a CANCEL is there:
-these call the Cython methods and ``zmq_poll`` themselves, with plain ints. What they do is what the
-pyzmq methods do (the same libzmq calls, the same copy rule as ``zinfer.client.transport``).
+pyzmq's ``Socket.poll`` builds a ``Poller`` and a dict for one call (~10 µs), where the work itself (one
+``zmq_poll``) costs less. The worker asks its socket, before each request of a run and each time a model
+asks ``is_cancelled()``, whether a CANCEL is there: these call ``zmq_poll`` themselves, with plain ints, and
+receive on the Cython method. Sends go through ``zinfer.client.transport.send_frames``, which skips pyzmq's
+Python ``send`` wrapper the same way (``zinfer.client.zmq_calls``).
 """
 
 from __future__ import annotations
@@ -18,23 +16,13 @@ import zmq
 from zmq.backend import Socket as _CySocket
 from zmq.backend import zmq_poll as _zmq_poll
 
-from zinfer.client.protocol import COPY_THRESHOLD, Frame
+from zinfer.client.protocol import Frame
 
-__all__ = ["POLLIN", "Waiter", "readable", "recv_buffers", "send_frames"]
+__all__ = ["POLLIN", "Waiter", "readable", "recv_buffers"]
 
 POLLIN = int(zmq.POLLIN)
-_SNDMORE = int(zmq.SNDMORE)
-_send: Callable[..., Any] = _CySocket.send
 _recv: Callable[..., Any] = _CySocket.recv
 zmq_poll: Callable[[Sequence[tuple[Any, int]], int], list[tuple[Any, int]]] = _zmq_poll  # sockets and fds
-
-
-def send_frames(sock: zmq.Socket[Any], frames: Sequence[Frame]) -> None:
-    """One message of ``frames`` (blocking, as ``transport.send_frames``); frames of COPY_THRESHOLD bytes or
-    more go without a copy."""
-    last = len(frames) - 1
-    for i, frame in enumerate(frames):
-        _send(sock, frame, _SNDMORE if i < last else 0, len(frame) < COPY_THRESHOLD)
 
 
 def recv_buffers(sock: zmq.Socket[Any]) -> list[Frame]:

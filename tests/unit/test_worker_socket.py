@@ -15,8 +15,9 @@ import zmq
 
 from zinfer.client import protocol
 from zinfer.client.protocol import COPY_THRESHOLD, Command
+from zinfer.client.transport import send_frames
 from zinfer.client.worker_protocol import decode_execute
-from zinfer.workers.worker_socket import Waiter, readable, recv_buffers, send_frames
+from zinfer.workers.worker_socket import Waiter, readable, recv_buffers
 
 
 @pytest.fixture
