@@ -333,7 +333,7 @@ def decode_infer(frames: Sequence[Frame]) -> Message | None:
     """A lone INFER read straight from its bytes (``decode_typed``); its parameters, which may hold
     anything, hold no containers here (the msgpack caps bound those: the map path reads them)."""
     msg = decode_typed(frames, Command.INFER, _INFER)
-    if msg is None:
+    if msg is None or not tensors_named(msg.record.inputs):
         return None
     params = msg.record.parameters
     if params and (len(params) > 1 << 12 or not all(isinstance(v, _SCALARS) for v in params.values())):
@@ -528,12 +528,23 @@ INT63_LIMIT = 1 << 63
 """Counts, offsets, sizes and ids are integers below this (``_int``'s default bound, exclusive)."""
 
 
+def tensors_named(tensors: Sequence[TensorRef]) -> bool:
+    """Whether each tensor names exactly one of ``shm`` and ``frame``, which a ``TensorRef`` msgspec
+    decoded does not check: every decoder of a header holding tensors asks, and where not, reads the
+    header field by field (``_tensor_checked`` names the fault)."""
+    for t in tensors:
+        if (t.shm is None) == (t.frame is None):
+            return False
+    return True
+
+
 def tensor_from_wire(d: Any) -> TensorRef:
     """A tensor entry of a header, every field checked (see :func:`_tensor_checked` for the errors)."""
     try:
-        return _convert(d, TensorRef)
+        t: TensorRef = _convert(d, TensorRef)
     except msgspec.ValidationError:
         return _tensor_checked(d)
+    return t if (t.shm is None) != (t.frame is None) else _tensor_checked(d)
 
 
 def _tensor_checked(d: Any) -> TensorRef:
@@ -593,9 +604,10 @@ def infer_from_wire(d: Mapping[str, Any] | InferRequest) -> InferRequest:
     if isinstance(d, InferRequest):
         return d
     try:
-        return _convert(d, InferRequest)
+        r: InferRequest = _convert(d, InferRequest)
     except msgspec.ValidationError:
         return _infer_checked(d)
+    return r if tensors_named(r.inputs) else _infer_checked(d)
 
 
 def _infer_checked(d: Mapping[str, Any]) -> InferRequest:
