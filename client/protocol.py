@@ -218,12 +218,23 @@ def stamp_id(header: OutHeader, fresh: str) -> str:
     return rid
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Message:
+    """One message as read. Its own ``__init__``: built for every message, and under mypyc a dataclass's
+    generated one (a frozen one above all) runs as interpreted code."""
+
     command: Command
     header: dict[str, Any]
     frames: list[Frame] = field(default_factory=list)
     record: Any = None  # the header read straight from its bytes (``decode_typed``), in place of the map
+
+    def __init__(
+        self, command: Command, header: dict[str, Any], frames: list[Frame] | None = None, record: Any = None
+    ) -> None:
+        object.__setattr__(self, "command", command)
+        object.__setattr__(self, "header", header)
+        object.__setattr__(self, "frames", [] if frames is None else frames)
+        object.__setattr__(self, "record", record)
 
     @property
     def record_or_header(self) -> Any:
