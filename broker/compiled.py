@@ -16,9 +16,6 @@ __all__ = ["COMPILED", "compiled_here"]
 # generators (async_client, async_connection: mypyc has none), the worker's model-facing modules (pb_utils
 # and its pb_* parts: their objects are weakly referenced, which compiled classes refuse; model.py: models
 # subclass its classes), model_loop (asyncio runs its coroutines), and the decoupled and GPU paths.
-# The dynamic batcher (batch_policy, batcher, priority_queue) compiles only with its generic dataclasses
-# as ordinary classes (``mypyc_attr(native_class=False)``; native, they fail at import), and then its
-# checks of bad arguments change (TypeError where the tests want ValueError, bools read as ints): left out.
 # Not the worker's modules either: they are compile-safe (their tests use real objects), but compiled they
 # cost more than they save: one compiled run with and without them, same commit (bench_vs_triton --quick
 # --zinfer-only --compiled), three-step ensemble at c1: 2903 vs 2453 CPU us per request (workers 1452 vs
@@ -61,6 +58,12 @@ COMPILED = (
     "zinfer.broker.precise_wait",
     "zinfer.broker.batching.early_dispatch",
     "zinfer.broker.batching.adaptive",
+    # the dynamic batcher: its per-request records are native classes, not generic (a generic dataclass
+    # fails at import), with their own __init__ that checks what a native field would convert (a bool
+    # to an int) or refuse with a TypeError; BatchPolicy, built per model load, is an ordinary class
+    "zinfer.broker.batching.batch_policy",
+    "zinfer.broker.batching.priority_queue",
+    "zinfer.broker.batching.batcher",
     # the front door's request path (not bridge, door_client, grpc_service: an async generator, and classes
     # of interpreted bases whose methods tests replace)
     "zinfer.frontdoor.bridge_records",

@@ -57,7 +57,7 @@ from .batching.sequence_batcher import SequenceBatch
 from .ensemble_plan import EnsemblePlan
 from .pending import Pending
 
-AnyBatch = Batch[Pending] | SequenceBatch[Pending]
+AnyBatch = Batch | SequenceBatch[Pending]  # a Batch's items are Pending too
 Ready = list[tuple[bytes, list[AnyBatch]]]  # (instance, batches): one EXECUTE each
 
 
@@ -156,10 +156,10 @@ class Batching(Scheduler):
         return self.batcher.needs_busy
 
     def add(self, p: Pending, shape_key: Hashable, now: float, busy: bool) -> None:
-        queued = QueuedRequest(
-            p, p.batch_size, shape_key, now, p.request.priority, p.request.timeout_us, p.input_bytes
-        )
-        try:
+        try:  # QueuedRequest checks the types (InvalidPriority), add the ranges
+            queued = QueuedRequest(
+                p, p.batch_size, shape_key, now, p.request.priority, p.request.timeout_us, p.input_bytes
+            )
             self.batcher.add(queued, now, busy)
         except QueueFull as exc:
             raise Unavailable(str(exc)) from None

@@ -218,12 +218,23 @@ def stamp_id(header: OutHeader, fresh: str) -> str:
     return rid
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Message:
+    """One message as read. Its own ``__init__``: built for every message, and under mypyc a dataclass's
+    generated one (a frozen one above all) runs as interpreted code."""
+
     command: Command
     header: dict[str, Any]
     frames: list[Frame] = field(default_factory=list)
     record: Any = None  # the header read straight from its bytes (``decode_typed``), in place of the map
+
+    def __init__(
+        self, command: Command, header: dict[str, Any], frames: list[Frame] | None = None, record: Any = None
+    ) -> None:
+        object.__setattr__(self, "command", command)
+        object.__setattr__(self, "header", header)
+        object.__setattr__(self, "frames", [] if frames is None else frames)
+        object.__setattr__(self, "record", record)
 
     @property
     def record_or_header(self) -> Any:
@@ -333,7 +344,7 @@ def decode_infer(frames: Sequence[Frame]) -> Message | None:
     """A lone INFER read straight from its bytes (``decode_typed``); its parameters, which may hold
     anything, hold no containers here (the msgpack caps bound those: the map path reads them)."""
     msg = decode_typed(frames, Command.INFER, _INFER)
-    if msg is None:
+    if msg is None or not tensors_named(msg.record.inputs):
         return None
     params = msg.record.parameters
     if params and (len(params) > 1 << 12 or not all(isinstance(v, _SCALARS) for v in params.values())):
@@ -528,12 +539,23 @@ INT63_LIMIT = 1 << 63
 """Counts, offsets, sizes and ids are integers below this (``_int``'s default bound, exclusive)."""
 
 
+def tensors_named(tensors: Sequence[TensorRef]) -> bool:
+    """Whether each tensor names exactly one of ``shm`` and ``frame``, which a ``TensorRef`` msgspec
+    decoded does not check: every decoder of a header holding tensors asks, and where not, reads the
+    header field by field (``_tensor_checked`` names the fault)."""
+    for t in tensors:
+        if (t.shm is None) == (t.frame is None):
+            return False
+    return True
+
+
 def tensor_from_wire(d: Any) -> TensorRef:
     """A tensor entry of a header, every field checked (see :func:`_tensor_checked` for the errors)."""
     try:
-        return _convert(d, TensorRef)
+        t: TensorRef = _convert(d, TensorRef)
     except msgspec.ValidationError:
         return _tensor_checked(d)
+    return t if (t.shm is None) != (t.frame is None) else _tensor_checked(d)
 
 
 def _tensor_checked(d: Any) -> TensorRef:
@@ -593,9 +615,10 @@ def infer_from_wire(d: Mapping[str, Any] | InferRequest) -> InferRequest:
     if isinstance(d, InferRequest):
         return d
     try:
-        return _convert(d, InferRequest)
+        r: InferRequest = _convert(d, InferRequest)
     except msgspec.ValidationError:
         return _infer_checked(d)
+    return r if tensors_named(r.inputs) else _infer_checked(d)
 
 
 def _infer_checked(d: Mapping[str, Any]) -> InferRequest:

@@ -70,17 +70,17 @@ class _Record(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fi
 
 
 class TensorRef(_Record, frozen=True, omit_defaults=True):
-    """A tensor: its bytes are either in a region (``shm``) or in inline frame number ``frame``."""
+    """A tensor: its bytes are either in a region (``shm``) or in inline frame number ``frame``.
+
+    Exactly one of the two: the decoders check that where a header comes in (``protocol.tensors_named``),
+    not the record (a ``__post_init__`` would run as interpreted code for every tensor decoded or built).
+    """
 
     name: Name
     datatype: Name
     shape: Annotated[tuple[Dim, ...], msgspec.Meta(max_length=MAX_DIMS)]
     shm: AbsentShm = None
     frame: AbsentFrame = None
-
-    def __post_init__(self) -> None:
-        if (self.shm is None) == (self.frame is None):
-            raise ValueError("tensor needs exactly one of 'shm' or 'frame'")
 
 
 class OutputRequest(_Record, frozen=True, omit_defaults=True):

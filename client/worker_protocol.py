@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import Any
 
 import msgspec
+import msgspec.structs
 
 from . import framing, protocol
 from .errors import ProtocolError, Status
@@ -35,6 +36,7 @@ from .protocol import (
     Command,
     Frame,
     Message,
+    TensorRef,
     _convert,
     _get,
     _int,
@@ -44,6 +46,7 @@ from .protocol import (
     output_to_wire,
     tensor_from_wire,
     tensor_to_wire,
+    tensors_named,
 )
 from .worker_records import MAX_PARAMETER_TEXT as MAX_PARAMETER_TEXT
 from .worker_records import MAX_REGIONS as MAX_REGIONS
@@ -236,12 +239,25 @@ def parameters_from_wire(value: Any) -> Mapping[str, bool | int | float | str]:
     return MappingProxyType(out)
 
 
+def _sealed(record: ExecuteRequest | RequestResult, tensors: tuple[TensorRef, ...]) -> bool:
+    """Whether a decoded record's tensors are well formed (``protocol.tensors_named``); its parameters, if
+    any, made read-only for model code. The records have no ``__post_init__`` to do either: it would run
+    as interpreted code for each of them."""
+    if not tensors_named(tensors):
+        return False
+    parameters = record.parameters
+    if parameters and type(parameters) is dict:
+        msgspec.structs.force_setattr(record, "parameters", MappingProxyType(parameters))
+    return True
+
+
 def execute_request_from_wire(d: Any) -> ExecuteRequest:
     """One request of an EXECUTE, every field checked (see :func:`_execute_request_checked` for errors)."""
     try:
-        return _convert(d, ExecuteRequest)
+        r: ExecuteRequest = _convert(d, ExecuteRequest)
     except msgspec.ValidationError:
         return _execute_request_checked(d)
+    return r if _sealed(r, r.inputs) else _execute_request_checked(d)
 
 
 def _execute_request_checked(d: Any) -> ExecuteRequest:
@@ -312,12 +328,24 @@ def decode_execute(frames: Sequence[Frame]) -> Message | None:
     """A W_EXECUTE read straight from its header's bytes into its record (``protocol.decode_typed``); None
     for any other message, or one whose header is not a well-formed EXECUTE (``decode`` and
     ``execute_from_wire`` then name the fault)."""
-    return protocol.decode_typed(frames, Command.W_EXECUTE, _EXECUTE)
+    msg = protocol.decode_typed(frames, Command.W_EXECUTE, _EXECUTE)
+    if msg is None:
+        return None
+    for r in msg.record.requests:
+        if not _sealed(r, r.inputs):
+            return None
+    return msg
 
 
 def decode_result(frames: Sequence[Frame]) -> Message | None:
     """A W_RESULT read straight from its bytes, as ``decode_execute`` reads an EXECUTE."""
-    return protocol.decode_typed(frames, Command.W_RESULT, _RESULT)
+    msg = protocol.decode_typed(frames, Command.W_RESULT, _RESULT)
+    if msg is None:
+        return None
+    for r in msg.record.results:
+        if not _sealed(r, r.outputs):
+            return None
+    return msg
 
 
 def execute_from_wire(h: Mapping[str, Any] | Execute) -> Execute:
@@ -371,9 +399,10 @@ def request_result_to_wire(r: RequestResult) -> dict[str, Any]:
 def request_result_from_wire(d: Any) -> RequestResult:
     """One entry of a RESULT, every field checked (see :func:`_request_result_checked` for the errors)."""
     try:
-        return _convert(d, RequestResult)
+        r: RequestResult = _convert(d, RequestResult)
     except msgspec.ValidationError:
         return _request_result_checked(d)
+    return r if _sealed(r, r.outputs) else _request_result_checked(d)
 
 
 def _request_result_checked(d: Any) -> RequestResult:

@@ -1,5 +1,7 @@
 """The per-request records of the broker<->worker half of the wire contract, each declared once as a
 msgspec ``Struct`` (as ``wire_records`` does for the client half; not compiled with mypyc either).
+No ``__post_init__`` (it would run as interpreted code for every record decoded or built): the decoders
+(``worker_protocol``) check each tensor and make decoded parameters read-only, for model code.
 
 ``worker_protocol`` turns a header's entries into these in C and, for what msgspec refuses, runs its
 field-by-field checks, which accept exactly the same and name the fault; the bounds here are never looser.
@@ -12,7 +14,6 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
-import msgspec.structs
 
 from .errors import Status
 from .wire_records import MAX_NAME, MAX_TENSORS, Count, Name, Outputs, Tensors, _Record
@@ -45,7 +46,8 @@ _Parameters = Annotated[
     dict[Name, bool | int | float | Annotated[str, msgspec.Meta(max_length=MAX_PARAMETER_TEXT)]],
     msgspec.Meta(max_length=MAX_TENSORS),
 ]
-_SequenceId = Count | Annotated[str, msgspec.Meta(max_length=MAX_NAME)]  # ints to 2**64 by the checks
+U64 = Annotated[int, msgspec.Meta(ge=0)]  # msgpack's integers stop at 2**64
+_SequenceId = U64 | Annotated[str, msgspec.Meta(max_length=MAX_NAME)]  # ints to 2**64, as the checks
 
 
 class SequenceControl(_Record, frozen=True, omit_defaults=True):
@@ -76,11 +78,6 @@ else:
     AbsentSequence, AbsentBool, Parameters = SequenceFlags, bool, _Parameters
 
 
-def _frozen_parameters(record: msgspec.Struct, parameters: Mapping[str, ParameterValue]) -> None:
-    if parameters and type(parameters) is dict:  # model code gets them read-only, as before
-        msgspec.structs.force_setattr(record, "parameters", MappingProxyType(parameters))
-
-
 class ExecuteRequest(_Record, frozen=True, omit_defaults=True):
     """One request of an EXECUTE. ``id`` is the broker's number for it (its RESULT entry names it);
     ``request_id`` is the id its client gave it (``""`` if none), which Triton-style models read."""
@@ -90,10 +87,7 @@ class ExecuteRequest(_Record, frozen=True, omit_defaults=True):
     outputs: Outputs
     request_id: str = ""
     sequence: AbsentSequence = None
-    parameters: Parameters = NO_PARAMETERS  # the client's, for model code
-
-    def __post_init__(self) -> None:
-        _frozen_parameters(self, self.parameters)
+    parameters: Parameters = NO_PARAMETERS  # the client's, for model code (read-only once decoded)
 
 
 class RequestResult(_Record, frozen=True, omit_defaults=True):
@@ -106,13 +100,9 @@ class RequestResult(_Record, frozen=True, omit_defaults=True):
     error: str = ""
     outputs: Tensors = ()
     final: AbsentBool = None
-    parameters: Parameters = NO_PARAMETERS  # a Triton response's parameters
-
-    def __post_init__(self) -> None:
-        _frozen_parameters(self, self.parameters)
+    parameters: Parameters = NO_PARAMETERS  # a Triton response's parameters (read-only once decoded)
 
 
-U64 = Annotated[int, msgspec.Meta(ge=0)]  # msgpack's integers stop at 2**64
 NO_REGIONS: Mapping[str, tuple[int, int, int]] = MappingProxyType({})
 _Regions = Annotated[dict[Name, tuple[U64, U64, U64]], msgspec.Meta(max_length=MAX_REGIONS)]
 if TYPE_CHECKING:

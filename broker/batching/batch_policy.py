@@ -15,7 +15,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
+
+from mypy_extensions import mypyc_attr
 
 from zinfer.modelconfig.parameters import early_dispatch
 from zinfer.modelconfig.record_base import empty_map, frozen_map
@@ -34,9 +36,6 @@ __all__ = [
     "QueuePolicy",
     "QueuedRequest",
 ]
-
-T = TypeVar("T")
-
 
 class QueueFull(ValueError):
     """The request's priority level already holds ``max_queue_size`` requests (Triton: UNAVAILABLE)."""
@@ -78,6 +77,11 @@ def _check_queue_policy(name: str, policy: object) -> None:
     _require_count(f"{name}.max_queue_size", policy.max_queue_size)
 
 
+# Compiled with mypyc (``zinfer.broker.compiled``), but an ordinary class: a native one would turn a bool
+# into an int, and refuse a str with a TypeError, before ``__post_init__`` could say what is wrong. Its
+# checks read each field as it was given (``_given``): a typed read of an int field would do the same.
+# Built once per model load; the batcher reads it once.
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True, slots=True)
 class BatchPolicy:
     """Batching knobs, named as in Triton's model config (``*_us`` for ``*_microseconds``).
@@ -109,15 +113,16 @@ class BatchPolicy:
     early_dispatch: bool = False  # max_queue_delay as an upper bound (``early_dispatch``); configs: on
 
     def __post_init__(self) -> None:
-        max_size = _require_count("max_batch_size", self.max_batch_size)
-        _require_count("max_batch_bytes", self.max_batch_bytes)
-        _require_count("max_queue_delay_us", self.max_queue_delay_us)
-        _require_count("latency_target_us", self.latency_target_us)
-        if not isinstance(self.early_dispatch, bool):
-            raise ValueError(f"early_dispatch must be a bool, got {self.early_dispatch!r}")
-        if _require_count("instances", self.instances) < 1:
-            raise ValueError(f"instances must be >= 1, got {self.instances}")
-        raw: object = self.preferred_batch_sizes
+        max_size = _require_count("max_batch_size", self._given("max_batch_size"))
+        _require_count("max_batch_bytes", self._given("max_batch_bytes"))
+        _require_count("max_queue_delay_us", self._given("max_queue_delay_us"))
+        _require_count("latency_target_us", self._given("latency_target_us"))
+        flag = self._given("early_dispatch")
+        if not isinstance(flag, bool):
+            raise ValueError(f"early_dispatch must be a bool, got {flag!r}")
+        if (instances := _require_count("instances", self._given("instances"))) < 1:
+            raise ValueError(f"instances must be >= 1, got {instances}")
+        raw = self._given("preferred_batch_sizes")
         if not isinstance(raw, (tuple, list)):
             raise ValueError(f"preferred_batch_sizes must be a tuple of ints, got {raw!r}")
         sizes = {_require_count("preferred_batch_sizes entry", s) for s in raw}
@@ -133,17 +138,22 @@ class BatchPolicy:
         object.__setattr__(self, "preferred_batch_sizes", tuple(sorted(sizes)))
         self._check_priorities()
 
+    def _given(self, name: str) -> object:
+        """The field as it was given, unchecked (see the comment above the class)."""
+        value: object = getattr(self, name)
+        return value
+
     def _check_priorities(self) -> None:
-        levels = _require_count("priority_levels", self.priority_levels)
-        default = _require_count("default_priority_level", self.default_priority_level)
+        levels = _require_count("priority_levels", self._given("priority_levels"))
+        default = _require_count("default_priority_level", self._given("default_priority_level"))
         if levels > 0 and not 1 <= default <= levels:
             raise ValueError(
                 f"default_priority_level must be in [1, priority_levels={levels}], got {default}"
             )
         if levels == 0 and default != 0:
             raise ValueError(f"default_priority_level must be 0 without priority levels, got {default}")
-        _check_queue_policy("default_queue_policy", self.default_queue_policy)
-        per_level: object = self.priority_queue_policy
+        _check_queue_policy("default_queue_policy", self._given("default_queue_policy"))
+        per_level = self._given("priority_queue_policy")
         if not isinstance(per_level, Mapping):
             raise ValueError(f"priority_queue_policy must be a mapping, got {per_level!r}")
         for level, policy in per_level.items():
@@ -191,16 +201,22 @@ class BatchPolicy:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class QueuedRequest(Generic[T]):
+# QueuedRequest and Batch are built for every request and batch: native classes under mypyc, each with its
+# own __init__ (a dataclass's generated one runs as interpreted code, ~20x slower for a frozen one). A
+# native class's field would turn a bool into an int and refuse a float with a TypeError, so __init__ takes
+# the fields a caller may get wrong as ``object`` and raises what ``DynamicBatcher.add`` has always raised.
+@dataclass(frozen=True, slots=True, init=False)
+class QueuedRequest:
     """One queued request; ``item`` is opaque to the batcher.
 
     ``priority`` is the request's own level (0 = the model's default level, 1 = highest) and
     ``timeout_us`` its own queue timeout (0 = none; used only where the queue policy allows an override,
-    and only when shorter than the policy's default).
+    and only when shorter than the policy's default). A ``batch_size``, ``priority`` or ``timeout_us`` that
+    is not an int (a bool is not) raises ValueError (:class:`InvalidPriority` for the priority) here; their
+    ranges are checked as the request is queued, against the policy.
     """
 
-    item: T
+    item: Any
     batch_size: int  # rows this request carries; a request with its own batch of N counts N
     shape_key: Hashable  # requests with different keys never share a batch
     arrival: float  # seconds on the caller's monotonic clock
@@ -208,11 +224,40 @@ class QueuedRequest(Generic[T]):
     timeout_us: int = 0
     nbytes: int = 0  # input bytes, counted against max_batch_bytes
 
+    def __init__(
+        self,
+        item: Any,
+        batch_size: object,
+        shape_key: Hashable,
+        arrival: float,
+        priority: object = 0,
+        timeout_us: object = 0,
+        nbytes: int = 0,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+            raise ValueError(f"request batch_size must be an int >= 1, got {batch_size!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidPriority(f"priority must be an int, got {priority!r}")
+        if isinstance(timeout_us, bool) or not isinstance(timeout_us, int):
+            raise ValueError(f"request timeout_us must be an int >= 0, got {timeout_us!r}")
+        object.__setattr__(self, "item", item)
+        object.__setattr__(self, "batch_size", batch_size)
+        object.__setattr__(self, "shape_key", shape_key)
+        object.__setattr__(self, "arrival", arrival)
+        object.__setattr__(self, "priority", priority)
+        object.__setattr__(self, "timeout_us", timeout_us)
+        object.__setattr__(self, "nbytes", nbytes)
 
-@dataclass(frozen=True, slots=True)
-class Batch(Generic[T]):
+
+@dataclass(frozen=True, slots=True, init=False)
+class Batch:
     """A batch to hand to one free instance, items in service order (priority, then FIFO)."""
 
-    items: tuple[T, ...]
+    items: tuple[Any, ...]
     size: int  # sum of the requests' batch_size
     reason: BatchReason
+
+    def __init__(self, items: tuple[Any, ...], size: int, reason: BatchReason) -> None:
+        object.__setattr__(self, "items", items)
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "reason", reason)

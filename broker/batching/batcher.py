@@ -79,9 +79,10 @@ class BatcherStats:
     adaptive: AdaptiveStats | None  # None unless latency_target_us is set
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class _Scan:
-    """The walk from the queue head to the first cut; depends on the queue only, not on the time."""
+    """The walk from the queue head to the first cut; depends on the queue only, not on the time.
+    (Its own __init__: under mypyc a dataclass's generated one runs as interpreted code.)"""
 
     count: int  # requests walked
     size: int  # their rows
@@ -90,6 +91,24 @@ class _Scan:
     pref_size: int
     sat_count: int  # requests before the walk passed the largest preferred size with none reached
     oldest: float  # the oldest arrival among the walked requests
+
+    def __init__(
+        self,
+        count: int,
+        size: int,
+        cut: BatchReason | None,
+        pref_count: int,
+        pref_size: int,
+        sat_count: int,
+        oldest: float,
+    ) -> None:
+        object.__setattr__(self, "count", count)
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "cut", cut)
+        object.__setattr__(self, "pref_count", pref_count)
+        object.__setattr__(self, "pref_size", pref_size)
+        object.__setattr__(self, "sat_count", sat_count)
+        object.__setattr__(self, "oldest", oldest)
 
 
 class DynamicBatcher(Generic[T]):
@@ -149,7 +168,7 @@ class DynamicBatcher(Generic[T]):
         asks the instance pool only then."""
         return self._early is not None and not self._queue
 
-    def add(self, request: QueuedRequest[T], now: float, busy: bool = False) -> None:
+    def add(self, request: QueuedRequest, now: float, busy: bool = False) -> None:
         """Queue a request; the queue delay and timeout run from ``request.arrival``. ``busy``: a batch of
         the model is in flight (with a request already queued, the early dispatch's sign of companions).
 
@@ -158,8 +177,8 @@ class DynamicBatcher(Generic[T]):
         when its ``nbytes`` alone pass ``max_batch_bytes``, ``ValueError`` for a bad ``batch_size`` or
         ``timeout_us``. A refused request is not queued.
         """
-        size: object = request.batch_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        size = request.batch_size  # an int: QueuedRequest checks that
+        if size < 1:
             raise ValueError(f"request batch_size must be an int >= 1, got {size!r}")
         if self._max > 0 and size > self._max:
             raise ValueError(f"request batch_size {size} exceeds max_batch_size {self._max}")
@@ -190,7 +209,7 @@ class DynamicBatcher(Generic[T]):
         out, self._expired, self._expired_at = self._expired, [], None
         return out
 
-    def pop_ready(self, now: float, free_instances: int) -> list[Batch[T]]:
+    def pop_ready(self, now: float, free_instances: int) -> list[Batch]:
         """Form up to ``free_instances`` batches that are ready at ``now``, in service order.
 
         Stops at the first batch that should still wait: nothing behind it may go. Requests whose
@@ -199,7 +218,7 @@ class DynamicBatcher(Generic[T]):
         if free_instances < 0:
             raise ValueError(f"free_instances must be >= 0, got {free_instances}")
         self._apply_timeouts(now)
-        batches: list[Batch[T]] = []
+        batches: list[Batch] = []
         while len(batches) < free_instances and self._queue:
             plan = self._plan(now)
             if plan is None:
@@ -353,7 +372,7 @@ class DynamicBatcher(Generic[T]):
             return scan.count, BatchReason.MAX_SIZE
         return (scan.count, late) if send else None
 
-    def _take(self, now: float, count: int, reason: BatchReason) -> Batch[T]:
+    def _take(self, now: float, count: int, reason: BatchReason) -> Batch:
         entries = self._queue.take(count)
         self._scan = None
         if self._adaptive is not None:

@@ -37,22 +37,31 @@ T = TypeVar("T")
 _US_PER_S = 1_000_000
 
 
-@dataclass(slots=True, eq=False)
-class Entry(Generic[T]):
+# Entry and _Level are native classes under mypyc, so not generic (a generic dataclass fails there at
+# import); Entry, built for every request, has its own __init__ (a dataclass's generated one is interpreted).
+@dataclass(slots=True, eq=False, init=False)
+class Entry:
     """A queued request with its level (0-based) and absolute queue deadline (``inf`` = none)."""
 
-    request: QueuedRequest[T]
+    request: QueuedRequest
     level: int
     deadline: float
     seq: int
     queued: bool = True
 
+    def __init__(self, request: QueuedRequest, level: int, deadline: float, seq: int) -> None:
+        self.request = request
+        self.level = level
+        self.deadline = deadline
+        self.seq = seq
+        self.queued = True
+
 
 @dataclass(slots=True, eq=False)
-class _Level(Generic[T]):
+class _Level:
     policy: QueuePolicy
-    main: deque[Entry[T]] = field(default_factory=deque)
-    delayed: deque[Entry[T]] = field(default_factory=deque)
+    main: deque[Entry] = field(default_factory=deque)
+    delayed: deque[Entry] = field(default_factory=deque)
 
     def __len__(self) -> int:
         return len(self.main) + len(self.delayed)
@@ -72,8 +81,8 @@ class PriorityQueue(Generic[T]):
         self._max_priority = policy.priority_levels
         self._default_level = max(1, policy.default_priority_level)
         count = max(1, policy.priority_levels)
-        self._levels: list[_Level[T]] = [_Level(policy.queue_policy(i + 1)) for i in range(count)]
-        self._timeouts: list[tuple[float, int, Entry[T]]] = []  # heap; taken entries are skipped lazily
+        self._levels: list[_Level] = [_Level(policy.queue_policy(i + 1)) for i in range(count)]
+        self._timeouts: list[tuple[float, int, Entry]] = []  # heap; taken entries are skipped lazily
         self._seq = itertools.count()
         self._count = 0
         self._rows = 0
@@ -101,12 +110,12 @@ class PriorityQueue(Generic[T]):
             )
         return priority or self._default_level
 
-    def push(self, request: QueuedRequest[T]) -> Entry[T]:
+    def push(self, request: QueuedRequest) -> Entry:
         """Queue ``request`` at the back of its level; raises QueueFull, InvalidPriority, ValueError."""
         level_no = self.level_of(request.priority)
         level = self._levels[level_no - 1]
-        requested: object = request.timeout_us
-        if isinstance(requested, bool) or not isinstance(requested, int) or requested < 0:
+        requested = request.timeout_us  # an int: QueuedRequest checks that
+        if requested < 0:
             raise ValueError(f"request timeout_us must be an int >= 0, got {requested!r}")
         limit = level.policy.max_queue_size
         if limit and len(level) >= limit:
@@ -122,15 +131,15 @@ class PriorityQueue(Generic[T]):
         self._rows += request.batch_size
         return entry
 
-    def __iter__(self) -> Iterator[Entry[T]]:
+    def __iter__(self) -> Iterator[Entry]:
         """Entries in service order: level 1 (unexpired, then delayed), level 2, ..."""
         for level in self._levels:
             yield from level.main
             yield from level.delayed
 
-    def take(self, count: int) -> list[Entry[T]]:
+    def take(self, count: int) -> list[Entry]:
         """Remove and return the first ``count`` entries in service order."""
-        out: list[Entry[T]] = []
+        out: list[Entry] = []
         for level in self._levels:
             for part in (level.main, level.delayed):
                 while part and len(out) < count:
@@ -145,9 +154,9 @@ class PriorityQueue(Generic[T]):
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
-    def expire(self, now: float) -> tuple[list[Entry[T]], int]:
+    def expire(self, now: float) -> tuple[list[Entry], int]:
         """Apply the timeouts due at ``now``: (REJECT entries taken out, number of DELAY entries moved)."""
-        due: list[Entry[T]] = []
+        due: list[Entry] = []
         heap = self._timeouts
         while heap and (not heap[0][2].queued or heap[0][0] <= now):
             entry = heapq.heappop(heap)[2]
@@ -156,11 +165,11 @@ class PriorityQueue(Generic[T]):
         if not due:
             return [], 0
         due_seqs = {e.seq for e in due}
-        rejected: list[Entry[T]] = []
+        rejected: list[Entry] = []
         moved = 0
         for level_no in sorted({e.level for e in due}):
             level = self._levels[level_no]
-            kept: deque[Entry[T]] = deque()
+            kept: deque[Entry] = deque()
             for entry in level.main:
                 if entry.seq not in due_seqs:
                     kept.append(entry)
@@ -174,12 +183,12 @@ class PriorityQueue(Generic[T]):
         rejected.sort(key=lambda e: e.seq)
         return rejected, moved
 
-    def remove(self, predicate: Callable[[T], bool]) -> list[Entry[T]]:
+    def remove(self, predicate: Callable[[T], bool]) -> list[Entry]:
         """Take out every entry whose item matches ``predicate``; return them in service order."""
-        removed: list[Entry[T]] = []
+        removed: list[Entry] = []
         for level in self._levels:
             for name in ("main", "delayed"):
-                kept: deque[Entry[T]] = deque()
+                kept: deque[Entry] = deque()
                 for entry in getattr(level, name):
                     if predicate(entry.request.item):
                         removed.append(self._drop(entry))
@@ -189,7 +198,7 @@ class PriorityQueue(Generic[T]):
         self._compact()
         return removed
 
-    def _drop(self, entry: Entry[T]) -> Entry[T]:
+    def _drop(self, entry: Entry) -> Entry:
         entry.queued = False
         self._count -= 1
         self._rows -= entry.request.batch_size

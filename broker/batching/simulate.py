@@ -150,7 +150,7 @@ def simulate(
     if any(b.arrival < a.arrival for a, b in zip(reqs, reqs[1:], strict=False)):
         raise ValueError("requests must be in arrival order")
     batcher: DynamicBatcher[int] = DynamicBatcher(policy)
-    running: list[tuple[float, float, Batch[int]] | None] = [None] * instances  # (end, exec_s heard, batch)
+    running: list[tuple[float, float, Batch] | None] = [None] * instances  # (end, exec_s heard, batch)
     latency: dict[int, float] = {}
     completed: list[int] = []
     done_at: list[float] = []
