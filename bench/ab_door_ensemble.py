@@ -32,7 +32,7 @@ import triton_side  # noqa: E402
 import vs_triton_repo  # noqa: E402
 from ab_frontdoor_http import _environment, _variant  # noqa: E402
 from bench_frontdoor import zinfer_front_door  # noqa: E402
-from bench_frontdoor_ensemble import IN_FLIGHT, _cpu_by_role, _tree, turn  # noqa: E402
+from bench_frontdoor_ensemble import IN_FLIGHT, LOOP, _cpu_by_role, _tree, turn  # noqa: E402
 from bench_serving import ROOT, machine  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "ab_door_ensemble.json"
@@ -54,28 +54,7 @@ async def main():
         r = await client.infer("text_ensemble", {"TEXT": np.array([[text.encode()]], dtype=object)})
         if r.as_numpy("RESULT").reshape(-1)[0] != expected.encode():
             errors += 1
-    for _ in range(20):
-        await asyncio.gather(*(one_call() for _ in range(4)))
-    lats = []
-    end = 0.0
-    async def loop():
-        while time.monotonic() < end:
-            t0 = time.perf_counter()
-            await one_call()
-            lats.append(time.perf_counter() - t0)
-    c0, t0 = time.process_time(), time.monotonic()
-    end = t0 + seconds
-    await asyncio.gather(*(loop() for _ in range(in_flight)))
-    c1, t1 = time.process_time(), time.monotonic()
-    await client.close()
-    lats.sort()
-    n = len(lats)
-    print(json.dumps({"requests": n, "wall_s": t1 - t0, "throughput_s": n / (t1 - t0),
-        "p50_us": lats[n // 2] * 1e6, "p99_us": lats[int(n * 0.99)] * 1e6,
-        "client_cpu_us_per_request": 1e6 * (c1 - c0) / n, "errors": errors}))
-
-asyncio.run(main())
-"""
+""" + LOOP
 
 
 def native_turn(url: str, seconds: float, root_pid: int, env: dict[str, str]) -> dict[str, Any]:

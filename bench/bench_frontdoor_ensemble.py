@@ -43,28 +43,8 @@ RESULTS = ROOT / "bench" / "results" / "bench_frontdoor_ensemble.json"
 ENSEMBLE = ("tokenizer", "lm", "detokenizer", "text_ensemble")
 IN_FLIGHT = 32
 
-CLIENT = r"""
-import asyncio, json, sys, time
-import numpy as np
-import tritonclient.grpc.aio as grpcclient
-
-url, text, expected = sys.argv[1], sys.argv[4], sys.argv[5]
-seconds, in_flight = float(sys.argv[2]), int(sys.argv[3])
-
-async def main():
-    client = grpcclient.InferenceServerClient(url)
-    def request():
-        t = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
-        t.set_data_from_numpy(np.array([[text.encode()]], dtype=object))
-        return [t], [grpcclient.InferRequestedOutput("RESULT")]
-    errors = 0
-    async def one_call():
-        nonlocal errors
-        inputs, outputs = request()
-        r = await client.infer("text_ensemble", inputs, outputs=outputs)
-        if r.as_numpy("RESULT").reshape(-1)[0] != expected.encode():
-            errors += 1
-    for _ in range(20):  # warm: connection, model lookups, the lm's batcher
+# the closed loops, timed, and the figures printed as JSON: the tail of every client script here
+LOOP = r"""    for _ in range(20):  # warm: connection, model lookups, the lm's batcher
         await asyncio.gather(*(one_call() for _ in range(4)))
     lats = []
     end = 0.0
@@ -86,6 +66,29 @@ async def main():
 
 asyncio.run(main())
 """
+
+CLIENT = r"""
+import asyncio, json, sys, time
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+
+url, text, expected = sys.argv[1], sys.argv[4], sys.argv[5]
+seconds, in_flight = float(sys.argv[2]), int(sys.argv[3])
+
+async def main():
+    client = grpcclient.InferenceServerClient(url)
+    def request():
+        t = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+        t.set_data_from_numpy(np.array([[text.encode()]], dtype=object))
+        return [t], [grpcclient.InferRequestedOutput("RESULT")]
+    errors = 0
+    async def one_call():
+        nonlocal errors
+        inputs, outputs = request()
+        r = await client.infer("text_ensemble", inputs, outputs=outputs)
+        if r.as_numpy("RESULT").reshape(-1)[0] != expected.encode():
+            errors += 1
+""" + LOOP
 
 
 def _tree(pid: int) -> list[psutil.Process]:
