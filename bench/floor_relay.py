@@ -224,16 +224,22 @@ def pure_tree(work: Path) -> Path:
     return work
 
 
-def build_floor(work: Path, pure: Path) -> Path:
-    """``floor_procs`` compiled with mypyc in ``work``; returns the folder to put on PYTHONPATH."""
+def build_floor(work: Path, pure: Path, modules: tuple[str, ...] = ("floor_procs",)) -> Path:
+    """``modules`` (bench/'s, ``floor_procs`` by default) compiled with mypyc in ``work``; returns the folder
+    to put on PYTHONPATH."""
     work.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(HERE / "floor_procs.py", work / "floor_procs.py")
+    files = [f"{name}.py" for name in modules]
+    for f in files:
+        shutil.copy2(HERE / f, work / f)
     mypyc = Path(sys.executable).parent / "mypyc"
-    done = subprocess.run([str(mypyc), "floor_procs.py"], cwd=work, env={**os.environ, "MYPYPATH": str(pure)},
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    if done.returncode != 0 or not list(work.glob("floor_procs.*.so")):
-        raise SystemExit(f"mypyc floor_procs failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    (work / "floor_procs.py").unlink()
+    env = {**os.environ, "MYPYPATH": str(pure)}
+    done = subprocess.run(
+        [str(mypyc), *files], cwd=work, env=env, capture_output=True, text=True, timeout=600
+    )
+    if done.returncode != 0 or any(not list(work.glob(f"{name}.*.so")) for name in modules):
+        raise SystemExit(f"mypyc {' '.join(files)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    for f in files:
+        (work / f).unlink()
     return work
 
 
