@@ -16,7 +16,8 @@ the records' own, deadlines, priorities, cancellation, shared memory, metrics, t
 the batcher's delay are left out: that is what zinfer adds on top of this floor.
 
 Usage (by ``floor_ensemble.py``): ``python -c "import floor_ens_procs; floor_ens_procs.main()"
-broker FRONT BACK MODEL...`` | ``worker BACK MODEL MODEL_PY``.
+broker FRONT BACK [--one] MODEL...`` | ``worker BACK MODEL MODEL_PY`` (``--one``: no serial runs, one
+request per EXECUTE for a model without dynamic batching).
 """
 
 from __future__ import annotations
@@ -73,8 +74,10 @@ class _Job:
         self.client, self.rid, self.model, self.plan, self.step = client, rid, model, plan, 0
 
 
-def broker(front_ep: str, back_ep: str, names: list[str]) -> None:
-    """The floor broker of ``names`` (models); waits for every instance's hello, then serves."""
+def broker(front_ep: str, back_ep: str, names: list[str], runs: bool = True) -> None:
+    """The floor broker of ``names`` (models); waits for every instance's hello, then serves. ``runs``:
+    a model without dynamic batching takes what waits as a serial run (as zinfer's broker sends it); else
+    one request per EXECUTE (as Triton's default scheduler gives an instance one request at a time)."""
     ctx = zmq.Context()
     front = ctx.socket(zmq.ROUTER)
     front.bind(front_ep)
@@ -101,7 +104,8 @@ def broker(front_ep: str, back_ep: str, names: list[str]) -> None:
         models[plan[0][0]].queue.append((job, req.inputs, frames, time.monotonic_ns()))
 
     def dispatch(m: _Model) -> None:
-        items = [m.queue.popleft() for _ in range(min(m.max_batch, len(m.queue)))]
+        most = m.max_batch if m.batched or runs else 1
+        items = [m.queue.popleft() for _ in range(min(most, len(m.queue)))]
         requests: list[ExecuteRequest] = []
         frames: list[Any] = []
         waiting: list[int] = []
@@ -240,8 +244,9 @@ class EnsClient(floor_procs.FloorClient):
 
 def main() -> None:
     role, back, *rest = sys.argv[1:]
-    if role == "broker":
-        broker(back, rest[0], rest[1:])
+    if role == "broker":  # FRONT BACK [--one] MODEL...
+        one = rest[1] == "--one"
+        broker(back, rest[0], rest[2:] if one else rest[1:], runs=not one)
     elif role == "worker":  # the model's own model.py, from the repository the run wrote
         with open(rest[1]) as f:
             floor_pb.worker(back, rest[0], f.read())

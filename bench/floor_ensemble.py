@@ -11,6 +11,9 @@ Levels (each turn a fresh child process and fresh servers):
   broker does while the instance is busy; the client keeps 32 out, what it has sent as one BUNDLE;
 * ``floor-ens``: the same for ``text_ensemble``: client -> broker -> tokenizer (2 processes, serial runs) ->
   broker -> lm (2, batched) -> broker -> detokenizer (2) -> broker -> client, real records, real model code;
+* ``floor-ens1``: ``floor-ens`` with one request per EXECUTE to the steps without dynamic batching (no
+  serial runs: each request a message to and from the worker, as Triton's default scheduler gives an
+  instance one request at a time);
 * ``zinfer``: ``zinfer serve`` on ``vs_triton_repo`` (compiled with ``--compiled``, as bench_vs_triton's
   ``--compiled``), one ``AsyncClient`` with 32 tasks on ``add``, then on ``text_ensemble``;
 * ``triton``: Triton 2.51 on the same repository, perf_analyzer at concurrency 32 on ``add``, then on
@@ -43,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results" / "floor_ensemble.json"
 TABLE = HERE / "results" / "floor_ensemble.txt"
-LEVELS = ("bare", "floor-add0", "floor-add", "floor-ens", "zinfer", "triton")
+LEVELS = ("bare", "floor-add0", "floor-add", "floor-ens", "floor-ens1", "zinfer", "triton")
 FLOOR_MODULES = ("floor_procs", "floor_pb", "floor_ens_procs")
 STEPS = ("tokenizer", "lm", "detokenizer")
 WINDOW = 32
@@ -54,7 +57,7 @@ TURN_TIMEOUT_S = 240
 # ------------------------------------------------------------------------------------ one turn (child)
 
 
-def _floor_turn(model: str, seconds: float) -> dict[str, Any]:
+def _floor_turn(model: str, seconds: float, runs: bool = True) -> dict[str, Any]:
     """The floor of ``add`` or ``text_ensemble`` at c32: its broker and workers, a pipelined client."""
     import floor_ens_procs as fe
     import vs_triton_repo
@@ -68,7 +71,8 @@ def _floor_turn(model: str, seconds: float) -> dict[str, Any]:
     front, back = f"ipc://{d}/front", f"ipc://{d}/back"
     run = [sys.executable, "-c", "import floor_ens_procs; floor_ens_procs.main()"]
     env = {**os.environ, "PYTHONPATH": f"{os.environ.get('PYTHONPATH', '')}:{HERE}"}
-    procs = [subprocess.Popen([*run, "broker", front, back, *names], env=env)]
+    one = [] if runs else ["--one"]
+    procs = [subprocess.Popen([*run, "broker", front, back, *one, *names], env=env)]
     pids: dict[str, list[int]] = {"broker": [procs[0].pid]}
     time.sleep(0.3)
     for n in names:
@@ -240,23 +244,18 @@ def _triton_turn(venv: str, interval_ms: int) -> dict[str, Any]:
 def child(level: str, seconds: float, venv: str) -> None:
     # bench/ last: a mypyc build of the floor modules on PYTHONPATH comes first
     sys.path = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
-    out: dict[str, Any]
-    if level == "bare":
-        from floor_relay import _relay_turn
+    from floor_relay import _relay_turn
 
-        out = {"add": _relay_turn("bare", "c32", seconds)}
-    elif level == "floor-add0":
-        from floor_relay import _relay_turn
-
-        out = {"add": _relay_turn("numpy", "c32", seconds)}
-    elif level == "floor-add":
-        out = {"add": _floor_turn("add", seconds)}
-    elif level == "floor-ens":
-        out = {"ens": _floor_turn("text_ensemble", seconds)}
-    elif level == "zinfer":
-        out = _zinfer_turn(seconds)
-    else:
-        out = _triton_turn(venv, int(seconds * 1000))
+    turns = {
+        "bare": lambda: {"add": _relay_turn("bare", "c32", seconds)},
+        "floor-add0": lambda: {"add": _relay_turn("numpy", "c32", seconds)},
+        "floor-add": lambda: {"add": _floor_turn("add", seconds)},
+        "floor-ens": lambda: {"ens": _floor_turn("text_ensemble", seconds)},
+        "floor-ens1": lambda: {"ens": _floor_turn("text_ensemble", seconds, runs=False)},
+        "zinfer": lambda: _zinfer_turn(seconds),
+        "triton": lambda: _triton_turn(venv, int(seconds * 1000)),
+    }
+    out: dict[str, Any] = turns[level]()
     if level.startswith("floor"):
         import floor_ens_procs
 
@@ -328,9 +327,7 @@ def main() -> int:
     ap.add_argument("--levels", default=",".join(LEVELS))
     ap.add_argument("--label", default="latest", help="the results entry this run writes (replaces)")
     ap.add_argument("--compiled", action="store_true", help="zinfer and the floor compiled by mypyc")
-    ap.add_argument(
-        "--build", type=Path, help="with --compiled: reuse (or make) zinfer's build in this folder"
-    )
+    ap.add_argument("--build", type=Path, help="with --compiled: reuse (or make) the builds in this folder")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     from bench_serving import machine
@@ -346,7 +343,10 @@ def main() -> int:
 
             work = args.build or Path(tmp) / "build"
             zinfer = work / "path" if (work / "path").exists() else build_compiled(work)
-            tree = f"{build_floor(Path(tmp) / 'floor', pure, FLOOR_MODULES)}:{zinfer}"
+            floor = work / "floor"  # with --build, kept and reused: remove it after changing the floor
+            if not all(list(floor.glob(f"{m}.*.so")) for m in FLOOR_MODULES):
+                build_floor(floor, pure, FLOOR_MODULES)
+            tree = f"{floor}:{zinfer}"
         runs: dict[str, list[dict[str, Any]]] = {}
         levels = args.levels.split(",")
         for r in range(args.rounds):
