@@ -256,10 +256,8 @@ def child(level: str, seconds: float, venv: str) -> None:
         "triton": lambda: _triton_turn(venv, int(seconds * 1000)),
     }
     out: dict[str, Any] = turns[level]()
-    if level.startswith("floor"):
-        import floor_ens_procs
-
-        out["floor_compiled"] = not floor_ens_procs.__file__.endswith(".py")
+    if level.startswith("floor"):  # the floor's processes run what this process imported first
+        out["floor_compiled"] = not str(sys.modules["floor_procs"].__file__).endswith(".py")
     print(json.dumps(out))
 
 
