@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -118,11 +119,7 @@ def _floor_turn(model: str, seconds: float, runs: bool = True) -> dict[str, Any]
         for p in procs:
             p.kill()
             p.wait(5)
-        for name in ("front", "back"):
-            try:
-                os.unlink(f"{d}/{name}")
-            except FileNotFoundError:
-                pass
+        shutil.rmtree(d, ignore_errors=True)  # the repository and the ipc endpoints
     return _result(done, dt, fc.lats, t0, t1)
 
 
