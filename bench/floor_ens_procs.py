@@ -22,6 +22,9 @@ request per EXECUTE for a model without dynamic batching).
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import sys
 import time
 from collections import deque
@@ -65,6 +68,7 @@ class _Model:
         self.queue: deque[Item] = deque()
         # Triton's statistics extension: counts and cumulative durations (ns) per model
         self.success = self.executions = self.queue_ns = self.compute_ns = 0
+        self.messages = 0  # EXECUTEs sent (a serial run is one message, one execution per request)
 
 
 class _Job:
@@ -97,6 +101,18 @@ def broker(front_ep: str, back_ep: str, names: list[str], runs: bool = True) -> 
     poller.register(front, zmq.POLLIN)
     poller.register(back, zmq.POLLIN)
 
+    def counts(signum: int, frame: Any) -> None:
+        """SIGUSR1: the statistics counts so far, as JSON, into the file ``FLOOR_STATS`` names."""
+        doc = {m.name: {"inference_count": m.success, "execution_count": m.executions, "messages": m.messages}
+               for m in models.values()}  # fmt: skip
+        path = os.environ["FLOOR_STATS"]
+        with open(path + ".tmp", "w") as f:
+            json.dump(doc, f)
+        os.replace(path + ".tmp", path)
+
+    if "FLOOR_STATS" in os.environ:
+        signal.signal(signal.SIGUSR1, counts)
+
     def take(client: bytes, req: InferRequest, frames: list[Any]) -> None:
         plan = PLANS[req.model]
         job = next(job_ids)
@@ -123,6 +139,7 @@ def broker(front_ep: str, back_ep: str, names: list[str], runs: bool = True) -> 
         worker = m.free.pop()
         batch = next(batch_ids)
         in_flight[batch] = (m, worker, waiting)
+        m.messages += 1
         ex = Execute(batch, tuple(requests), serial=not m.batched and len(requests) > 1)
         back.send_multipart([worker, *encode_execute(ex, frames)])
 

@@ -9,6 +9,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,20 @@ def _result(n: int, dt: float, lats: list[float], t0: dict[str, Any], t1: dict[s
     return out
 
 
+def _batches(c0: dict[str, dict[str, int]], c1: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
+    """Per model, between two snapshots of its statistics counts: inferences per execution (the mean batch;
+    1 for a model without dynamic batching) and, where counted (the floor), inferences per EXECUTE message
+    (a serial run is one message)."""
+    out = {}
+    for m, a in c1.items():
+        d = {k: v - c0[m][k] for k, v in a.items()}
+        got = {"per_execution": round(d["inference_count"] / max(1, d["execution_count"]), 2)}
+        if "messages" in d:
+            got["per_message"] = round(d["inference_count"] / max(1, d["messages"]), 2)
+        out[m] = got
+    return out
+
+
 def _floor_turn(model: str, seconds: float, runs: bool = True) -> dict[str, Any]:
     """The floor of ``add`` or ``text_ensemble`` at c32: its broker and workers, a pipelined client."""
     import floor_ens_procs as fe
@@ -64,7 +79,24 @@ def _floor_turn(model: str, seconds: float, runs: bool = True) -> dict[str, Any]
     repo = vs_triton_repo.write(Path(d) / "repo", zinfer_only=False)
     front, back = f"ipc://{d}/front", f"ipc://{d}/back"
     run = [sys.executable, "-c", "import floor_ens_procs; floor_ens_procs.main()"]
-    env = {**os.environ, "PYTHONPATH": f"{os.environ.get('PYTHONPATH', '')}:{HERE}"}
+    stats = Path(d) / "stats.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{os.environ.get('PYTHONPATH', '')}:{HERE}",
+        "FLOOR_STATS": str(stats),
+    }
+
+    def counts() -> dict[str, dict[str, int]]:  # the broker's, asked by SIGUSR1
+        stats.unlink(missing_ok=True)
+        procs[0].send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while not stats.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the floor broker wrote no statistics")
+            time.sleep(0.01)
+        got: dict[str, dict[str, int]] = json.loads(stats.read_text())
+        return got
+
     one = [] if runs else ["--one"]
     procs = [subprocess.Popen([*run, "broker", front, back, *one, *names], env=env)]
     pids: dict[str, list[int]] = {"broker": [procs[0].pid]}
@@ -93,6 +125,7 @@ def _floor_turn(model: str, seconds: float, runs: bool = True) -> dict[str, Any]
                 raise RuntimeError(f"floor {model}: wrong answer {v!r}")
         fc.lats.clear()
 
+        s0 = counts()
         t0 = _sample(pids)
         start = time.perf_counter()
         end = start + seconds
@@ -111,6 +144,7 @@ def _floor_turn(model: str, seconds: float, runs: bool = True) -> dict[str, Any]
                     break
         dt = time.perf_counter() - start
         t1 = _sample(pids)
+        batches = _batches(s0, counts())
         v = fc.last
         if (bytes(v[0, 0]) != expected) if expected is not None else float(v[0, 0]) != 3.0:
             raise RuntimeError(f"floor {model}: wrong answer under load {v!r}")
@@ -120,7 +154,7 @@ def _floor_turn(model: str, seconds: float, runs: bool = True) -> dict[str, Any]
             p.kill()
             p.wait(5)
         shutil.rmtree(d, ignore_errors=True)  # the repository and the ipc endpoints
-    return _result(done, dt, fc.lats, t0, t1)
+    return {**_result(done, dt, fc.lats, t0, t1), "batches": batches}
 
 
 def _zinfer_turn(seconds: float) -> dict[str, Any]:
@@ -162,12 +196,21 @@ def _zinfer_turn(seconds: float) -> dict[str, Any]:
                         if not z._check(model, r):
                             raise RuntimeError(f"zinfer {model}: wrong result under load")
 
+                    async def counts() -> dict[str, dict[str, int]]:
+                        got = {
+                            m: (await c.statistics(m))["model_stats"][0] for m in keep if m in (*STEPS, "add")
+                        }
+                        return {m: {k: int(v[k]) for k in ("inference_count", "execution_count")}
+                                for m, v in got.items()}  # fmt: skip
+
+                    s0 = await counts()
                     t0 = _sample({k: pids.get(k, []) for k in keep})
                     start = time.perf_counter()
                     await asyncio.gather(*(loop() for _ in range(WINDOW)))
                     dt = time.perf_counter() - start
                     t1 = _sample({k: pids.get(k, []) for k in keep})
-                return _result(len(lats), dt, lats, t0, t1)
+                    batches = _batches(s0, await counts())
+                return {**_result(len(lats), dt, lats, t0, t1), "batches": batches}
 
             out["add"] = asyncio.run(run("add"))
             out["ens"] = asyncio.run(run("text_ensemble"))
@@ -197,17 +240,26 @@ def _triton_turn(venv: str, interval_ms: int) -> dict[str, Any]:
                 name = next((m for m in (*STEPS, "add") if f"/{m}/1/" in cmd or f"/{m}/" in cmd), "other")
                 pids.setdefault(name, []).append(p.pid)
 
-            def count(model: str) -> int:
+            def stats(model: str) -> dict[str, Any]:
                 with urllib.request.urlopen(f"http://{s.http}/v2/models/{model}/stats", timeout=10) as r:
-                    doc = json.loads(r.read())
-                return int(doc["model_stats"][0]["inference_stats"]["success"]["count"])
+                    doc: dict[str, Any] = json.loads(r.read())["model_stats"][0]
+                return doc
+
+            def count(model: str) -> int:
+                return int(stats(model)["inference_stats"]["success"]["count"])
+
+            def counts(names: tuple[str, ...]) -> dict[str, dict[str, int]]:
+                return {
+                    m: {k: int(stats(m)[k]) for k in ("inference_count", "execution_count")} for m in names
+                }
 
             for key, model, shape, extra in (
                 ("add", "add", {"INPUT_A": 1, "INPUT_B": 1}, ()),
                 ("ens", "text_ensemble", {"TEXT": 1}, ("--string-data", vs_triton_repo.TEXT.decode())),
             ):
                 keep = ("broker", "other", *(STEPS if model == "text_ensemble" else ("add",)))
-                n0, c0 = count(model), _sample({k: pids.get(k, []) for k in keep})
+                names = STEPS if model == "text_ensemble" else ("add",)
+                n0, s0, c0 = count(model), counts(names), _sample({k: pids.get(k, []) for k in keep})
                 r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 try:
                     pa = triton_side.perf_analyzer(s, model, WINDOW, shape, interval_ms, extra)
@@ -222,7 +274,8 @@ def _triton_turn(venv: str, interval_ms: int) -> dict[str, Any]:
                 per["total_us"] = round(sum(v for k, v in per.items() if k != "total_us"), 1)
                 per["wakes_per_request"] = round(sum(c1[k][1] - c0[k][1] for k in keep) / max(1, n), 2)
                 out[key] = {"requests": n, "rate_s": pa["throughput_s"], "p50_us": pa["p50_us"], **per,
-                            "pa_stability": pa["stability_percentage"]}  # fmt: skip
+                            "pa_stability": pa["stability_percentage"],
+                            "batches": _batches(s0, counts(names))}  # fmt: skip
     return out
 
 

@@ -76,10 +76,15 @@ COLUMNS = ("rate_s", "p50_us", "broker_us", "add_us", "worker_us", *(f"{s}_us" f
 
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Medians per load and level; the ratios the issue's goals are about."""
-    med: dict[str, dict[str, float]] = {}
+    med: dict[str, dict[str, Any]] = {}
     for key, xs in runs.items():
         med[key] = {c: statistics.median(x[c] for x in xs) for c in COLUMNS if all(x.get(c) is not None
                                                                                     for x in xs)}  # fmt: skip
+        if all("batches" in x for x in xs):  # per model: the medians of each count's ratio
+            first = xs[0]["batches"]
+            med[key]["batches"] = {
+                m: {k: statistics.median(x["batches"][m][k] for x in xs) for k in first[m]} for m in first
+            }
 
     def q(a: str, b: str, col: str = "rate_s") -> float | None:
         x, y = med.get(a, {}).get(col), med.get(b, {}).get(col)
@@ -120,6 +125,13 @@ def table(s: dict[str, Any]) -> str:
             f"{m[c]:>8.{1 if c == 'wakes_per_request' else 0}f}" if c in m else f"{'-':>8}" for c in COLUMNS
         )
         lines.append(f"{key:<18}" + "".join(cells))
+    for key, m in s["medians"].items():  # inferences per execution (per EXECUTE message: the floor's)
+        if "batches" in m:
+            cells = []
+            for n, b in m["batches"].items():
+                per_msg = f" ({b['per_message']:.1f} a message)" if "per_message" in b else ""
+                cells.append(f"{n} {b['per_execution']:.1f}{per_msg}")
+            lines.append(f"  batch {key:<16} " + ", ".join(cells))
     lines += [f"  {k:<40} {v}" for k, v in s["ratios"].items()]
     return "\n".join(lines)
 
