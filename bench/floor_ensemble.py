@@ -22,12 +22,14 @@ Levels (each turn a fresh child process and fresh servers):
 
 CPU is read from the kernel's per-thread counters (``/proc/PID/task/TID/schedstat``, as
 ``ab_compiled_ensemble.cpu_s``), with the times each thread was scheduled in (wakes per request; Triton's:
-the server's, not perf_analyzer's). The order of the levels
-is reversed every other round.
+the server's, not perf_analyzer's), and each model's requests per execution from the statistics counts
+(the floor's broker writes its own on SIGUSR1, with its EXECUTE messages). The order of the levels is
+reversed every other round.
 
-Usage: ``.venv/bin/python bench/floor_ensemble.py --triton-venv DIR [--rounds 2] [--seconds 2]
-[--compiled [--build DIR]] [--label L]``. Results: bench/results/floor_ensemble.json (an entry per label)
-and floor_ensemble.txt (their tables).
+Usage: ``.venv/bin/python bench/floor_ensemble.py [--triton-venv DIR] [--rounds 2] [--seconds 2]
+[--levels L,L] [--compiled [--build DIR]] [--label L]`` (``--build DIR`` keeps zinfer's and the floor's
+mypyc builds there; remove ``DIR/floor`` after changing the floor). Results:
+bench/results/floor_ensemble.json (an entry per label) and floor_ensemble.txt (their tables).
 """
 
 from __future__ import annotations
