@@ -163,7 +163,9 @@ class InferenceRequest:
         self._parameters = parameters
         self._cancelled = cancelled
         self._sender: InferenceResponseSender | None = None
-        self._make_sender: Callable[[], InferenceResponseSender] | None = None  # made on first ask
+        # made on first ask: ``_make_sender(_slot, _cancelled)`` (the worker's, for a request it serves)
+        self._make_sender: Callable[[int, CancelFlag], InferenceResponseSender] | None = None
+        self._slot = 0
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     @classmethod
@@ -227,7 +229,7 @@ class InferenceRequest:
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None and self._make_sender is not None:
-            self._sender, self._make_sender = self._make_sender(), None
+            self._sender, self._make_sender = self._make_sender(self._slot, self._cancelled), None
         if self._sender is None:
             raise TritonModelException(
                 "get_response_sender: only a request given to execute has a response sender (a request "
