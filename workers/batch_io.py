@@ -59,7 +59,13 @@ def input_array(ref: TensorRef, frames: Sequence[Frame], regions: RegionCache) -
         raw = np.frombuffer(frames[ref.frame], dtype=np.uint8)
     if ref.datatype == dtypes.BYTES:
         return dtypes.deserialize_bytes(raw, ref.shape)
-    arr: Array = raw.view(dtypes.wire_to_numpy(ref.datatype)).reshape(ref.shape)
+    dtype = dtypes.wire_to_numpy(ref.datatype)
+    try:  # one array over the bytes, in one call (a view, then a reshape, cost twice as much)
+        arr: Array = np.ndarray(ref.shape, dtype, raw)
+    except (TypeError, ValueError):  # too few bytes for the shape: the view below says what is wrong
+        arr = raw[:0]
+    if arr.nbytes != raw.nbytes:  # not exactly the shape's bytes (the broker checked that they are)
+        arr = raw.view(dtype).reshape(ref.shape)
     arr.flags.writeable = False  # the client's memory: models must not write into their inputs
     return arr
 

@@ -71,9 +71,9 @@ def _answer(
         del frames[base:]
         raise
     parameters = getattr(result, "parameters", None)  # a Triton response's, for the client
-    return ResultEntry(req.id, outputs=tuple(tensors), parameters=parameters) if parameters else ResultEntry(
-        req.id, outputs=tuple(tensors)
-    )
+    if parameters:
+        return ResultEntry(req.id, outputs=tuple(tensors), parameters=parameters)
+    return ResultEntry(req.id, outputs=tuple(tensors))
 
 
 def open_inputs(
