@@ -85,10 +85,11 @@ def sequence_fields(sequence: Mapping[str, Any] | None) -> dict[str, Any]:
 def pb_request(r: RequestInputs, model_name: str) -> pb.InferenceRequest:
     """The ``pb_utils.InferenceRequest`` model code sees for one request."""
     of = pb.Tensor._of
-    tensors = [of(name, array) for name, array in r.inputs.items()]
+    by_name = {name: of(name, array) for name, array in r.inputs.items()}
+    tensors = list(by_name.values())
     if r.sequence is None:  # the usual: no keyword arguments to build
         return pb.InferenceRequest._served(tensors, r.request_id, r.outputs, model_name, 0, 0, r.parameters,
-                                           r.cancelled)  # fmt: skip
+                                           r.cancelled, by_name)  # fmt: skip
     return pb.InferenceRequest._served(
         tensors,
         r.request_id,
