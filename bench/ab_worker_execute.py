@@ -5,7 +5,7 @@ mypyc-compiled builds of two or more trees, in turns in one run: thread CPU per 
   ``protocol.decode`` and ``execute_from_wire``);
 * ``tokenizer``, ``lm``, ``detokenizer``: one request's EXECUTE run as the worker runs it (its requests, the
   cancel flags' new batch, ``request_batch.run_requests`` on the loaded Triton-style model) and its RESULT
-  encoded.
+  encoded as that tree's worker encodes it (its record as the header, or the map ``result_to_wire`` builds).
 
 Each figure is the best of 5 repetitions of N calls in one process (``time.thread_time_ns``), and the
 summary the best over the rounds: other processes on the machine only ever add to it (cache misses, lost
@@ -20,6 +20,7 @@ Usage: ``.venv/bin/python bench/ab_worker_execute.py NAME=TREE NAME=TREE [--roun
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import shutil
@@ -116,6 +117,10 @@ def _step(bench_dir: Path, model_name: str, n: int) -> float:
             tensor = TensorRef("TOKENS", "INT32", (1, len(TEXT)), None, 0)
             out = "TOKENS_OUT" if model_name == "lm" else "TEXT"
         frames = [memoryview(data)]
+        # the RESULT as the tree's worker sends it: its record as the header, or the map result_to_wire builds
+        from zinfer.workers.worker import Worker
+
+        as_record = "result_to_wire(" not in inspect.getsource(Worker.send_result)
 
         def one(batch: int) -> object:
             execute = wp.Execute(batch, (wp.ExecuteRequest(1, (tensor,), (OutputRequest(out),)),))
@@ -124,7 +129,8 @@ def _step(bench_dir: Path, model_name: str, n: int) -> float:
             begin(batch, [r.id for r in requests])
             o = request_batch.run_requests(model, sig, requests, frames, regions, **kwargs)
             result = wp.WorkerResult(batch, tuple(o.results), timings=(o.input_ns, o.infer_ns, o.output_ns))
-            return protocol.encode(Command.W_RESULT, wp.result_to_wire(result), o.frames)
+            header = result if as_record else wp.result_to_wire(result)
+            return protocol.encode(Command.W_RESULT, header, o.frames)
 
         return _best_us(one, n)
 

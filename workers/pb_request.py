@@ -148,10 +148,12 @@ class InferenceRequest:
         timeout: int,
         parameters: dict[str, Any],
         cancelled: CancelFlag,
+        by_name: dict[str, Tensor] | None = None,
     ) -> None:
-        """Every attribute of a request, from values already checked (``__init__`` or ``_served``)."""
+        """Every attribute of a request, from values already checked (``__init__`` or ``_served``);
+        ``by_name``: the inputs by name, when the caller has them so already."""
         self._inputs = inputs
-        self._by_name = {t.name(): t for t in inputs}
+        self._by_name = {t._name: t for t in inputs} if by_name is None else by_name
         self._trace = NO_TRACE
         self._request_id = request_id
         self._outputs = outputs
@@ -163,7 +165,9 @@ class InferenceRequest:
         self._parameters = parameters
         self._cancelled = cancelled
         self._sender: InferenceResponseSender | None = None
-        self._make_sender: Callable[[], InferenceResponseSender] | None = None  # made on first ask
+        # made on first ask: ``_make_sender(_slot, _cancelled)`` (the worker's, for a request it serves)
+        self._make_sender: Callable[[int, CancelFlag], InferenceResponseSender] | None = None
+        self._slot = 0
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     @classmethod
@@ -177,16 +181,18 @@ class InferenceRequest:
         flags: int = 0,
         parameters: Mapping[str, Any] | None = None,
         cancelled: CancelFlag | None = None,
+        by_name: dict[str, Tensor] | None = None,
     ) -> InferenceRequest:
         """A request the worker hands to ``execute`` (its sender is attached by the worker). What the
         worker gives was checked on its way in (tensors, names, parameters), so the object is filled in
-        without the checks ``__init__`` makes of a model's own (BLS) requests: this runs per request."""
+        without the checks ``__init__`` makes of a model's own (BLS) requests: this runs per request.
+        ``by_name``: the same tensors by name (the worker builds them so), kept as the request's own."""
         request = cls.__new__(cls)
         params = dict(parameters) if parameters else {}
         context = params.pop("traceparent", None)  # a traced request's: ``trace()``, not a parameter
         request._fill(list(inputs), request_id, list(requested_output_names), _served_name(model_name), -1,
                       correlation_id, flags, 0, params,
-                      cancelled if cancelled is not None else CancelFlag())  # fmt: skip
+                      cancelled if cancelled is not None else CancelFlag(), by_name)  # fmt: skip
         if isinstance(context, str):
             request._trace = InferenceTrace(context)
         return request
@@ -227,7 +233,7 @@ class InferenceRequest:
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None and self._make_sender is not None:
-            self._sender, self._make_sender = self._make_sender(), None
+            self._sender, self._make_sender = self._make_sender(self._slot, self._cancelled), None
         if self._sender is None:
             raise TritonModelException(
                 "get_response_sender: only a request given to execute has a response sender (a request "

@@ -27,7 +27,6 @@ from .batch_io import (
     emit,
     error_result,
     model_failure,
-    ok_result,
     open_requests,
     output_wire,
 )
@@ -49,31 +48,32 @@ def _answer(
     frames: list[Frame],
     device: Device,
 ) -> ResultEntry:
-    """The result entry of one request; its frames are appended to ``frames`` only when it succeeds."""
+    """The result entry of one request; its frames are appended to ``frames`` only when it succeeds (they
+    go straight to the end of ``frames``, numbered there, and are taken off again when an output fails)."""
     if isinstance(result, ServerError):
         return error_result(req.id, result)
+    base = len(frames)
     try:
         if type(result) is not dict and not isinstance(result, Mapping):  # a dict: no ABC check
             raise InternalError(f"model returned {type(result).__name__} for a request, expected outputs")
-        missing = [o.name for o in req.outputs if o.name not in result]
-        if missing:
-            raise InternalError(f"response has no output named {', '.join(repr(m) for m in missing)}")
-        own: list[Frame] = []
         tensors = []
         for want in req.outputs:
-            arr = check_output(want.name, result[want.name], sig, rows, device, per_request=True)
-            wire = output_wire(want.name, arr, sig)
-            tensors.append(emit(want.name, arr, want.slot, wire, regions, own, device))
+            name = want.name
+            if name not in result:
+                missing = [o.name for o in req.outputs if o.name not in result]
+                raise InternalError(f"response has no output named {', '.join(repr(m) for m in missing)}")
+            arr = check_output(name, result[name], sig, rows, device, per_request=True)
+            tensors.append(emit(name, arr, want.slot, output_wire(name, arr, sig), regions, frames, device))
     except ServerError as exc:
+        del frames[base:]
         return error_result(req.id, exc)
-    base = len(frames)
-    frames.extend(own)
+    except BaseException:
+        del frames[base:]
+        raise
     parameters = getattr(result, "parameters", None)  # a Triton response's, for the client
-    return (
-        ok_result(req.id, tensors, base)._replace(parameters=parameters)
-        if parameters
-        else ok_result(req.id, tensors, base)
-    )
+    if parameters:
+        return ResultEntry(req.id, outputs=tuple(tensors), parameters=parameters)
+    return ResultEntry(req.id, outputs=tuple(tensors))
 
 
 def open_inputs(

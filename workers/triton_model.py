@@ -15,7 +15,6 @@ instead; ``zinfer.workers.triton_stream`` runs it.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 import logging
@@ -85,8 +84,14 @@ def sequence_fields(sequence: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def pb_request(r: RequestInputs, model_name: str) -> pb.InferenceRequest:
     """The ``pb_utils.InferenceRequest`` model code sees for one request."""
+    of = pb.Tensor._of
+    by_name = {name: of(name, array) for name, array in r.inputs.items()}
+    tensors = list(by_name.values())
+    if r.sequence is None:  # the usual: no keyword arguments to build
+        return pb.InferenceRequest._served(tensors, r.request_id, r.outputs, model_name, 0, 0, r.parameters,
+                                           r.cancelled, by_name)  # fmt: skip
     return pb.InferenceRequest._served(
-        [pb.Tensor._of(name, array) for name, array in r.inputs.items()],
+        tensors,
         r.request_id,
         r.outputs,
         model_name,
@@ -130,9 +135,11 @@ class _Senders:
         self._requests: list[weakref.ref[pb.InferenceRequest]] = []
         self._senders: dict[int, weakref.ref[pb.InferenceResponseSender]] = {}
         self.used = False
+        self.taken = False  # a sender was asked for (any_taken without the lock: the flag only ever rises)
 
     def attach(self, i: int, request: pb.InferenceRequest) -> pb.InferenceRequest:
-        request._make_sender = functools.partial(self._sender, i, request._cancelled)
+        # made when asked for (a bound method the request holds: no cycle back to it from here)
+        request._make_sender, request._slot = self._sender, i
         self._requests.append(weakref.ref(request))
         return request
 
@@ -151,6 +158,7 @@ class _Senders:
         )
         with self._lock:
             self._taken[i] = True
+            self.taken = True
             self._senders[i] = weakref.ref(sender)
         weakref.finalize(sender, self._deliver, i, None, True)
         return sender
@@ -182,8 +190,7 @@ class _Senders:
             live._close()
 
     def any_taken(self) -> bool:
-        with self._lock:
-            return any(self._taken)
+        return self.taken
 
     def taken_done(self) -> bool:
         """Every sender the model asked for has sent its final flag (or is gone)."""
@@ -227,8 +234,9 @@ class TritonModel(RequestModel):
         except Exception as exc:
             responses, error = None, exc
         if error is None and type(responses) is list and len(responses) == len(requests):
-            if not senders.any_taken():  # what _conclude answers for a plain list, without its steps
-                return [self._result(r) for r in responses]
+            if not senders.taken:  # what _conclude answers for a plain list, without its steps
+                result = self._result
+                return [result(r) for r in responses]
         conclusion = self._conclude(senders, len(requests), responses, error)
         try:
             wait = next(conclusion)
@@ -303,9 +311,9 @@ class TritonModel(RequestModel):
                 f"TritonPythonModel.execute returned a {type(response).__name__} where an "
                 "InferenceResponse was expected"
             )
-        if response.has_error():
-            return response_error(response.error())
-        outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        if response._error is not None:
+            return response_error(response._error)
+        outputs = {t._name: t._array for t in response._tensors}  # pb_utils' own classes: their fields
         return RequestOutputs(outputs, response._parameters) if response._parameters else outputs
 
     def finalize(self) -> None:

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -43,7 +43,6 @@ from zinfer.client.worker_protocol import (
     execute_from_wire,
     load_failed_to_wire,
     ready_to_wire,
-    result_to_wire,
 )
 from zinfer.modelconfig.autocomplete import complete_config
 from zinfer.modelconfig.repository import read_model_dir_config
@@ -137,7 +136,10 @@ class Worker:
             )
             result = result._replace(results=tuple(error_result(r.id, error) for r in result.results))
             frames = []
-        self.send(Command.W_RESULT, result_to_wire(result), frames)
+        # the record itself is the header: msgspec writes it as the map ``result_to_wire`` builds (fields at
+        # their defaults left out, which every reader of a RESULT takes as those defaults), without the
+        # dicts of every request and tensor built first
+        send_frames(self.sock, protocol.encode(Command.W_RESULT, cast(Any, result), frames))
 
     def load(self) -> tuple[Signature, AnyModel, Runner] | None:
         a = self.args
