@@ -69,7 +69,8 @@ async def _run(url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     handle = shm.create_shared_memory_region("fdc", key, 2 * nbytes)
     with tempfile.TemporaryDirectory(prefix="zfdc-") as tmp:
         bridge = Bridge(url)
-        door = FrontDoor(FrontDoorOptions(url, Path(tmp) / "shm"), bridge, sysshm.SystemShm(Path(tmp) / "shm"))
+        folder = Path(tmp) / "shm"
+        door = FrontDoor(FrontDoorOptions(url, folder), bridge, sysshm.SystemShm(folder))
         client = bridge._client
         exchange = client._exchange
 
