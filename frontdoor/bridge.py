@@ -183,6 +183,10 @@ class Bridge:
         config: dict[str, Any] = await self._client.model_config(model, parse_version(model, version))
         return config
 
+    def known_decoupled(self, model: str, version: str = "") -> bool | None:
+        """``is_decoupled``'s cached answer, without a call (None when not known yet)."""
+        return self._decoupled.get((model, version))
+
     async def is_decoupled(self, model: str, version: str = "") -> bool:
         """Whether the model's transaction policy is decoupled (several responses per request): a unary
         infer refuses such a model, as Triton does. Cached per model version; a load or unload through this
@@ -240,18 +244,21 @@ class Bridge:
     # ------------------------------------------------------------------------------------ inference
 
     async def infer(self, call: InferCall) -> InferReply:
-        if self._shortcut is not None:
-            recorded = self._shortcut.recorded(call.model)
+        shortcut = self._shortcut
+        if shortcut is not None:
+            recorded = shortcut.recorded(call.model)
             if recorded is None:
                 reply = await self._infer(call)
-                self._shortcut.record(call.model, reply)
+                shortcut.record(call.model, reply)
                 return reply
-            if self._shortcut.forward_now():
+            if shortcut.forward_now():
                 task = asyncio.ensure_future(self._infer(call))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
             return InferReply(recorded.model, recorded.version, call.request_id, recorded.outputs)
-        return await self._infer(call)
+        parameters = _with_trace(model_parameters(call.parameters), call.traceparent)  # ``_infer``, inline:
+        version = parse_version(call.model, call.version)  # one coroutine less per request
+        return await self._client.infer_call(call, version, parameters, self._wait(call))
 
     async def _infer(self, call: InferCall) -> InferReply:
         parameters = _with_trace(model_parameters(call.parameters), call.traceparent)

@@ -118,6 +118,7 @@ class HttpInferRequest(NamedTuple):
     sequence_end: bool = False
     parameters: Mapping[str, Any] = _NO_PARAMETERS
     output_shm: bool = False  # an output is written to shared memory
+    input_shm: bool = False  # an input is read from shared memory
 
 
 def _bad(message: str) -> InvalidArgument:
@@ -407,9 +408,12 @@ def decode_infer_request(
     binary = view[end:]
     pos = 0
     inputs: list[InputSpec] = []
+    input_shm = False
     for item in items:
         spec, pos = _input(item, binary, pos, model, limits)
         inputs.append(spec)
+        if spec.shm is not None:
+            input_shm = True
     if pos != len(binary):
         raise _bad(f"unexpected additional input data for model '{model}'")
     names = [i.name for i in inputs]
@@ -418,12 +422,20 @@ def decode_infer_request(
     outputs: Sequence[Any] = _array(request["outputs"], "outputs") if "outputs" in request else []
     if len(outputs) > limits.max_tensors:
         raise _bad(f"the request has {len(outputs)} outputs, more than {limits.max_tensors}")
-    specs = tuple(_output(o, limits) for o in outputs)
+    specs = tuple([_output(o, limits) for o in outputs])
+    output_shm = False
+    for o in specs:
+        if o.shm is not None:
+            output_shm = True
+    if not params:  # no request parameters (the common case): the defaults
+        return HttpInferRequest(
+            request_id, tuple(inputs), specs, False, 0, 0, 0, False, False, params, output_shm, input_shm
+        )  # fmt: skip
     pop = params.pop
     return HttpInferRequest(
         request_id, tuple(inputs), specs, pop("binary_data_output", False), pop("priority", 0),
         pop("timeout", 0), pop("sequence_id", 0), pop("sequence_start", False), pop("sequence_end", False),
-        params, any(o.shm is not None for o in specs),
+        params, output_shm, input_shm,
     )  # fmt: skip
 
 

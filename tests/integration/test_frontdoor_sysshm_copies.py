@@ -1,0 +1,132 @@
+"""A tensor in a caller's system shared memory crosses the HTTP door with one kernel copy each way: the
+input is read (``pread``) straight into the bridge's arena and goes to the broker as a descriptor of it,
+not as a frame; the output is reserved in the arena, where the worker writes it, and is written
+(``pwrite``) into the caller's region straight from there. The door runs in this process (``HttpFrontDoor``
+on a real ``zinfer serve``), so what it hands the broker and the kernel can be looked at."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.utils.shared_memory as shm
+
+from tests.conftest import ServerProcess, start_server, stop_all
+from tests.frontdoor_helpers import repository
+
+pytestmark = pytest.mark.integration
+
+N = 256 * 1024  # FP32 items: 1 MiB, far over the bridge's inline threshold
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    s = start_server(repository(tmp_path_factory.mktemp("fdc"), ("identity",)))
+    try:
+        yield s
+    finally:
+        stop_all([s])
+
+
+def _body(region: str, nbytes: int) -> bytes:
+    params = {"shared_memory_region": region, "shared_memory_byte_size": nbytes}
+    return json.dumps({
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, N], "parameters": params}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {**params, "shared_memory_offset": nbytes}}],
+    }).encode()  # fmt: skip
+
+
+async def _run(url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    from zinfer.frontdoor import sysshm
+    from zinfer.frontdoor.bridge import Bridge
+    from zinfer.frontdoor.door import FrontDoor, FrontDoorOptions
+    from zinfer.frontdoor.http_server import HttpFrontDoor
+    from zinfer.frontdoor.http_wire import HttpRequest
+
+    seen: dict[str, Any] = {"preads": [], "pwrites": []}
+    real_preadv, real_pwrite = os.preadv, os.pwrite
+
+    def preadv(fd: int, buffers: list[Any], offset: int) -> int:
+        seen["preads"].append(buffers)
+        return real_preadv(fd, buffers, offset)
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:
+        seen["pwrites"].append(data)
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(sysshm.os, "preadv", preadv)
+    monkeypatch.setattr(sysshm.os, "pwrite", pwrite)
+    nbytes = N * 4
+    key = f"/fdcopy_{uuid.uuid4().hex[:12]}"
+    handle = shm.create_shared_memory_region("fdc", key, 2 * nbytes)
+    with tempfile.TemporaryDirectory(prefix="zfdc-") as tmp:
+        bridge = Bridge(url)
+        folder = Path(tmp) / "shm"
+        door = FrontDoor(FrontDoorOptions(url, folder), bridge, sysshm.SystemShm(folder))
+        client = bridge._client
+        exchange = client._exchange
+
+        async def spy(p: Any, timeout: float | None) -> Any:
+            seen["prepared"] = p
+            reply, frames = await exchange(p, timeout)
+            seen["reply_frames"] = list(frames)
+            return reply, frames
+
+        monkeypatch.setattr(client, "_exchange", spy)
+        try:
+            data = np.arange(N, dtype=np.float32)
+            shm.set_shared_memory_region(handle, [data])
+            handler = HttpFrontDoor(door)
+            uid = os.getuid()
+            register = json.dumps({"key": key, "offset": 0, "byte_size": 2 * nbytes}).encode()
+            answer = await handler.handle(HttpRequest(
+                "POST", "/v2/systemsharedmemory/region/fdc/register", {}, register, None, uid))  # fmt: skip
+            assert answer.status == 200, answer
+            answer = await handler.handle(HttpRequest(
+                "POST", "/v2/models/identity/infer", {}, _body("fdc", nbytes), None, uid))  # fmt: skip
+            assert answer.status == 200, b"".join(answer.body)
+            seen["answer"] = b"".join(answer.body)
+            slot = seen["prepared"].out_slots["OUTPUT0"]
+            seen["written_from_slot"] = [  # while the arena is mapped
+                np.shares_memory(np.frombuffer(w, np.uint8), np.frombuffer(slot.view(), np.uint8))
+                for w in seen["pwrites"]
+            ]
+            seen["result"] = shm.get_contents_as_numpy(handle, np.float32, [N], offset=nbytes).copy()
+        finally:
+            await bridge.close()
+            shm.destroy_shared_memory_region(handle)
+    return seen
+
+
+def test_system_shm_crosses_the_door_with_one_copy_each_way(
+    server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = asyncio.run(_run(server.url, monkeypatch))
+    np.testing.assert_array_equal(seen["result"], np.arange(N, dtype=np.float32))
+    assert b'"data"' not in seen["answer"] and b"binary_data_size" not in seen["answer"]
+    p = seen["prepared"]
+    # the input: one pread, into an arena slot, sent to the broker as that slot's descriptor (no frame)
+    assert len(seen["preads"]) == 1
+    (ref,) = p.header.inputs
+    assert ref.shm is not None and ref.shm.nbytes == N * 4 and ref.frame is None
+    assert not [f for f in p.frames if len(memoryview(f)) >= N]  # no tensor bytes inline
+    (buf,) = seen["preads"][0]
+    read_into = np.frombuffer(buf, np.uint8)
+    assert any(np.shares_memory(read_into, a) for a in p.keep)  # the array the request names
+    # the output: reserved in the arena (the worker writes it there), not sent back inline
+    (out,) = p.header.outputs
+    assert out.slot is not None and out.slot.nbytes >= N * 4
+    assert not [f for f in seen["reply_frames"] if len(memoryview(f)) >= N]
+    # ... and one pwrite into the caller's region, straight from that slot
+    assert len(seen["pwrites"]) == 1
+    slot = p.out_slots["OUTPUT0"]
+    assert (slot.region, slot.offset) == (out.slot.region, out.slot.offset)
+    assert seen["written_from_slot"] == [True]
