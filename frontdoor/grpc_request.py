@@ -7,8 +7,9 @@ that repeats byte for byte. ``read`` walks the message's top-level fields only (
 looks the header up among those seen before (``Headers``: what protobuf and ``grpc_convert`` made of it,
 checked once), and builds the call from it and the raw contents' bytes (arrays over the message's own
 bytes, no copy). Anything it does not recognise, it leaves to the full path (``None``): a field out of
-order or repeated, a tag or length protobuf would not write, an input whose data is not raw contents, any
-parameter, a byte count that does not match, a header not seen yet. The full path (protobuf's parser and
+order or repeated, a tag or length protobuf would not write, an input whose data is not raw contents, a
+tensor's parameters (shared memory, classification), a request parameter the full path would refuse, a byte
+count that does not match, a header not seen yet. The full path (protobuf's parser and
 ``grpc_convert.infer_call``) then gives every answer and every error text, as before; so this path answers
 only requests that the full path would answer the same way.
 """
@@ -16,6 +17,8 @@ only requests that the full path would answer the same way.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -24,9 +27,9 @@ from tritonclient.grpc import service_pb2
 from zinfer.client import dtypes
 from zinfer.client.errors import InvalidArgument
 
-from .bridge_records import InferCall, Tensor
+from .bridge_records import NONE, InferCall, Tensor
 from .door_client import with_wire
-from .grpc_convert import _ITEMSIZE, _NUMPY, _shape
+from .grpc_convert import _ITEMSIZE, _NUMPY, _bool, _int, _sequence_id, _shape, parameters
 
 __all__ = ["Headers", "parse", "read"]
 
@@ -54,6 +57,12 @@ class _Template(NamedTuple):
     version: str
     inputs: tuple[_Input, ...]
     outputs: tuple[str, ...]
+    priority: int
+    timeout_us: int
+    sequence_id: int | str
+    sequence_start: bool
+    sequence_end: bool
+    parameters: Mapping[str, Any]
 
 
 def _template(header: bytes) -> _Template | None:
@@ -63,7 +72,18 @@ def _template(header: bytes) -> _Template | None:
         request = service_pb2.ModelInferRequest.FromString(header)
     except Exception:  # noqa: BLE001 - protobuf's DecodeError and the like: the full path answers it
         return None
-    if not request.model_name or request.parameters or request.raw_input_contents:
+    if not request.model_name or request.raw_input_contents:
+        return None
+    entries = request.parameters
+    params = parameters(entries) if entries else {}
+    try:  # what grpc_convert.infer_call reads of them (a bytes parameter, a wrong type: its errors)
+        if any(isinstance(v, bytes) for v in params.values()):
+            return None
+        fixed = (
+            _int(params, "priority"), _int(params, "timeout"), _sequence_id(params),
+            _bool(params, "sequence_start"), _bool(params, "sequence_end"),
+        )  # fmt: skip
+    except InvalidArgument:
         return None
     inputs = []
     seen: set[str] = set()
@@ -88,7 +108,10 @@ def _template(header: bytes) -> _Template | None:
         if o.parameters:
             return None
         outputs.append(o.name)
-    return _Template(request.model_name, request.model_version, tuple(inputs), tuple(outputs))
+    # the request's parameters as infer_call passes them on (read only here: every call of the header shares
+    # them), none as its default
+    shared = MappingProxyType(params) if params else NONE
+    return _Template(request.model_name, request.model_version, tuple(inputs), tuple(outputs), *fixed, shared)
 
 
 def _varint(payload: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -175,8 +198,11 @@ def read(payload: bytes, known: Headers) -> InferCall | None:
         else:
             data = np.empty(spec.shape, spec.dtype)
         inputs.append(Tensor(spec.name, spec.datatype, spec.shape, data))
-    return InferCall(template.model, tuple(inputs), template.version, template.outputs, request_id,
-                     class_counts={})  # fmt: skip
+    t = template
+    return InferCall(
+        t.model, tuple(inputs), t.version, t.outputs, request_id, t.priority, t.timeout_us, t.sequence_id,
+        t.sequence_start, t.sequence_end, t.parameters, {},
+    )  # fmt: skip
 
 
 def _id_value(payload: bytes, at: int, end: int) -> str | None:

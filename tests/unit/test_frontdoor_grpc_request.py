@@ -57,10 +57,33 @@ def test_a_header_seen_before_is_read_from_the_bytes_as_the_full_path_reads_it()
     assert len(known) == 1  # the id is not part of the header
 
 
+def test_request_parameters_are_read_once_per_header_as_the_full_path_reads_them() -> None:
+    known: grpc_request.Headers = {}
+    for i in range(3):
+        r = _request(f"r{i}", float(i))
+        r.parameters["triton_enable_empty_final_response"].bool_param = True  # perf_analyzer sends it
+        r.parameters["sequence_id"].string_param = "s-1"
+        r.parameters["sequence_start"].bool_param = True
+        r.parameters["priority"].int64_param = 2
+        r.parameters["timeout"].int64_param = 500
+        payload = r.SerializeToString()
+        fast = grpc_request.read(payload, known)
+        if i == 0:
+            assert fast is None
+            continue
+        assert fast is not None
+        _same(fast, _full(payload))
+        assert (fast.priority, fast.timeout_us, fast.sequence_id) == (2, 500, "s-1") and fast.sequence_start
+        with pytest.raises(TypeError):
+            fast.parameters["priority"] = 3  # type: ignore[index]  # shared by the header's calls: read only
+
+
 @pytest.mark.parametrize(
     "change",
     [
-        lambda r: r.parameters["sequence_id"].__setattr__("int64_param", 4),
+        lambda r: r.parameters["sequence_id"].__setattr__("double_param", 1.5),
+        lambda r: r.parameters["priority"].__setattr__("string_param", "high"),
+        lambda r: r.parameters["sequence_start"].__setattr__("int64_param", 1),
         lambda r: r.inputs[0].parameters["shared_memory_region"].__setattr__("string_param", "x"),
         lambda r: r.outputs[0].parameters["classification"].__setattr__("int64_param", 2),
         lambda r: r.outputs[0].parameters["shared_memory_region"].__setattr__("string_param", "x"),
@@ -140,7 +163,10 @@ def test_the_table_of_headers_stays_bounded() -> None:
 def test_mutated_requests_are_read_as_the_full_path_reads_them_or_left_to_it() -> None:
     """Random changes to a request's bytes: whatever the fast path answers, the full path answers alike."""
     rng = random.Random(33)
-    base = _request("id-1").SerializeToString()
+    r = _request("id-1")
+    r.parameters["triton_enable_empty_final_response"].bool_param = True
+    r.parameters["sequence_id"].int64_param = 9
+    base = r.SerializeToString()
     answered = 0
     for _ in range(3000):
         payload = bytearray(base)
