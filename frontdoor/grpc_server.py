@@ -64,13 +64,14 @@ def _credentials(door: FrontDoor) -> grpc.ServerCredentials | None:
 
 
 SERVICE = "inference.GRPCInferenceService"
-RAW_REQUEST = frozenset(("ModelInfer",))
-"""Methods whose handler takes the request's wire bytes (it reads them itself: grpc_request)."""
+RAW = frozenset(("ModelInfer",))
+"""Methods whose handler takes the request's wire bytes and returns the response's (it reads and writes them
+itself: grpc_request, grpc_response)."""
 
 
 def _add_service(servicer: InferenceService, server: Any) -> None:
     """Triton's service on ``server``, every method as tritonclient's generated code registers it (by its
-    descriptor) but those of ``RAW_REQUEST``, registered without a request deserializer."""
+    descriptor) but those of ``RAW``, registered without a request deserializer and a response serializer."""
     handlers = {}
     for method in service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         request = getattr(service_pb2, method.input_type.name)
@@ -82,8 +83,8 @@ def _add_service(servicer: InferenceService, server: Any) -> None:
         )
         handlers[method.name] = make(
             getattr(servicer, method.name),
-            request_deserializer=None if method.name in RAW_REQUEST else request.FromString,
-            response_serializer=response.SerializeToString,
+            request_deserializer=None if method.name in RAW else request.FromString,
+            response_serializer=None if method.name in RAW else response.SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)

@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from zinfer.client.errors import InvalidArgument
 
-from . import cudashm, grpc_metadata, grpc_request
+from . import cudashm, grpc_metadata, grpc_request, grpc_response
 from . import grpc_convert as convert
 from .bridge_records import InferCall
 from .classification import classify_reply
@@ -48,6 +48,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         self.door = door
         self.bridge = door.bridge
         self._headers: grpc_request.Headers = {}  # ModelInfer's request headers seen (grpc_request)
+        self._written: grpc_response.Written = {}  # ModelInfer's kinds of reply written (grpc_response)
 
     def _shm(self, context: Any) -> CallerShm:
         """The system shared memory registry as this call's peer sees it (its uid looked up when first
@@ -152,10 +153,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
     # ------------------------------------------------------------------------------------ inference
 
-    async def ModelInfer(self, request: Any, context: Any) -> service_pb2.ModelInferResponse:
+    async def ModelInfer(self, request: Any, context: Any) -> bytes:
         # the hot path: _answer's work written out (no closure, one coroutine less per call). ``request``
-        # comes as its wire bytes (grpc_server registers the method without a deserializer): a request
-        # whose header was seen before is read from them directly (grpc_request), any other parsed here
+        # comes as its wire bytes and the response goes as its own (grpc_server registers the method
+        # without a deserializer and a serializer): a request whose header was seen before is read from them
+        # directly (grpc_request), any other parsed here; a reply is written by grpc_response
         try:
             read_start = time.monotonic_ns()
             call = grpc_request.read(request, self._headers) if type(request) is bytes else None
@@ -183,7 +185,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             reply = await bridge.infer(call)
             if call.class_counts:
                 reply = await classify_reply(bridge, self.door.labels, reply, call.class_counts)
-            response = convert.infer_response(reply, regions, shm)
+            response = None if regions else grpc_response.response_bytes(reply, self._written)
+            if response is None:
+                response = convert.infer_response(reply, regions, shm).SerializeToString()
             if reply.trace:  # traced by the broker: the door's timestamps go to its trace once sent
                 read = (("GRPC_WAITREAD_START", read_start), ("GRPC_WAITREAD_END", read_end))
                 sent = functools.partial(_grpc_sent, bridge.trace_stamps, reply.trace, read,
