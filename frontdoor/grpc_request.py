@@ -163,6 +163,8 @@ def read(payload: bytes, known: Headers) -> InferCall | None:
         last = field
         pos += size
     header_end = raw_at if raw_at >= 0 else end
+    if header_end - (id_end - id_at) > MAX_HEADER:  # not kept: not copied either
+        return None
     if id_at >= 0:
         header = payload[:id_at] + payload[id_end:header_end]
         request_id = _id_value(payload, id_at, id_end)
@@ -171,8 +173,6 @@ def read(payload: bytes, known: Headers) -> InferCall | None:
     else:
         header = payload[:header_end]
         request_id = ""
-    if len(header) > MAX_HEADER:
-        return None
     template = known.get(header)
     if template is None:
         if header not in known:  # the first time: the full path, which also says what is wrong with it
