@@ -9,10 +9,10 @@ time over the requests answered in the same window) and, from py-spy's samples (
 top frames by own time and by time inclusive of callees. ``--case big``: the ``big`` model (4 MiB in and
 out) at concurrency 8 with system shared memory instead.
 
-Usage: ``.venv/bin/python bench/profile_frontdoor.py --triton-venv DIR [--seconds S]``. Needs py-spy in this
-venv (the dev install's) and perf_analyzer in ``--triton-venv``. Results: bench/results/profile_frontdoor.json
-(replaced by each run; ``--results PATH`` for another file). Absolute figures move with the machine's
-load; compare rows of one run.
+Usage: ``.venv/bin/python bench/profile_frontdoor.py --triton-venv DIR [--seconds S] [--spy gil,native]``.
+Needs py-spy in this venv (the dev install's) and perf_analyzer in ``--triton-venv``. Results:
+bench/results/profile_frontdoor.json (replaced by each run; ``--results PATH`` for another file). Absolute
+figures move with the machine's load; compare rows of one run.
 """
 
 from __future__ import annotations
@@ -83,9 +83,13 @@ def _frames(raw: Path) -> dict[str, Any]:
     return {"samples": total, "own_pct": top(own), "inclusive_pct": top(inclusive)}
 
 
+SPY_FLAGS: list[str] = []  # --spy gil,native,threads: py-spy's own options (gil: samples holding the GIL)
+
+
 def _record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    blocking = [] if "--native" in SPY_FLAGS else ["--nonblocking"]  # py-spy's native stacks stop the process
     cmd = [str(PYSPY), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "100",
-           "--nonblocking", "--nolineno", "--format", "raw", "--output", str(out)]  # fmt: skip
+           *blocking, "--nolineno", "--format", "raw", "--output", str(out), *SPY_FLAGS]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -143,7 +147,9 @@ def main() -> int:
     ap.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
     ap.add_argument("--case", default="c32", choices=sorted(CASES), help="big: 4 MiB, c8, system shm")
     ap.add_argument("--modes", default="full,no-broker")
+    ap.add_argument("--spy", default="", help="py-spy options by name: gil,native,threads,idle")
     args = ap.parse_args()
+    SPY_FLAGS[:] = [f"--{f}" for f in args.spy.split(",") if f]
     pa = args.triton_venv / "bin" / "perf_analyzer"
     if not pa.exists() or not PYSPY.exists():
         print("needs perf_analyzer in --triton-venv and py-spy beside this interpreter")

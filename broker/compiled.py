@@ -70,6 +70,8 @@ COMPILED = (
     "zinfer.frontdoor.errors",
     "zinfer.frontdoor.classification",
     "zinfer.frontdoor.grpc_convert",
+    "zinfer.frontdoor.grpc_request",
+    "zinfer.frontdoor.grpc_response",
     "zinfer.frontdoor.http_codec",
     "zinfer.frontdoor.http_reply",
     "zinfer.frontdoor.http_views",

@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 import grpc
-from tritonclient.grpc import service_pb2_grpc
+from tritonclient.grpc import service_pb2
 
 from zinfer.client.addresses import listen_problem
 from zinfer.client.errors import ConfigError
@@ -63,6 +63,33 @@ def _credentials(door: FrontDoor) -> grpc.ServerCredentials | None:
     )
 
 
+SERVICE = "inference.GRPCInferenceService"
+RAW = frozenset(("ModelInfer",))
+"""Methods whose handler takes the request's wire bytes and returns the response's (it reads and writes them
+itself: grpc_request, grpc_response)."""
+
+
+def _add_service(servicer: InferenceService, server: Any) -> None:
+    """Triton's service on ``server``, every method as tritonclient's generated code registers it (by its
+    descriptor) but those of ``RAW``, registered without a request deserializer and a response serializer."""
+    handlers = {}
+    for method in service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        request = getattr(service_pb2, method.input_type.name)
+        response = getattr(service_pb2, method.output_type.name)
+        make = (
+            grpc.stream_stream_rpc_method_handler
+            if method.client_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=None if method.name in RAW else request.FromString,
+            response_serializer=None if method.name in RAW else response.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
 async def start_grpc(door: FrontDoor, address: str) -> Any:
     """Start serving ``inference.GRPCInferenceService`` on ``address``; returns the running server."""
     o = door.options
@@ -77,7 +104,7 @@ async def start_grpc(door: FrontDoor, address: str) -> Any:
     ]
     native = use_native(o.tls)
     server = _server(options, native)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(door), server)
+    _add_service(InferenceService(door), server)
     credentials = _credentials(door)
     if credentials is None:
         port = server.add_insecure_port(address)

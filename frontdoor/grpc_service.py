@@ -12,7 +12,8 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from types import MappingProxyType
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -20,7 +21,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from zinfer.client.errors import InvalidArgument
 
-from . import cudashm
+from . import cudashm, grpc_metadata, grpc_request, grpc_response
 from . import grpc_convert as convert
 from .bridge_records import InferCall
 from .classification import classify_reply
@@ -32,6 +33,7 @@ from .sysshm import CallerShm
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_NO_REGIONS: Mapping[str, tuple[str, int, int]] = MappingProxyType({})
 _STREAM_QUEUE = 64  # responses waiting for a slow stream reader before its requests wait too
 
 
@@ -45,6 +47,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     def __init__(self, door: FrontDoor) -> None:
         self.door = door
         self.bridge = door.bridge
+        self._headers: grpc_request.Headers = {}  # ModelInfer's request headers seen (grpc_request)
+        self._written: grpc_response.Written = {}  # ModelInfer's kinds of reply written (grpc_response)
 
     def _shm(self, context: Any) -> CallerShm:
         """The system shared memory registry as this call's peer sees it (its uid looked up when first
@@ -149,12 +153,27 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
     # ------------------------------------------------------------------------------------ inference
 
-    async def ModelInfer(self, request: Any, context: Any) -> service_pb2.ModelInferResponse:
-        # the hot path: _answer's work written out (no closure, one coroutine less per call)
+    async def ModelInfer(self, request: Any, context: Any) -> bytes:
+        # the hot path: _answer's work written out (no closure, one coroutine less per call). ``request``
+        # comes as its wire bytes and the response goes as its own (grpc_server registers the method
+        # without a deserializer and a serializer): a request whose header was seen before is read from them
+        # directly (grpc_request), any other parsed here; a reply is written by grpc_response
         try:
             read_start = time.monotonic_ns()
-            shm = self._shm(context)
-            call, regions = self._call(request, shm, _traceparent(context))
+            call = grpc_request.read(request, self._headers) if type(request) is bytes else None
+            shm: CallerShm | None = None
+            if call is not None:
+                regions: Mapping[str, tuple[str, int, int]] = _NO_REGIONS
+                traceparent = grpc_metadata.traceparent(context)
+                if traceparent:
+                    call = call._replace(traceparent=traceparent)
+            else:
+                if type(request) is bytes:
+                    request = grpc_request.parse(request)
+                    if request is None:  # as grpc's servers answer a message they cannot parse
+                        await context.abort(grpc.StatusCode.INTERNAL, "Exception deserializing request!")
+                shm = self._shm(context)
+                call, regions = self._call(request, shm, grpc_metadata.traceparent(context))
             read_end = time.monotonic_ns()
             bridge = self.bridge
             if await bridge.is_decoupled(call.model, call.version):
@@ -166,13 +185,15 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             reply = await bridge.infer(call)
             if call.class_counts:
                 reply = await classify_reply(bridge, self.door.labels, reply, call.class_counts)
-            response = convert.infer_response(reply, regions, shm)
+            response = None if regions else grpc_response.response_bytes(reply, self._written)
+            if response is None:
+                response = convert.infer_response(reply, regions, shm).SerializeToString()
             if reply.trace:  # traced by the broker: the door's timestamps go to its trace once sent
                 read = (("GRPC_WAITREAD_START", read_start), ("GRPC_WAITREAD_END", read_end))
                 sent = functools.partial(_grpc_sent, bridge.trace_stamps, reply.trace, read,
                                          time.monotonic_ns())  # fmt: skip
                 context.add_done_callback(sent)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:  # every failure becomes Triton's answer
             await self._abort(context, exc)
@@ -199,10 +220,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         tasks: set[asyncio.Task[None]] = set()
         # Triton's "triton_grpc_error: true" header: the first error ends the stream with its gRPC status
         # (instead of a response whose error_message carries it, the stream going on)
-        grpc_error = _grpc_error_mode(context)
+        grpc_error = grpc_metadata.error_mode(context)
         last_of_sequence: dict[int | str, asyncio.Task[None]] = {}
         shm = self._shm(context)
-        traceparent = _traceparent(context)
+        traceparent = grpc_metadata.traceparent(context)
 
         async def one(request: Any, before: asyncio.Task[None] | None, decoupled: bool) -> None:
             if before is not None:
@@ -359,15 +380,6 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         )
 
 
-def _grpc_error_mode(context: Any) -> bool:
-    """Whether the stream's client sent Triton's ``triton_grpc_error: true`` header."""
-    try:
-        metadata = context.invocation_metadata() or ()
-    except Exception:  # noqa: BLE001 - a context without metadata (tests' stand-ins)
-        return False
-    return any(k == "triton_grpc_error" and str(v).lower() == "true" for k, v in metadata)
-
-
 async def _is_decoupled(bridge: Any, request: Any) -> bool:
     """Whether the stream request's model is decoupled; False when that cannot be told (the request's
     own answer then says what is wrong)."""
@@ -382,11 +394,3 @@ def _grpc_sent(
 ) -> None:
     """The call is done (its response sent): the door's timestamps to the request's trace."""
     stamps.add(trace, (*read, ("GRPC_SEND_START", send_start), ("GRPC_SEND_END", time.monotonic_ns())))
-
-
-def _traceparent(context: Any) -> str:
-    """The W3C ``traceparent`` of a call's metadata ("" when it has none)."""
-    for key, value in context.invocation_metadata() or ():
-        if key == "traceparent" and isinstance(value, str):
-            return value
-    return ""
