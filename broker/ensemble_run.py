@@ -16,17 +16,27 @@ from .model_state import ModelState, Pending
 from .regions import RegionTable
 
 
-@dataclass
+@dataclass(init=False)
 class Value:
-    """One tensor of a run: in a region (``shm``) or as an inline frame (``data``)."""
+    """One tensor of a run: in a region (``shm``) or as an inline frame (``data``). (The records here have
+    their own ``__init__``: built per step, and under mypyc a dataclass's generated one runs as interpreted
+    code.)"""
 
     datatype: str
     shape: list[int]
     shm: list[Any] | None = None  # [region, offset, nbytes]
     data: Frame | None = None
 
+    def __init__(
+        self, datatype: str, shape: list[int], shm: list[Any] | None = None, data: Frame | None = None
+    ) -> None:
+        self.datatype = datatype
+        self.shape = shape
+        self.shm = shm
+        self.data = data
 
-@dataclass
+
+@dataclass(init=False)
 class Run:
     """One ensemble request in progress."""
 
@@ -40,6 +50,18 @@ class Run:
     slots: list[Slot] = field(default_factory=list)
     client_slots: dict[str, list[Any]] = field(default_factory=dict)  # ensemble output → client's slot
     finished: bool = False
+
+    def __init__(self, state: ModelState, p: Pending, plan: EnsemblePlan) -> None:
+        self.state = state
+        self.p = p
+        self.plan = plan
+        self.tensors = {}
+        self.started = set()
+        self.done = set()
+        self.outstanding = {}
+        self.slots = []
+        self.client_slots = {}
+        self.finished = False
 
 
 def server_segment(arena: Arena, name: str) -> Segment | None:

@@ -20,12 +20,23 @@ class RegionCheck(Protocol):
     def check(self, client: bytes, ref: ShmRef) -> None: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class CheckedRequest:
+    """What ``check_request`` found. (Its own ``__init__``: built per request and per ensemble step, and
+    under mypyc a dataclass's generated one runs as interpreted code.)"""
+
     batch_size: int
     shape_key: Hashable
     outputs: tuple[OutputRequest, ...]
     input_bytes: int
+
+    def __init__(
+        self, batch_size: int, shape_key: Hashable, outputs: tuple[OutputRequest, ...], input_bytes: int
+    ) -> None:
+        object.__setattr__(self, "batch_size", batch_size)
+        object.__setattr__(self, "shape_key", shape_key)
+        object.__setattr__(self, "outputs", outputs)
+        object.__setattr__(self, "input_bytes", input_bytes)
 
 
 def _nbytes(ref: TensorRef, frames: Sequence[Frame]) -> int:
