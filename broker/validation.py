@@ -47,7 +47,7 @@ def _nbytes(ref: TensorRef, frames: Sequence[Frame]) -> int:
         raise InvalidArgument(
             f"input '{ref.name}' names inline frame {ref.frame}, the message has {len(frames)}"
         )
-    return len(memoryview(frames[ref.frame]).cast("B"))
+    return memoryview(frames[ref.frame]).nbytes  # a frame is one contiguous buffer: its length in bytes
 
 
 def _dims(dims: Sequence[int]) -> str:
