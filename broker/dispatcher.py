@@ -118,6 +118,7 @@ class Dispatcher:
         now: float,
     ) -> None:
         """The figures of batches that just left: queue times, batch sizes and reasons, the queue's length."""
+        debug = log.isEnabledFor(logging.DEBUG)
         for batch in batches:
             oldest = now
             for p in batch.items:
@@ -126,10 +127,10 @@ class Dispatcher:
             state.stats.record_batch(batch.size, batch.reason.value)
             state.metrics.batch(batch.size, batch.reason.value, (now - oldest) * 1e6)
             state.window.batch(now, batch.size)
-            if log.isEnabledFor(logging.DEBUG):
+            if debug:
                 log.debug("event=batch model=%s size=%d requests=%d reason=%s worker=%s", state.name,
                           batch.size, len(batch.items), batch.reason.value, worker.decode())  # fmt: skip
-        if len(batches) > 1 and log.isEnabledFor(logging.DEBUG):
+        if debug and len(batches) > 1:
             log.debug("event=run model=%s executions=%d worker=%s", state.name, len(batches), worker.decode())
         state.metrics.pending(state.queued)  # the batch left the queue
 

@@ -28,7 +28,7 @@ from math import prod
 from typing import TYPE_CHECKING, Any
 
 from zinfer.client import dtypes, protocol
-from zinfer.client.arena import Arena, Slot
+from zinfer.client.arena import Slot
 from zinfer.client.errors import (
     InternalError,
     ResourceExhausted,
@@ -42,7 +42,7 @@ from zinfer.client.shm import Segment, new_server_name
 from zinfer.client.worker_protocol import RequestResult
 
 from .ensemble_plan import PlanStep
-from .ensemble_run import Run, ServerRegions, Value, server_segment
+from .ensemble_run import Run, ServerRegions, ServerSlots, Value
 from .messages import client_outputs
 from .model_state import ModelState, Pending
 from .regions import RegionTable
@@ -82,8 +82,8 @@ class EnsemblePath:
         self.queues = queues  # a step's request joins its model's queue
         self.tracer, self.max_tensor_bytes = tracer, max_tensor_bytes  # an ensemble trace's children
         self.completion, self.caching = completion, caching  # the ensemble's own reply, and its cache
-        self.arena = Arena(INITIAL_SHM_BYTES, MAX_SHM_BYTES, new_segment=_server_segment)
-        self.regions = ServerRegions(client_regions, self.arena)
+        self.slots = ServerSlots(INITIAL_SHM_BYTES, MAX_SHM_BYTES, _server_segment)
+        self.regions = ServerRegions(client_regions, self.slots.segments)
         self.live: dict[int, Run] = {}  # runs not finished, by id (on-demand control keeps their models)
 
     # ------------------------------------------------------------------------------------ start
@@ -96,11 +96,10 @@ class EnsemblePath:
         self.live[id(run)] = run
         for t in p.request.inputs:
             data = p.frames[t.frame] if t.frame is not None else None
-            shm = None if t.shm is None else protocol.shm_to_wire(t.shm)
-            run.tensors[t.name] = Value(t.datatype, list(t.shape), shm, data)
+            run.tensors[t.name] = Value(t.datatype, list(t.shape), t.shm, data)
         for o in p.outputs:
             if o.slot is not None:
-                run.client_slots[o.name] = protocol.shm_to_wire(o.slot)
+                run.client_slots[o.name] = o.slot
         self._advance(run, now)
 
     def _advance(self, run: Run, now: float) -> None:
@@ -167,7 +166,7 @@ class EnsemblePath:
     def _input_ref(self, run: Run, model_input: str, tensor: str, frames: list[Frame]) -> TensorRef:
         v = run.tensors[tensor]
         if v.shm is not None:
-            return TensorRef(model_input, v.datatype, tuple(v.shape), protocol.shm_from_wire(v.shm))
+            return TensorRef(model_input, v.datatype, tuple(v.shape), v.shm)
         assert v.data is not None
         frames.append(v.data)
         return TensorRef(model_input, v.datatype, tuple(v.shape), None, len(frames) - 1)
@@ -184,8 +183,7 @@ class EnsemblePath:
     ) -> OutputRequest:
         """Where a step writes one output: a server slot for an intermediate, else where the client said."""
         if not run.plan.is_intermediate(tensor):
-            given = run.client_slots.get(tensor)
-            return OutputRequest(model_output, None if given is None else protocol.shm_from_wire(given))
+            return OutputRequest(model_output, run.client_slots.get(tensor))
         spec = target.signature.outputs.get(model_output)
         nbytes = 0
         if spec is not None and spec.wire != dtypes.BYTES and all(d >= 0 for d in spec.dims):
@@ -205,7 +203,7 @@ class EnsemblePath:
 
     def _alloc(self, run: Run, nbytes: int) -> Slot:
         try:
-            slot = self.arena.alloc(nbytes)
+            slot = self.slots.alloc(nbytes)
         except (ResourceExhausted, OSError) as exc:
             raise ResourceExhausted(f"no server shared memory for an ensemble tensor: {exc}") from None
         run.slots.append(slot)
@@ -237,7 +235,7 @@ class EnsemblePath:
                     continue
                 v = Value(t.datatype, list(t.shape))
                 if t.shm is not None:
-                    v.shm = [t.shm.region, t.shm.offset, t.shm.nbytes]
+                    v.shm = t.shm
                     run.tensors[tensor] = v
                 elif t.frame is not None and 0 <= t.frame < len(frames):
                     run.tensors[tensor] = self._inline(run, tensor, v, frames[t.frame])
@@ -282,7 +280,7 @@ class EnsemblePath:
         """A step's output as a value of the run; an intermediate that came inline goes into a slot."""
         v = Value(str(o["datatype"]), [int(x) for x in o["shape"]])
         if "shm" in o:
-            v.shm = list(o["shm"])
+            v.shm = protocol.shm_from_wire(o["shm"])
             return v
         return self._inline(run, tensor, v, frames[int(o["frame"])])
 
@@ -294,7 +292,7 @@ class EnsemblePath:
         raw = memoryview(data).cast("B")
         slot = self._alloc(run, len(raw))
         slot.view()[: len(raw)] = raw
-        v.shm = [slot.region, slot.offset, len(raw)]
+        v.shm = ShmRef(slot.region, slot.offset, len(raw))
         log.info("event=intermediate_moved_to_server_memory ensemble=%s tensor=%s bytes=%d",
                  run.plan.name, tensor, len(raw))  # fmt: skip
         return v
@@ -311,7 +309,7 @@ class EnsemblePath:
             v = run.tensors[name]
             d: dict[str, Any] = {"name": name, "datatype": v.datatype, "shape": v.shape}
             if v.shm is not None and v.shm == run.client_slots.get(name):
-                d["shm"] = v.shm
+                d["shm"] = protocol.shm_to_wire(v.shm)
             else:
                 frames.append(v.data if v.data is not None else self._read(v.shm))
                 d["frame"] = len(frames) - 1
@@ -333,11 +331,11 @@ class EnsemblePath:
         state.window.record(now_ns / 1e9, duration / 1e9)
         self._release(run)
 
-    def _read(self, shm: list[Any] | None) -> bytes:
+    def _read(self, shm: ShmRef | None) -> bytes:
         """The bytes of a tensor in a region: a server slot, or (an input passed through) a client's."""
         assert shm is not None
-        region, offset, nbytes = str(shm[0]), int(shm[1]), int(shm[2])
-        seg = server_segment(self.arena, region)
+        region, offset, nbytes = shm
+        seg = self.slots.segments.get(region)
         if seg is not None:
             return bytes(seg.buf[offset : offset + nbytes])
         copied = self.caching.readers.copy(ShmRef(region, offset, nbytes))
@@ -375,7 +373,7 @@ class EnsemblePath:
             return
         self.live.pop(id(run), None)
         for slot in run.slots:
-            self.arena.free(slot)
+            self.slots.free(slot)
         run.slots.clear()
 
     def models_in_use(self) -> set[str]:
@@ -388,7 +386,7 @@ class EnsemblePath:
 
     def close(self) -> None:
         """Unlink the server's segments (at shutdown, after every request was answered)."""
-        self.arena.close()
+        self.slots.close()
 
 
 def _name_step(ensemble: str, step: PlanStep, error: str) -> str:

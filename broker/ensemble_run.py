@@ -1,13 +1,15 @@
-"""An ensemble request in progress (``Run``) and its tensors (``Value``), and the region check of its step
-requests (``ServerRegions``: the client's own regions, and the server's slots), for ``ensemble_path``."""
+"""An ensemble request in progress (``Run``) and its tensors (``Value``), the server's slots for
+intermediates (``ServerSlots``: the arena, its segments by name, and slots kept for reuse), and the region
+check of its step requests (``ServerRegions``: the client's own regions, and the server's slots), for
+``ensemble_path``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from zinfer.client.arena import Arena, Slot
-from zinfer.client.errors import InternalError
+from zinfer.client.errors import InternalError, ResourceExhausted
 from zinfer.client.protocol import Frame, ShmRef
 from zinfer.client.shm import Segment
 
@@ -16,17 +18,27 @@ from .model_state import ModelState, Pending
 from .regions import RegionTable
 
 
-@dataclass
+@dataclass(init=False)
 class Value:
-    """One tensor of a run: in a region (``shm``) or as an inline frame (``data``)."""
+    """One tensor of a run: in a region (``shm``) or as an inline frame (``data``). (The records here have
+    their own ``__init__``: built per step, and under mypyc a dataclass's generated one runs as interpreted
+    code.)"""
 
     datatype: str
     shape: list[int]
-    shm: list[Any] | None = None  # [region, offset, nbytes]
+    shm: ShmRef | None = None
     data: Frame | None = None
 
+    def __init__(
+        self, datatype: str, shape: list[int], shm: ShmRef | None = None, data: Frame | None = None
+    ) -> None:
+        self.datatype = datatype
+        self.shape = shape
+        self.shm = shm
+        self.data = data
 
-@dataclass
+
+@dataclass(init=False)
 class Run:
     """One ensemble request in progress."""
 
@@ -38,24 +50,99 @@ class Run:
     done: set[int] = field(default_factory=set)
     outstanding: dict[int, tuple[ModelState, Pending]] = field(default_factory=dict)
     slots: list[Slot] = field(default_factory=list)
-    client_slots: dict[str, list[Any]] = field(default_factory=dict)  # ensemble output → client's slot
+    client_slots: dict[str, ShmRef] = field(default_factory=dict)  # ensemble output → client's slot
     finished: bool = False
 
+    def __init__(self, state: ModelState, p: Pending, plan: EnsemblePlan) -> None:
+        self.state = state
+        self.p = p
+        self.plan = plan
+        self.tensors = {}
+        self.started = set()
+        self.done = set()
+        self.outstanding = {}
+        self.slots = []
+        self.client_slots = {}
+        self.finished = False
 
-def server_segment(arena: Arena, name: str) -> Segment | None:
-    """The server's own segment of that name, or None (a client's region)."""
-    return next((seg for seg in arena.segments if seg.name == name), None)
+
+KEEP_SLOTS = 256  # freed slots kept for reuse, at most
+KEEP_BYTES = 16 << 20  # and at most this many bytes of them
+
+
+class ServerSlots:
+    """The server's slots for intermediates: carved from ``arena`` (which makes its segments with
+    ``make``), and a request's freed slots kept for the next of the same size (up to ``KEEP_SLOTS`` and
+    ``KEEP_BYTES``): an ensemble's steps ask for the same few sizes request after request, and a slot
+    taken back is a dict look-up where the arena walks its free lists under its lock. The kept ones go
+    back to the arena when it cannot serve a request otherwise."""
+
+    def __init__(self, initial_bytes: int, max_bytes: int, make: Callable[[int], Segment]) -> None:
+        self._make = make
+        self.segments: dict[str, Segment] = {}  # every segment of the arena, by name (it only adds)
+        self.arena = Arena(initial_bytes, max_bytes, new_segment=self._new_segment)
+        self._kept: dict[int, list[Slot]] = {}  # by nbytes
+        self._kept_count = 0
+        self._kept_bytes = 0
+
+    def _new_segment(self, size: int) -> Segment:
+        seg = self._make(size)
+        self.segments[seg.name] = seg
+        return seg
+
+    def alloc(self, nbytes: int) -> Slot:
+        """A slot of ``nbytes``; ``ResourceExhausted`` or ``OSError`` when the arena has no room."""
+        kept = self._kept.get(nbytes)
+        if kept:
+            self._kept_count -= 1
+            self._kept_bytes -= nbytes
+            return kept.pop()
+        try:
+            return self.arena.alloc(nbytes)
+        except (ResourceExhausted, OSError):
+            if not self._kept_count:
+                raise
+        self.flush()  # what is kept goes back, and the arena tries again
+        return self.arena.alloc(nbytes)
+
+    def free(self, slot: Slot) -> None:
+        nbytes = slot.nbytes
+        if self._kept_count >= KEEP_SLOTS or self._kept_bytes + nbytes > KEEP_BYTES:
+            self.arena.free(slot)
+            return
+        kept = self._kept.get(nbytes)
+        if kept is None:
+            self._kept[nbytes] = [slot]
+        else:
+            kept.append(slot)
+        self._kept_count += 1
+        self._kept_bytes += nbytes
+
+    def flush(self) -> None:
+        """Every kept slot back to the arena."""
+        for slots in self._kept.values():
+            for slot in slots:
+                self.arena.free(slot)
+        self._kept.clear()
+        self._kept_count = 0
+        self._kept_bytes = 0
+
+    def close(self) -> None:
+        self._kept.clear()
+        self._kept_count = 0
+        self._kept_bytes = 0
+        self.arena.close()
 
 
 class ServerRegions:
     """The region check for a step's request: the client's own regions, and the server's slots."""
 
-    def __init__(self, clients: RegionTable, arena: Arena) -> None:
+    def __init__(self, clients: RegionTable, segments: dict[str, Segment]) -> None:
         self.clients = clients
-        self.arena = arena
+        self.segments = segments  # the server's own, by name (``ServerSlots.segments``)
 
     def check(self, client: bytes, ref: ShmRef) -> None:
-        seg = server_segment(self.arena, ref.region)
+        seg = self.segments.get(ref.region)
         if seg is None:
             self.clients.check(client, ref)
         elif ref.offset < 0 or ref.nbytes < 0 or ref.offset + ref.nbytes > seg.size:

@@ -115,14 +115,33 @@ class ModelStats:
         }
 
 
-@dataclass
+@dataclass(init=False)
 class InFlight:
+    """A batch sent to a worker. (Its own ``__init__``: built per batch, and under mypyc a dataclass's
+    generated one runs as interpreted code.)"""
+
     batch_id: int
     worker: bytes
     model: ModelState
     requests: list[Pending]
     sent_ns: int
     executions: int = 1  # a run (``batching.runs``): each request its own execution
+
+    def __init__(
+        self,
+        batch_id: int,
+        worker: bytes,
+        model: ModelState,
+        requests: list[Pending],
+        sent_ns: int,
+        executions: int = 1,
+    ) -> None:
+        self.batch_id = batch_id
+        self.worker = worker
+        self.model = model
+        self.requests = requests
+        self.sent_ns = sent_ns
+        self.executions = executions
 
 
 def instance_groups(config: ModelConfig, instances: int) -> list[InstanceGroup | None]:

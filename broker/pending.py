@@ -13,10 +13,11 @@ if TYPE_CHECKING:
     from .tracing import Trace
 
 
-@dataclass
+@dataclass(init=False)
 class Pending:
     """A queued or running request: its checked ``request`` (inputs passed on to the worker as they
-    arrived, but for inline frame numbers) and the ``outputs`` it gets."""
+    arrived, but for inline frame numbers) and the ``outputs`` it gets. (Its own ``__init__``: built per
+    request and per ensemble step, and under mypyc a dataclass's generated one runs as interpreted code.)"""
 
     seq: int
     client: bytes
@@ -35,3 +36,35 @@ class Pending:
     on_outputs: Callable[[RequestResult, list[Frame]], None] | None = None
     input_bytes: int = 0  # counted against the server's max_batch_bytes
     trace: Trace | None = None  # sampled for tracing (``tracing.Tracer.start``)
+
+    def __init__(
+        self,
+        seq: int,
+        client: bytes,
+        request: InferRequest,
+        frames: list[Frame],
+        outputs: tuple[OutputRequest, ...],
+        batch_size: int,
+        arrival: float,
+        cancelled: bool = False,
+        cache_key: bytes | None = None,
+        sequence: SequenceFlags | None = None,
+        on_done: Callable[[Reply, list[Frame]], None] | None = None,
+        on_outputs: Callable[[RequestResult, list[Frame]], None] | None = None,
+        input_bytes: int = 0,
+        trace: Trace | None = None,
+    ) -> None:
+        self.seq = seq
+        self.client = client
+        self.request = request
+        self.frames = frames
+        self.outputs = outputs
+        self.batch_size = batch_size
+        self.arrival = arrival
+        self.cancelled = cancelled
+        self.cache_key = cache_key
+        self.sequence = sequence
+        self.on_done = on_done
+        self.on_outputs = on_outputs
+        self.input_bytes = input_bytes
+        self.trace = trace

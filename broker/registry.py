@@ -225,5 +225,8 @@ class ModelRegistry:
             if state is None:
                 raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
             return state
+        if len(versions) == 1:  # the one version, ready or not
+            for state in versions.values():
+                return state
         ready = [v for v, s in versions.items() if s.ready]
         return versions[max(ready) if ready else max(versions)]

@@ -18,7 +18,6 @@ Pure: no clock, no I/O.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -59,7 +58,9 @@ def run_targets(places: Iterable[W]) -> list[W]:
     """The instances a backlog's runs go to, in line, from the free places (an instance that runs nothing
     has two, its own and the one its next request waits in): those running nothing, as a batcher gives a
     batch to a free instance; only when none is, every instance with a free place."""
-    free = Counter(places)
+    free: dict[W, int] = {}  # counted here, not by a Counter: its constructor runs as interpreted code
+    for w in places:
+        free[w] = free.get(w, 0) + 1
     return [w for w, n in free.items() if n > 1] or list(free)
 
 

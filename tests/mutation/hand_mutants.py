@@ -30,7 +30,7 @@ BYTES = "tests/unit/test_validation.py::test_bytes_inputs_need_at_least_a_length
 KEY = "tests/unit/test_validation.py::test_shape_keys_ignore_the_batch_dim_only_when_the_model_batches"
 CONNS = "tests/unit/test_region_handoff.py::test_hand_off_connections_are_held_up_to_each_ceiling"
 DROPPED = "list(self._by_client.get(client, {}).values())"
-SHAPE = "seen[name].shape[1:] if sig.batching else seen[name].shape"
+SHAPE = "seen[name].shape[1:] if batching else seen[name].shape"
 REFUSED = "self._refused[over] += 1  # counted, logged by ``expire``\n                "
 # (file in the package, text, its mutant, the test that must fail)
 MUTANTS = [
@@ -39,9 +39,9 @@ MUTANTS = [
     ("broker/validation.py", "if nbytes < 4 * count:", "if nbytes <= 4 * count:", BYTES),
     ("broker/validation.py", "if nbytes < 4 * count:", "if nbytes < 3 * count:", BYTES),
     ("broker/validation.py", "if nbytes < 4 * count:", "if nbytes < 5 * count:", BYTES),
-    ("broker/validation.py", SHAPE, "seen[name].shape[1:] if sig.batching else seen[name].shape[1:]", KEY),
-    ("broker/validation.py", SHAPE, "seen[name].shape[1:] if not sig.batching else seen[name].shape", KEY),
-    ("broker/validation.py", SHAPE, "seen[name].shape[2:] if sig.batching else seen[name].shape", KEY),
+    ("broker/validation.py", SHAPE, "seen[name].shape[1:] if batching else seen[name].shape[1:]", KEY),
+    ("broker/validation.py", SHAPE, "seen[name].shape[1:] if not batching else seen[name].shape", KEY),
+    ("broker/validation.py", SHAPE, "seen[name].shape[2:] if batching else seen[name].shape", KEY),
     ("broker/region_intake.py", "self._pid[pid] >= per_pid", "self._pid[pid] > per_pid", CONNS),
     ("broker/region_intake.py", "self._uid[uid] >= per_uid", "self._uid[uid] > per_uid", CONNS),
     ("broker/region_intake.py", "self.total >= total", "self.total > total", CONNS),

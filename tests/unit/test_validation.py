@@ -209,3 +209,29 @@ def test_shape_keys_ignore_the_batch_dim_only_when_the_model_batches(
 
     assert key(3) == key(3)
     assert key(3) != key(4)  # without batching the first dim is the model's own: it must not be dropped
+
+
+def test_each_signature_is_checked_against_its_own_inputs(region: tuple[RegionTable, Segment]) -> None:
+    """check_request reads a signature's inputs once (a cache by signature): a model reloaded with other
+    dims, or a signature whose cache entry was dropped, is still checked against what it says."""
+    from zinfer.broker import validation
+
+    table, seg = region
+    wider = Signature.of(parse_model_config(
+        'name: "m" max_batch_size: 4 input [ { name: "X" data_type: TYPE_FP32 dims: [ -1, 4 ] },'
+        ' { name: "T" data_type: TYPE_STRING dims: [ 1 ] } ] output [ { name: "Y" data_type: TYPE_FP32'
+        ' dims: [ 3 ] } ]', source="test", model_name="m"))  # fmt: skip
+    x3 = TensorRef("X", "FP32", (1, 2, 3), shm=ShmRef(seg.name, 0, 24))
+    x4 = TensorRef("X", "FP32", (1, 2, 4), shm=ShmRef(seg.name, 0, 32))
+    t = TensorRef("T", "BYTES", (1, 1), frame=0)
+    for _ in range(2):  # the second time from the cache
+        assert check_request(_req(x3, t), FRAMES, SIG, table, ME).batch_size == 1
+        assert check_request(_req(x4, t), FRAMES, wider, table, ME).batch_size == 1
+        with pytest.raises(InvalidArgument, match=r"Expected \[-1,-1,3\], got \[1,2,4\]"):
+            check_request(_req(x4, t), FRAMES, SIG, table, ME)
+        with pytest.raises(InvalidArgument, match=r"Expected \[-1,-1,4\], got \[1,2,3\]"):
+            check_request(_req(x3, t), FRAMES, wider, table, ME)
+        with pytest.raises(InvalidArgument, match="expected 2 inputs but got 1 inputs"):
+            check_request(InferRequest("r", "m", 0, (x3,)), [], SIG, table, ME)
+    validation._RULES.clear()  # dropped (past _MAX_RULES): read again
+    assert check_request(_req(x3, t), FRAMES, SIG, table, ME).outputs == (OutputRequest("Y"),)
