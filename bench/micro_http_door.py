@@ -9,6 +9,12 @@ every request goes to a real broker (``zinfer serve`` on ``add0``) and the figur
 ZeroMQ hop on the door's side (its send, its receive, libzmq's I/O thread). Prints the door process's CPU
 per request (its whole CPU time, all threads) and the requests per second, per event loop asked for.
 
+``--threads`` adds each thread's CPU per request over the same window (the loop's thread, libzmq's I/O thread:
+the kernel's per-thread counters); ``--callbacks`` (``asyncio`` loop only: uvloop's callbacks cannot be
+hooked) adds the loop's CPU per request by callback (a task's steps under its coroutine's name, the selector's
+waits as ``<select>``) and how many of each per request: what the door does per request, and how many turns
+of the loop it takes.
+
 Usage: ``.venv/bin/python bench/micro_http_door.py [--shortcut] [--loops asyncio,uvloop] [--requests N]
 [--rounds R]``; ``LOOP@DIR`` runs another tree's door (a symlink tree ``DIR/zinfer/{client,...}``).
 Compare rows of one run (the variants in turns within each round).
@@ -106,6 +112,7 @@ async def drive(url: str, model: str, concurrency: int, requests: int) -> dict[s
         issued = counted = 0
         done = loop.create_future()
         t0 = c0 = 0.0
+        th0: dict[str, float] = {}
         wires = []
 
         def connection() -> None:
@@ -116,6 +123,8 @@ async def drive(url: str, model: str, concurrency: int, requests: int) -> dict[s
                 counted += 1
                 if counted == concurrency:
                     t0, c0 = time.monotonic(), time.process_time()
+                    th0.update(thread_cpu() if THREADS[0] else {})
+                    TALLY.clear()
                 if issued < total:
                     issued += 1
                     loop.call_soon(wire.data_received, req)
@@ -132,13 +141,79 @@ async def drive(url: str, model: str, concurrency: int, requests: int) -> dict[s
         issued = concurrency
         await asyncio.wait_for(done, 300)
         t1, c1 = time.monotonic(), time.process_time()
+        th1, tally = (thread_cpu() if th0 else {}), dict(TALLY)
         answer = wires[0][1].answers[0]
         assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
         for wire, _ in wires:
             wire.connection_lost(None)
         await door.bridge.close()
         n = counted - concurrency
-        return {"per_s": round(n / (t1 - t0), 1), "cpu_us_per_request": round(1e6 * (c1 - c0) / n, 1)}
+        fig: dict[str, Any] = {
+            "per_s": round(n / (t1 - t0), 1),
+            "cpu_us_per_request": round(1e6 * (c1 - c0) / n, 1),
+        }
+        if th0:
+            fig["threads_us_per_request"] = {k: round((v - th0.get(k, 0.0)) / n, 1) for k, v in th1.items()}
+        if tally:
+            fig["callbacks"] = {
+                k: {"us_per_request": round(1e6 * v[0] / n, 1), "per_request": round(v[1] / n, 2)}
+                for k, v in sorted(tally.items(), key=lambda kv: -kv[1][0])
+                if v[0] * 1e6 / n >= 0.5
+            }
+        return fig
+
+
+THREADS = [False]  # ``--threads``: each thread's CPU is read at the window's ends
+TALLY: dict[str, list[float]] = {}  # callback: [thread CPU seconds, calls] (``--callbacks``)
+
+
+def thread_cpu() -> dict[str, float]:
+    """Each thread of this process (``TID:name``) and its CPU time in µs (the kernel's schedstat, in ns)."""
+    out: dict[str, float] = {}
+    task = Path("/proc/self/task")
+    for tid in os.listdir(task):
+        try:
+            name = (task / tid / "comm").read_text().strip()
+            out[f"{tid}:{name}"] = int((task / tid / "schedstat").read_text().split()[0]) / 1e3
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def hook_callbacks() -> None:
+    """Time every callback the ``asyncio`` loop runs (thread CPU) under its name, and each selector wait."""
+    import asyncio.events
+    import selectors
+
+    clock = time.thread_time
+    run_handle = asyncio.events.Handle._run
+    select = selectors.EpollSelector.select
+
+    def add(name: str, spent: float) -> None:
+        entry = TALLY.setdefault(name, [0.0, 0])
+        entry[0] += spent
+        entry[1] += 1
+
+    def timed_run(self: Any) -> None:
+        start = clock()
+        run_handle(self)
+        cb = self._callback
+        owner = getattr(cb, "__self__", None)
+        if isinstance(owner, asyncio.Task):
+            coro = owner.get_coro()
+            name = "task " + str(getattr(coro, "__qualname__", coro))
+        else:
+            name = str(getattr(cb, "__qualname__", cb))
+        add(name, clock() - start)
+
+    def timed_select(self: Any, timeout: float | None = None) -> Any:
+        start = clock()
+        ready = select(self, timeout)
+        add("<select>", clock() - start)
+        return ready
+
+    asyncio.events.Handle._run = timed_run  # type: ignore[method-assign]
+    selectors.EpollSelector.select = timed_select  # type: ignore[method-assign]
 
 
 def run(loop_name: str, url: str, model: str, concurrency: int, requests: int) -> dict[str, Any]:
@@ -158,11 +233,19 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--results", type=Path, help="also write every round's figures here (JSON)")
+    ap.add_argument("--threads", action="store_true", help="each thread's CPU per request")
+    ap.add_argument("--callbacks", action="store_true", help="the asyncio loop's CPU per request by callback")
     ap.add_argument("--child", nargs=2, metavar=("LOOP", "URL"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         if args.shortcut:
             os.environ["ZINFER_FRONTDOOR_SHORTCUT"] = "1"
+        if args.callbacks:
+            if args.child[0] != "asyncio":
+                ap.error("--callbacks times the asyncio loop's callbacks: use --loops asyncio")
+            hook_callbacks()
+        THREADS[0] = args.threads
         print(json.dumps(run(args.child[0], args.child[1], "add0", args.concurrency, args.requests)))
         return 0
     import subprocess
@@ -178,8 +261,8 @@ def main() -> int:
                     env = dict(os.environ, PYTHONPATH=tree) if tree else None
                     cmd = [sys.executable, __file__, "--child", loop_name, server.url, "--requests",
                            str(args.requests), "--concurrency", str(args.concurrency)]  # fmt: skip
-                    if args.shortcut:
-                        cmd.append("--shortcut")
+                    cmd += [f for f, on in (("--shortcut", args.shortcut), ("--threads", args.threads),
+                                            ("--callbacks", args.callbacks)) if on]  # fmt: skip
                     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False,
                                          env=env)  # fmt: skip
                     try:
@@ -190,6 +273,11 @@ def main() -> int:
                     rows.setdefault(name, []).append(fig)
                     cpu = fig["cpu_us_per_request"]
                     print(f"round {r} {name:8s} {fig['per_s']:8.0f}/s  {cpu:6.1f} us/req", flush=True)
+                    for part in ("threads_us_per_request", "callbacks"):
+                        if part in fig:
+                            print(f"    {part}: {json.dumps(fig[part])}", flush=True)
+    if args.results:
+        args.results.write_text(json.dumps({"argv": sys.argv[1:], "rounds": rows}, indent=1) + "\n")
     for name, figs in rows.items():
         cpu = statistics.median(f["cpu_us_per_request"] for f in figs)
         print(f"median {name:8s} {cpu:6.1f} us/req")
