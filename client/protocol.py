@@ -362,7 +362,11 @@ def decode_replies(frames: Sequence[Frame]) -> list[tuple[Reply, list[Frame]]]:
         if len(envelope) >= ENVELOPE_HEAD and envelope[4] == _REPLY_BYTE and envelope[:4] == PROTOCOL:
             if len(frames) - 1 > MAX_TENSORS:
                 raise ProtocolError("too many inline frames")
-            header = _unpack(memoryview(envelope)[ENVELOPE_HEAD - 1 :])
+            head = memoryview(envelope)[ENVELOPE_HEAD - 1 :]
+            r = _typed_reply(head)
+            if r is not None:
+                return [(Reply(r.request_id, r.status, r.error, r.body), list(frames[1:]))]
+            header = _unpack(head)
             if not isinstance(header, dict):
                 raise ProtocolError("header must be a map")
             return [(reply_from_wire(header), list(frames[1:]))]
@@ -374,6 +378,19 @@ def decode_replies(frames: Sequence[Frame]) -> list[tuple[Reply, list[Frame]]]:
 
 
 _BUNDLE_BYTE = int(Command.BUNDLE)
+_REPLY_DECODE = msgspec.msgpack.Decoder(BundledReply).decode
+
+
+def _typed_reply(head: memoryview) -> BundledReply | None:
+    """A lone REPLY's header read straight from its bytes (as a bundle's entries are); None when it is not
+    one ``BundledReply`` takes: ``_unpack`` and ``reply_from_wire`` then read it and name the fault."""
+    if len(head) > MAX_HEADER_BYTES:
+        return None
+    try:
+        r: BundledReply = _REPLY_DECODE(head)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        return None
+    return r
 _ReplyEntry = tuple[int, BundledReply, int]
 _ReplyIndex = Annotated[list[_ReplyEntry], msgspec.Meta(min_length=1, max_length=MAX_BUNDLE)]
 _REPLY_BUNDLE = typed_decoders(_ReplyIndex)

@@ -113,3 +113,38 @@ def test_the_framing_fast_path_leaves_bad_refs_to_the_checks(refs: list[Any], wh
     with pytest.raises(ProtocolError, match=why):
         framing.unpack(refs, b"abc", [], protocol.MAX_TENSORS)
     assert [bytes(f) for f in framing.unpack([[1, 2], [0, 0]], b"abc", [], 4)] == [b"bc", b""]
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"id": "a", "status": 0, "body": _BODY},
+        {"id": "a", "status": int(Status.NOT_FOUND), "error": "NotFound: m"},
+        {"id": "a", "status": 77},  # an unknown status: read as INTERNAL
+        {"id": "a", "status": 0, "body": {"k": b"bytes"}},
+        {"id": "a", "status": 0, "body": {str(i): i for i in range((1 << 12) + 1)}},  # over the map cap
+        {"id": "a", "status": 0, "body": [[[[[[[[1]]]]]]]]},
+        {"id": "a", "status": 0, "extra": 1},
+        {"status": 0},
+        {"id": 5, "status": 0},
+        {"id": "a", "status": True},
+    ],
+)
+def test_a_lone_reply_reads_as_the_map_path_reads_it(header: dict[str, Any]) -> None:
+    frames = protocol.encode(Command.REPLY, header, [b"ab"])
+    try:
+        expected = protocol.reply_from_wire(protocol.decode(frames).header)
+    except ProtocolError as exc:
+        with pytest.raises(ProtocolError, match=str(exc)):
+            protocol.decode_replies(frames)
+        return
+    [(reply, inline)] = protocol.decode_replies(frames)
+    assert reply == expected and [bytes(f) for f in inline] == [b"ab"]
+    if header.get("status") == 77:
+        assert reply.status == Status.INTERNAL
+
+
+def test_a_deeply_nested_lone_reply_is_refused_by_name() -> None:
+    head = b"\x83\xa2id\xa1a\xa6status\x00\xa4body" + _DEEP
+    with pytest.raises(ProtocolError, match="malformed header"):
+        protocol.decode_replies([protocol.PROTOCOL + bytes([Command.REPLY]) + head])
