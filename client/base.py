@@ -54,6 +54,9 @@ class _OutputSpec:
     name: str
     datatype: str
     shape: tuple[int, ...]  # as in metadata: -1 for variable dims, batch dim included
+    # bytes per batch row (or of the whole tensor when the model does not batch) when the config fixes
+    # them: worked out once, from the metadata (``_store_info``), not per request; None: per request
+    row_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,19 @@ def _byte_view(arr: npt.NDArray[Any]) -> memoryview:
         return memoryview(arr).cast("B")  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+
+
+def _row_bytes(datatype: str, shape: tuple[int, ...], batched: bool) -> int | None:
+    """``_OutputSpec.row_bytes`` of an output: None where its size is not fixed (or its type unknown: the
+    request path then names it as before)."""
+    dims = shape[1:] if batched else shape
+    try:
+        if not datatype or datatype == dtypes.BYTES or min(dims, default=0) < 0:
+            return None
+        size = math.prod(dims) * dtypes.itemsize(datatype)
+    except Exception:  # a malformed metadata reply: each request reads it as it did
+        return None
+    return size if type(size) is int else None
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # AsyncClient is not compiled (setup.py)
@@ -181,8 +197,11 @@ class _ClientBase:
         return self._models.get((model, version))
 
     def _store_info(self, model: str, version: int, meta: Mapping[str, Any]) -> _ModelInfo:
+        batched = int(meta.get("max_batch_size", 0)) > 0
         outs = tuple(
-            _OutputSpec(o["name"], o["datatype"], tuple(o["shape"])) for o in meta.get("outputs", [])
+            _OutputSpec(o["name"], o["datatype"], shape, _row_bytes(o["datatype"], shape, batched))
+            for o in meta.get("outputs", [])
+            for shape in (tuple(o["shape"]),)
         )
         info = _ModelInfo(model, version, int(meta.get("max_batch_size", 0)), outs)
         self._models[(model, version)] = info
@@ -313,6 +332,8 @@ class _ClientBase:
         the inputs (the server falls back to an inline frame when the output does not fit)."""
         if not spec.datatype or spec.datatype == dtypes.BYTES:
             return None
+        if spec.row_bytes is not None:
+            return (batch if info.max_batch_size > 0 else 1) * spec.row_bytes
         dims = spec.shape[1:] if info.max_batch_size > 0 else spec.shape
         if min(dims, default=0) >= 0:
             rows = batch if info.max_batch_size > 0 else 1

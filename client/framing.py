@@ -68,6 +68,13 @@ def unpack(refs: Any, blob: Frame, large: Sequence[Frame], limit: int) -> list[F
     out: list[Frame] = []
     used = 0
     for ref in refs:
+        # the usual ref, [offset, nbytes] of plain ints inside the blob: one test (``type(...) is int``
+        # refuses bools as the checks below do); anything else is checked below, which names the fault
+        if type(ref) is list and len(ref) == 2:
+            off, n = ref
+            if type(off) is int and type(n) is int and off >= 0 and n >= 0 and off + n <= size:
+                out.append(view[off : off + n])
+                continue
         if isinstance(ref, int) and not isinstance(ref, bool):
             if ref != used or ref >= len(large):
                 raise ProtocolError("packed frames: large frames must be named once each, in order")

@@ -97,6 +97,7 @@ import msgspec
 from . import framing
 from .errors import ProtocolError, Status
 from .wire_records import NO_PARAMETERS as NO_PARAMETERS
+from .wire_records import BundledReply
 from .wire_records import InferRequest as InferRequest
 from .wire_records import OutputRequest as OutputRequest
 from .wire_records import Reply as Reply
@@ -331,8 +332,8 @@ def decode_typed(frames: Sequence[Frame], command: Command, decoders: TypedDecod
             inline = framing.unpack(refs, frames[1], frames[2:], MAX_TENSORS)
         else:
             return None
-    except (msgspec.ValidationError, msgspec.DecodeError, ProtocolError):
-        return None
+    except (msgspec.ValidationError, msgspec.DecodeError, ProtocolError, RecursionError):
+        return None  # msgspec's depth limit is a RecursionError: msgpack's caps then refuse it by name
     return Message(command, {}, inline, record)
 
 
@@ -361,11 +362,57 @@ def decode_replies(frames: Sequence[Frame]) -> list[tuple[Reply, list[Frame]]]:
         if len(envelope) >= ENVELOPE_HEAD and envelope[4] == _REPLY_BYTE and envelope[:4] == PROTOCOL:
             if len(frames) - 1 > MAX_TENSORS:
                 raise ProtocolError("too many inline frames")
-            header = _unpack(memoryview(envelope)[ENVELOPE_HEAD - 1 :])
+            head = memoryview(envelope)[ENVELOPE_HEAD - 1 :]
+            r = _typed_reply(head)
+            if r is not None:
+                return [(Reply(r.request_id, r.status, r.error, r.body), list(frames[1:]))]
+            header = _unpack(head)
             if not isinstance(header, dict):
                 raise ProtocolError("header must be a map")
             return [(reply_from_wire(header), list(frames[1:]))]
+        if len(envelope) >= ENVELOPE_HEAD and envelope[4] & ~framing.PACKED == _BUNDLE_BYTE:
+            typed = _typed_reply_bundle(frames)
+            if typed is not None:
+                return typed
     return [(reply_from_wire(m.header), m.frames) for m in decode_many(frames, _REPLY_ONLY)]
+
+
+_BUNDLE_BYTE = int(Command.BUNDLE)
+_REPLY_DECODE = msgspec.msgpack.Decoder(BundledReply).decode
+
+
+def _typed_reply(head: memoryview) -> BundledReply | None:
+    """A lone REPLY's header read straight from its bytes (as a bundle's entries are); None when it is not
+    one ``BundledReply`` takes: ``_unpack`` and ``reply_from_wire`` then read it and name the fault."""
+    if len(head) > MAX_HEADER_BYTES:
+        return None
+    try:
+        r: BundledReply = _REPLY_DECODE(head)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        return None
+    return r
+_ReplyEntry = tuple[int, BundledReply, int]
+_ReplyIndex = Annotated[list[_ReplyEntry], msgspec.Meta(min_length=1, max_length=MAX_BUNDLE)]
+_REPLY_BUNDLE = typed_decoders(_ReplyIndex)
+
+
+def _typed_reply_bundle(frames: Sequence[Frame]) -> list[tuple[Reply, list[Frame]]] | None:
+    """A BUNDLE of REPLYs read straight from its bytes (``decode_typed``: the index, each entry's header and
+    the refs, in C), with the checks ``decode_many`` makes per entry; None when anything in it is not what a
+    well-formed one holds (an unknown status, a body past ``BundledReply``'s bounds): the general path then
+    reads it and names the fault in the same words."""
+    msg = decode_typed(frames, Command.BUNDLE, _REPLY_BUNDLE)
+    if msg is None:
+        return None
+    inline = msg.frames
+    out: list[tuple[Reply, list[Frame]]] = []
+    at = 0
+    for cmd, r, n in msg.record:
+        if cmd != _REPLY_BYTE or not 0 <= n <= min(MAX_TENSORS, len(inline) - at):
+            return None
+        out.append((Reply(r.request_id, r.status, r.error, r.body), inline[at : at + n]))
+        at += n
+    return out if at == len(inline) else None
 
 
 def encode_bundle(items: Sequence[tuple[Command, Header, Sequence[Frame]]]) -> list[Frame]:

@@ -121,3 +121,37 @@ class Reply(_Record, frozen=True, omit_defaults=True):
     status: Status
     error: str = ""
     body: Any = None
+
+
+# A reply's body as msgspec reads it within ``protocol._unpack``'s msgpack caps: maps of at most 4096
+# entries keyed by strings, arrays of at most 65536 items, scalars (no bytes: msgspec takes no union of str
+# and bytes; no extension types), nested at most ``_BODY_DEPTH`` containers deep. What it refuses, the map
+# path reads (and refuses by name where the caps do). An infer reply's body is 4 deep (outputs, a tensor,
+# its shape).
+_BODY_DEPTH = 6
+_Scalar = str | int | float | bool | None
+
+
+def _capped_body(depth: int) -> Any:
+    inner: Any = _Scalar
+    for _ in range(depth):
+        items = Annotated[list[inner], msgspec.Meta(max_length=1 << 16)]
+        entries = Annotated[dict[str, inner], msgspec.Meta(max_length=1 << 12)]
+        inner = _Scalar | items | entries
+    return inner
+
+
+if TYPE_CHECKING:
+    CappedBody = Any
+else:
+    CappedBody = _capped_body(_BODY_DEPTH)
+
+
+class BundledReply(_Record, frozen=True, omit_defaults=True):
+    """A REPLY's header in a BUNDLE as the client's typed path reads it (``protocol.decode_replies``): a
+    ``Reply`` whose body is bounded as above; the caller makes the ``Reply`` of it."""
+
+    request_id: str = msgspec.field(name="id")
+    status: Status
+    error: str = ""
+    body: CappedBody = None

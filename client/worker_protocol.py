@@ -247,7 +247,7 @@ def _sealed(record: ExecuteRequest | RequestResult, tensors: tuple[TensorRef, ..
         return False
     parameters = record.parameters
     if parameters and type(parameters) is dict:
-        msgspec.structs.force_setattr(record, "parameters", MappingProxyType(parameters))
+        _read_only(record, parameters)
     return True
 
 
@@ -331,10 +331,18 @@ def decode_execute(frames: Sequence[Frame]) -> Message | None:
     msg = protocol.decode_typed(frames, Command.W_EXECUTE, _EXECUTE)
     if msg is None:
         return None
-    for r in msg.record.requests:
-        if not _sealed(r, r.inputs):
-            return None
+    for r in msg.record.requests:  # ``_sealed`` of each request, in one loop: a batch holds many
+        for t in r.inputs:
+            if (t.shm is None) == (t.frame is None):
+                return None
+        parameters = r.parameters
+        if parameters and type(parameters) is dict:
+            _read_only(r, parameters)
     return msg
+
+
+def _read_only(record: ExecuteRequest | RequestResult, parameters: dict[str, Any]) -> None:
+    msgspec.structs.force_setattr(record, "parameters", MappingProxyType(parameters))
 
 
 def decode_result(frames: Sequence[Frame]) -> Message | None:
