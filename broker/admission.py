@@ -35,7 +35,7 @@ from .completion import Completion
 from .dispatcher import Dispatcher
 from .ensemble_path import EnsemblePath
 from .instance_pool import InstancePool
-from .model_state import ModelState, Pending
+from .model_state import Pending
 from .queues import Queues
 from .regions import RegionTable
 from .registry import ModelRegistry
@@ -76,10 +76,6 @@ class Admission:
         self.max_tensor_bytes = max_tensor_bytes
         self.max_batch_bytes = max_batch_bytes
         self._next_prune = 0.0
-        # while a client's BUNDLE is admitted, a batch that fills waits for the bundle's end: the bundle
-        # arrived as one message, so its requests batch as if they had come together (``release``)
-        self.holding = False
-        self._held: dict[ModelState, None] = {}
 
     def admit(self, identity: bytes, header: protocol.Header, frames: list[Frame]) -> None:
         """Check a request and queue it; raises a ServerError (answered at once) when it cannot go in."""
@@ -122,18 +118,7 @@ class Admission:
         # a batch may go now, not after the rest of this turn's messages; a model that executes each
         # request alone lets the turn's backlog gather instead, to go out in runs (``Runs.ready_now``)
         if state.idle and state.scheduler.ready_now(p.batch_size):
-            if self.holding:
-                self._held[state] = None
-            else:
-                self.dispatcher.dispatch_freed(state)
-
-    def release(self) -> None:
-        """A BUNDLE was admitted: the batches that filled while it was dispatch now, as one arrival."""
-        self.holding = False
-        held, self._held = self._held, {}
-        for state in held:
-            if state.idle:
-                self.dispatcher.dispatch_freed(state)
+            self.dispatcher.dispatch_freed(state)
 
     def cancel(self, identity: bytes, target: str) -> str:
         """Cancel the caller's request ``target``: out of the queue, or, if it runs, its result discarded

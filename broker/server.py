@@ -323,12 +323,8 @@ class Broker:
             return
         if len(messages) > 1 or protocol.is_bundle(frames):
             self.outbox.bundles_to(identity)  # it speaks bundles: its replies may come bundled too
-        self.admission.holding = len(messages) > 1  # its requests batch as one arrival
-        try:
-            for msg in messages:
-                self._on_client_message(identity, msg)
-        finally:
-            self.admission.release()
+        for msg in messages:
+            self._on_client_message(identity, msg)
 
     def _on_client_message(self, identity: bytes, msg: protocol.Message) -> None:
         rid = protocol.request_id_of(msg.record_or_header)
