@@ -243,9 +243,10 @@ class Message:
         return self.header if self.record is None else self.record
 
 
-def encode(command: Command, header: Header, frames: Sequence[Frame] = ()) -> list[Frame]:
+def encode(command: Command, header: Header | msgspec.Struct, frames: Sequence[Frame] = ()) -> list[Frame]:
     """Frames for one message: the envelope (protocol, command and header in one frame), then its inline
-    frames, the small ones packed into one when there are several (``framing``)."""
+    frames, the small ones packed into one when there are several (``framing``). A record as the header
+    (a worker's ``WorkerResult``) is written as its map."""
     if len(frames) < 2 or not framing.worth_packing(frames):
         return [_PREFIX[command] + _pack(header), *frames]
     return _encode_packed(int(command), header, frames)

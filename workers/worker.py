@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import zmq
 
@@ -139,7 +139,7 @@ class Worker:
         # the record itself is the header: msgspec writes it as the map ``result_to_wire`` builds (fields at
         # their defaults left out, which every reader of a RESULT takes as those defaults), without the
         # dicts of every request and tensor built first
-        send_frames(self.sock, protocol.encode(Command.W_RESULT, cast(Any, result), frames))
+        send_frames(self.sock, protocol.encode(Command.W_RESULT, result, frames))
 
     def load(self) -> tuple[Signature, AnyModel, Runner] | None:
         a = self.args
