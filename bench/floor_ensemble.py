@@ -155,7 +155,7 @@ def main() -> int:
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     from bench_serving import machine
-    from floor_relay import build_floor, pure_tree
+    from floor_relay import build_floor, pure_tree, write_results
 
     t_start = time.monotonic()
     load_before = os.getloadavg()
@@ -211,16 +211,7 @@ def main() -> int:
         "wall_s": round(time.monotonic() - t_start, 1),
         "load_average_1m_before_after": [round(load_before[0], 1), round(os.getloadavg()[0], 1)],
     }
-    doc: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    doc.setdefault("runs", {})[args.label] = run
-    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
-    TABLE.write_text("".join(
-        f"[{label}] {r['date']} {r['command']} (commit {r['commit']}), medians of {r['params']['rounds']} "
-        f"rounds of {r['params']['seconds']} s, 1-minute load average before/after "
-        f"{r['load_average_1m_before_after']}\n" + "\n".join(r["table"]) + "\n\n"
-        for label, r in doc["runs"].items()
-    ))  # fmt: skip
-    print(f"written: {RESULTS}, {TABLE}")
+    write_results(RESULTS, TABLE, args.label, run)
     return 0
 
 

@@ -342,17 +342,23 @@ def main() -> int:
         "wall_s": round(time.monotonic() - t_start, 1),
         "load_average_1m_before_after": [round(load_before[0], 1), round(os.getloadavg()[0], 1)],
     }
-    doc: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    doc.setdefault("runs", {})[args.label] = run
-    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
-    TABLE.write_text("".join(
-        f"[{label}] {r['date']} {r['command']} (commit {r['commit']}), medians of {r['params']['rounds']} "
+    write_results(RESULTS, TABLE, args.label, run)
+    return 0
+
+
+def write_results(results: Path, table: Path, label: str, run: dict[str, Any]) -> None:
+    """``run`` as the ``label`` entry of ``results`` (JSON, other labels kept), and every entry's table in
+    ``table``."""
+    doc: dict[str, Any] = json.loads(results.read_text()) if results.exists() else {}
+    doc.setdefault("runs", {})[label] = run
+    results.write_text(json.dumps(doc, indent=2) + "\n")
+    table.write_text("".join(
+        f"[{name}] {r['date']} {r['command']} (commit {r['commit']}), medians of {r['params']['rounds']} "
         f"rounds of {r['params']['seconds']} s, 1-minute load average before/after "
         f"{r.get('load_average_1m_before_after', 'not recorded')}\n" + "\n".join(r["table"]) + "\n\n"
-        for label, r in doc["runs"].items()
+        for name, r in doc["runs"].items()
     ))  # fmt: skip
-    print(f"written: {RESULTS}, {TABLE}")
-    return 0
+    print(f"written: {results}, {table}")
 
 
 if __name__ == "__main__":
