@@ -331,13 +331,9 @@ def decode_execute(frames: Sequence[Frame]) -> Message | None:
     msg = protocol.decode_typed(frames, Command.W_EXECUTE, _EXECUTE)
     if msg is None:
         return None
-    for r in msg.record.requests:  # ``_sealed`` of each request, in one loop: a batch holds many
-        for t in r.inputs:
-            if (t.shm is None) == (t.frame is None):
-                return None
-        parameters = r.parameters
-        if parameters and type(parameters) is dict:
-            _read_only(r, parameters)
+    for r in msg.record.requests:
+        if not _sealed(r, r.inputs):
+            return None
     return msg
 
 
