@@ -160,6 +160,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--keep", type=Path, help="keep the builds in DIR/NAME (and reuse them)")
     ap.add_argument("--concurrency", type=int, default=1, help="requests in flight on the one AsyncClient")
+    ap.add_argument("--results", type=Path, help="write here instead of the tracked results file")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
@@ -227,8 +228,9 @@ def main() -> int:
         "workers_ratio_to_first": ratios,
         "runs": runs,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     out = RESULTS if args.concurrency == 1 else RESULTS.with_name(f"{RESULTS.stem}_c{args.concurrency}.json")
+    out = args.results or out
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"written: {out}")
     return 0

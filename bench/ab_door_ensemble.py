@@ -92,6 +92,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--sides", default="door,native")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="where to write (default: tracked file)")
     ap.add_argument("--spy", type=Path, help="a folder for py-spy's raw stacks per turn")
     ap.add_argument(
         "--spy-process", default="broker", choices=("broker", "door"), help="which one --spy records"
@@ -145,8 +146,8 @@ def main() -> int:
         }
         print(f"median {key:16s} {json.dumps(summary[key])}")
     out = {"machine": machine(), "variants": args.variant, "rounds": rows, "median": summary}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

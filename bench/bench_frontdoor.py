@@ -21,7 +21,7 @@ server the gRPC door ran on (pygrpc-native when the ``frontdoor-native`` extra i
 Usage: ``.venv/bin/python bench/bench_frontdoor.py --triton-venv DIR [--quick] [--frontdoor-workers N]``.
 Without a Triton install (no ``--triton-venv``, or no Triton there) nothing can drive the load: perf_analyzer
 comes from the same wheel. With perf_analyzer but no tritonserver, only zinfer's half runs, and it says so.
-Results: bench/results/bench_frontdoor.json (replaced by each run).
+Results: bench/results/bench_frontdoor.json (replaced by each run), or the file `--results` names.
 """
 
 from __future__ import annotations
@@ -316,6 +316,7 @@ def main() -> int:
     ap.add_argument(
         "--triton-venv", type=Path, help="venv with nvidia-pytriton 0.7.0 and tritonclient[all] 2.51"
     )
+    ap.add_argument("--results", type=Path, default=RESULTS, help="where to write (default: tracked file)")
     ap.add_argument("--quick", action="store_true", help="1 s measurement windows instead of 3 s")
     ap.add_argument("--frontdoor-workers", type=int, default=1, help="zinfer's front-door processes")
     args = ap.parse_args()
@@ -371,9 +372,9 @@ def main() -> int:
         "grpc_server": _grpc_server(),
         "note": None if triton else "zinfer's half only: no tritonserver in --triton-venv",
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"written: {RESULTS.relative_to(ROOT)}")
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"written: {args.results}")
     return 0
 
 
