@@ -54,6 +54,42 @@ def _mapped_file(path: Path) -> tuple[int, mmap.mmap]:
     return fd, mmap.mmap(fd, N)
 
 
+def _measure(
+    ms: mmap.mmap, md: mmap.mmap, fs: int, fd: int, src: str, rounds: int, calls: int
+) -> dict[str, list[float]]:
+    a, b = np.frombuffer(ms, np.uint8), np.frombuffer(md, np.uint8)
+    uid = os.getuid()
+    with tempfile.TemporaryDirectory(prefix="probe-shm-") as tmp:
+        regs = {"mapped": SystemShm(Path(tmp) / "m", Path("/dev/shm")),
+                "pread": SystemShm(Path(tmp) / "p", Path("/dev/shm"))}  # fmt: skip
+        regs["pread"]._maps = sysshm_maps.SegmentMaps(None)
+        if sysshm_maps._compiled is None:
+            del regs["mapped"]
+        cases: dict[str, Callable[[], object]] = {
+            "raw memcpy 4 MiB (mapped to mapped)": lambda: np.copyto(b, a),
+            "raw preadv 4 MiB (file to mapped)": lambda: os.preadv(fs, [memoryview(b)], 0),
+            "raw pwrite 4 MiB (mapped to file)": lambda: os.pwrite(fd, memoryview(a), 0),
+        }
+        for name, reg in regs.items():
+            reg.register(f"r-{name}", src, 0, N, uid=uid)
+            cases[f"SystemShm.read 4 MiB ({name})"] = lambda reg=reg, name=name: reg.read(
+                f"r-{name}", 0, N, b, uid=uid
+            )
+            cases[f"SystemShm.write 4 MiB ({name})"] = lambda reg=reg, name=name: reg.write(
+                f"r-{name}", 0, N, memoryview(b), uid=uid
+            )
+        rows: dict[str, list[float]] = {k: [] for k in cases}
+        try:
+            for r in range(rounds):
+                order = list(cases.items()) if r % 2 == 0 else list(cases.items())[::-1]
+                for key, fn in order:
+                    rows[key].append(_cpu_us(fn, calls))
+        finally:
+            for reg in regs.values():
+                reg.close()
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=8)
@@ -64,52 +100,27 @@ def main() -> int:
     src_path, dst_path = Path(f"/dev/shm/probe-src-{tag}"), Path(f"/dev/shm/probe-dst-{tag}")
     fs, ms = _mapped_file(src_path)
     fd, md = _mapped_file(dst_path)
-    a, b = np.frombuffer(ms, np.uint8), np.frombuffer(md, np.uint8)
-    helper = sysshm_maps._compiled
-    with tempfile.TemporaryDirectory(prefix="probe-shm-") as tmp:
-        regs = {"mapped": SystemShm(Path(tmp) / "m", Path("/dev/shm")),
-                "pread": SystemShm(Path(tmp) / "p", Path("/dev/shm"))}  # fmt: skip
-        regs["pread"]._maps = sysshm_maps.SegmentMaps(None)
-        if helper is None:
-            del regs["mapped"]
-        uid = os.getuid()
-        for name, reg in regs.items():
-            reg.register(f"r-{name}", "/" + src_path.name, 0, N, uid=uid)
-        cases: dict[str, Callable[[], object]] = {
-            "raw memcpy 4 MiB (mapped to mapped)": lambda: np.copyto(b, a),
-            "raw preadv 4 MiB (file to mapped)": lambda: os.preadv(fs, [memoryview(b)], 0),
-            "raw pwrite 4 MiB (mapped to file)": lambda: os.pwrite(fd, memoryview(a), 0),
-        }
-        for name, reg in regs.items():
-            cases[f"SystemShm.read 4 MiB ({name})"] = lambda reg=reg, name=name: reg.read(
-                f"r-{name}", 0, N, b, uid=uid
-            )
-            cases[f"SystemShm.write 4 MiB ({name})"] = lambda reg=reg, name=name: reg.write(
-                f"r-{name}", 0, N, memoryview(b), uid=uid
-            )
-        rows: dict[str, list[float]] = {k: [] for k in cases}
-        try:
-            for r in range(args.rounds):
-                order = list(cases.items()) if r % 2 == 0 else list(cases.items())[::-1]
-                for key, fn in order:
-                    rows[key].append(_cpu_us(fn, args.calls))
-        finally:
-            for reg in regs.values():
-                reg.close()
-            del a, b
-            ms.close()
-            md.close()
-            os.close(fs)
-            os.close(fd)
-            src_path.unlink()
-            dst_path.unlink()
+    try:
+        rows = _measure(ms, md, fs, fd, "/" + src_path.name, args.rounds, args.calls)
+    finally:
+        ms.close()
+        md.close()
+        os.close(fs)
+        os.close(fd)
+        src_path.unlink()
+        dst_path.unlink()
     med = {k: round(statistics.median(v), 1) for k, v in rows.items()}
     base = med["raw memcpy 4 MiB (mapped to mapped)"]
     print(f"{'CPU us per call (median of rounds)':44s} {'us':>8} {'x memcpy':>9}")
     for k, v in med.items():
         print(f"{k:44s} {v:8.1f} {v / base:9.2f}")
-    out: dict[str, Any] = {"machine": machine(), "params": vars(args) | {"results": str(args.results)},
-                           "helper_built": helper is not None, "cpu_us_median": med, "rounds": rows}  # fmt: skip
+    out: dict[str, Any] = {
+        "machine": machine(),
+        "params": {"rounds": args.rounds, "calls": args.calls},
+        "helper_built": sysshm_maps.mapped_copies(),
+        "cpu_us_median": med,
+        "rounds": rows,
+    }
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(out, indent=1) + "\n")
     return 0
