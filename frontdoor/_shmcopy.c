@@ -23,11 +23,12 @@ static __thread __attribute__((tls_model("initial-exec"))) sigjmp_buf *volatile 
 static __thread __attribute__((tls_model("initial-exec"))) const char *volatile guard_range[2][2];  /* [dst, src][start, end) of that copy */
 static struct sigaction previous;  /* the SIGBUS handler before ours */
 static int installed;
+static volatile sig_atomic_t passed_on;  /* a SIGBUS not ours was handed back once */
 
 static void on_sigbus(int sig, siginfo_t *info, void *context)
 {
     sigjmp_buf *jump = guard_jump;
-    if (jump != NULL && info != NULL) {
+    if (jump != NULL && info != NULL && info->si_code > 0) { /* a fault, not a signal someone sent */
         const char *at = (const char *)info->si_addr;
         for (int i = 0; i < 2; i++) {
             if (at >= guard_range[i][0] && at < guard_range[i][1]) {
@@ -36,22 +37,22 @@ static void on_sigbus(int sig, siginfo_t *info, void *context)
             }
         }
     }
-    /* not a fault of a guarded copy: what would have happened without us */
-    if (previous.sa_flags & SA_SIGINFO) {
-        if (previous.sa_sigaction != NULL) {
-            previous.sa_sigaction(sig, info, context);
-            return;
-        }
-    } else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
-        previous.sa_handler(sig);
-        return;
+    /* Not a fault of a guarded copy: hand SIGBUS back to the handler that was there before ours (the
+     * default action the second time round, so that two handlers passing it to each other cannot loop)
+     * and let it happen again: a fault re-runs the instruction that faulted, a signal sent by a process
+     * is raised again (pending until this handler returns). */
+    struct sigaction back = previous;
+    if (passed_on) {
+        memset(&back, 0, sizeof back);
+        back.sa_handler = SIG_DFL;
+        sigemptyset(&back.sa_mask);
     }
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    sigaction(sig, &dfl, NULL);
-    raise(sig); /* pending until this handler returns: then the default action (the process ends) */
+    passed_on = 1;
+    sigaction(sig, &back, NULL);
+    installed = 0;
+    if (info == NULL || info->si_code <= 0)
+        raise(sig);
+    (void)context;
 }
 
 /* Ours installed, keeping whatever is there now as the one to pass other faults to (a handler installed

@@ -76,5 +76,9 @@ class SegmentMaps:
         if size < end:
             return None
         self.drop(ident)  # the segment grew past the old mapping
-        mapping = self._maps[ident] = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except (OSError, ValueError):  # no address space, too many mappings: pread and pwrite still work
+            return None
+        self._maps[ident] = mapping
         return mapping

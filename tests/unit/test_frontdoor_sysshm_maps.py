@@ -191,6 +191,43 @@ def test_a_truncation_between_the_check_and_the_copy_is_an_error_not_sigbus(
     ], run.stdout + run.stderr
 
 
+OTHER_SIGBUS = """
+import faulthandler, importlib.util, mmap, os, signal, sys
+if sys.argv[3] == "faulthandler":
+    faulthandler.enable()
+spec = importlib.util.spec_from_file_location("_shmcopy", sys.argv[1])
+helper = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(helper)
+assert helper.copy(bytearray(4), 0, b"abcd", 0, 4)  # the handler installed
+if sys.argv[4] == "sent":
+    os.kill(os.getpid(), signal.SIGBUS)
+else:
+    with open(sys.argv[2], "r+b") as f:
+        m = mmap.mmap(f.fileno(), 1 << 16)
+        os.ftruncate(f.fileno(), 0)
+        print(m[40000])  # a fault outside any guarded copy
+print("survived")
+"""
+
+
+@pytest.mark.parametrize("how", ["fault", "sent"])
+@pytest.mark.parametrize("faulthandler", ["faulthandler", "plain"])
+def test_a_sigbus_outside_a_guarded_copy_still_ends_the_process(
+    tmp_path: Path, helper_path: Path, how: str, faulthandler: str
+) -> None:
+    """The helper's handler takes only faults inside its own copies: any other SIGBUS does what it did
+    without the helper (faulthandler's report, then the default action)."""
+    path = tmp_path / "seg"
+    path.write_bytes(bytes(1 << 16))
+    run = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(OTHER_SIGBUS), str(helper_path), str(path), faulthandler, how],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == -7, (run.returncode, run.stdout, run.stderr[-1000:])  # SIGBUS
+    assert "survived" not in run.stdout
+    assert ("Bus error" in run.stderr) is (faulthandler == "faulthandler")
+
+
 def test_out_of_range_copies_are_refused_by_the_helper(helper: ModuleType) -> None:
     dst, src = bytearray(8), bytes(16)
     with pytest.raises(IndexError):
