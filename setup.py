@@ -9,7 +9,9 @@ mypyc needs.
 When: a wheel (what ``pip install .`` and ``pip wheel .`` build) is compiled unless ``ZINFER_COMPILE=0``;
 an editable install (``pip install -e .``) stays pure Python unless ``ZINFER_COMPILE=1``, so an edited
 ``.py`` file is what runs. Where the compilation fails (no C compiler, no Python headers), the build says so
-once and installs the pure-Python package: every module has its ``.py`` file, compiled or not.
+once and installs the pure-Python package: every module has its ``.py`` file, compiled or not. The same
+builds compile one plain C module, ``zinfer.frontdoor._shmcopy`` (frontdoor/_shmcopy.c, the front door's
+copy through mapped system shared memory); without it the front door copies with ``pread``/``pwrite``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
@@ -65,6 +67,8 @@ def _extensions() -> list[Any]:
     except ImportError:
         print("zinfer: mypy is not installed: building pure Python", file=sys.stderr)
         return []
+    # the front door's guarded copy for mapped shared memory (frontdoor/_shmcopy.c): plain C, no mypyc
+    helpers = [Extension("zinfer.frontdoor._shmcopy", ["frontdoor/_shmcopy.c"], extra_compile_args=["-O2"])]
     stage = _staged()
     paths = [str(stage / (name.replace(".", "/") + ".py")) for name in COMPILED]
     try:
@@ -74,7 +78,7 @@ def _extensions() -> list[Any]:
     except (SystemExit, Exception) as e:  # mypy's errors end in SystemExit
         print(f"zinfer: mypyc could not compile ({e!r}): building pure Python", file=sys.stderr)
         return []
-    return exts
+    return [*exts, *helpers]
 
 
 class BuildExt(build_ext):

@@ -13,9 +13,10 @@ A registered key is hostile until checked, every time:
 - a region belongs to the uid that registered it: other callers can neither read nor write it in an
   inference, nor see it in a status, nor unregister it (root callers can); to them it does not exist;
 - ``offset + byte_size`` must lie within the file at registration, and the file's identity (device, inode)
-  and size are checked again at every use (a read's size by the count ``pread`` returns): tensors are read
-  with ``pread`` and written with ``pwrite`` on the descriptor, never through a mapping, so a segment
-  shrunk behind our back is an error, not a SIGBUS.
+  and size are checked again at every use (``fstat``): tensors are copied through a mapping of the segment
+  only by the compiled helper that turns a SIGBUS inside the copy into an error (``sysshm_maps``), else
+  read with ``pread`` and written with ``pwrite`` on the descriptor, so a segment shrunk behind our back
+  is an error, never the end of the process.
 
 Registrations live in files of one folder (the server's runtime directory), so every front-door process
 behind the shared port sees the same regions, as Triton's one process does. This first step copies bytes
@@ -44,6 +45,7 @@ import numpy.typing as npt
 from zinfer.client.errors import AlreadyExists, InvalidArgument, NotFound
 
 from .errors import FrontDoorError
+from .sysshm_maps import SegmentMaps
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,12 @@ def _owner(uid: int | None) -> int:
     return _UNKNOWN_UID if uid is None else uid
 
 
+def _byte_view(data: Any) -> memoryview:
+    """``data``'s bytes as a flat view (a C-contiguous buffer of any item type)."""
+    view = memoryview(data)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
 def _visible(record: _Record, uid: int | None) -> bool:
     """Whether the caller ``uid`` may use, see or unregister ``record``: its registrant, or root."""
     return uid == 0 or record.uid == _owner(uid)
@@ -102,6 +110,7 @@ class SystemShm:
         self.allow_unknown = allow_unknown
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._fds: dict[tuple[int, int], int] = {}  # (dev, ino) -> an open descriptor of that segment
+        self._maps = SegmentMaps()  # (dev, ino) -> a mapping of that segment, where the helper is built
         # name -> (its registration file, that file's identity, the record read from it): one stat per use
         self._known: dict[str, tuple[str, tuple[int, int, int, int], _Record]] = {}
         self._lock = threading.Lock()
@@ -204,10 +213,12 @@ class SystemShm:
         """``byte_size`` bytes at ``offset`` within the region, as uint8 (into ``out`` when given: a uint8
         array of that size, e.g. an arena slot)."""
         record = self._record(name, uid)
-        fd, start = self._checked(record, offset, byte_size, check_size=not byte_size)  # else: pread's count
+        fd, start = self._checked(record, offset, byte_size)
         buf = np.empty(byte_size, np.uint8) if out is None else out
-        done = os.preadv(fd, [memoryview(buf)], start) if byte_size else 0  # type: ignore[arg-type]
-        if done != byte_size:
+        view = _byte_view(buf)
+        if len(view) != byte_size:
+            raise InvalidArgument(f"a buffer of {len(view)} bytes cannot take {byte_size}")
+        if byte_size and not self._maps.read((record.dev, record.ino), fd, start, view):
             raise InvalidArgument(f"shared memory region '{name}' is smaller than registered")
         return buf
 
@@ -216,13 +227,14 @@ class SystemShm:
     ) -> None:
         """Write ``data`` at ``offset`` within the region; it must fit in ``byte_size``."""
         record = self._record(name, uid)
-        if len(data) > byte_size:
+        view = _byte_view(data)
+        if len(view) > byte_size:
             raise InvalidArgument(
                 f"shared memory size specified with the request for output is {byte_size} bytes, "
-                f"the output needs {len(data)}"
+                f"the output needs {len(view)}"
             )
-        fd, start = self._checked(record, offset, len(data))
-        if data and os.pwrite(fd, data, start) != len(data):
+        fd, start = self._checked(record, offset, len(view))
+        if len(view) and not self._maps.write((record.dev, record.ino), fd, start, view):
             raise InvalidArgument(f"shared memory region '{name}' is smaller than registered")
 
     # ------------------------------------------------------------------------------------ internals
@@ -282,16 +294,13 @@ class SystemShm:
             raise InvalidArgument(f"Unable to open shared memory region: '{key}'")
         return fd
 
-    def _checked(
-        self, record: _Record, offset: int, nbytes: int, *, check_size: bool = True
-    ) -> tuple[int, int]:
+    def _checked(self, record: _Record, offset: int, nbytes: int) -> tuple[int, int]:
         """The descriptor of ``record``'s segment, still the one registered, and the file offset of
-        ``offset``; the region (and the file, now: ``fstat``, or for a read the count ``pread`` returns,
-        ``check_size=False``) must hold ``nbytes`` from there."""
+        ``offset``; the region (and the file, now: ``fstat``) must hold ``nbytes`` from there."""
         if offset < 0 or nbytes < 0 or offset + nbytes > record.byte_size:
             raise InvalidArgument(f"Invalid offset + byte size for shared memory region: '{record.name}'")
         fd = self._fd(record)
-        if check_size and record.offset + offset + nbytes > os.fstat(fd).st_size:
+        if record.offset + offset + nbytes > os.fstat(fd).st_size:
             raise InvalidArgument(f"shared memory region '{record.name}' is smaller than registered")
         return fd, record.offset + offset
 
@@ -313,6 +322,7 @@ class SystemShm:
         with self._lock:
             old = self._fds.pop((record.dev, record.ino), None)
             if old is not None:
+                self._maps.drop((record.dev, record.ino))
                 os.close(old)
             if len(self._fds) >= _MAX_CACHED_FDS:
                 self._close_unused_locked(set())
@@ -325,6 +335,7 @@ class SystemShm:
 
     def _close_unused_locked(self, live: set[tuple[int, int]]) -> None:
         for ident in [i for i in self._fds if i not in live]:
+            self._maps.drop(ident)
             os.close(self._fds.pop(ident))
 
     def close(self) -> None:

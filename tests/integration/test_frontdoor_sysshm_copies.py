@@ -1,7 +1,8 @@
-"""A tensor in a caller's system shared memory crosses the HTTP door with one kernel copy each way: the
-input is read (``pread``) straight into the bridge's arena and goes to the broker as a descriptor of it,
-not as a frame; the output is reserved in the arena, where the worker writes it, and is written
-(``pwrite``) into the caller's region straight from there. The door runs in this process (``HttpFrontDoor``
+"""A tensor in a caller's system shared memory crosses the HTTP door with one copy each way (``pread`` and
+``pwrite``, or a ``memcpy`` through the segment's mapping where the ``_shmcopy`` helper is built): the
+input is read straight into the bridge's arena and goes to the broker as a descriptor of it, not as a
+frame; the output is reserved in the arena, where the worker writes it, and is written into the caller's
+region straight from there. The door runs in this process (``HttpFrontDoor``
 on a real ``zinfer serve``), so what it hands the broker and the kernel can be looked at."""
 
 from __future__ import annotations
@@ -50,20 +51,21 @@ async def _run(url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     from zinfer.frontdoor.door import FrontDoor, FrontDoorOptions
     from zinfer.frontdoor.http_server import HttpFrontDoor
     from zinfer.frontdoor.http_wire import HttpRequest
+    from zinfer.frontdoor.sysshm_maps import SegmentMaps
 
     seen: dict[str, Any] = {"preads": [], "pwrites": []}
-    real_preadv, real_pwrite = os.preadv, os.pwrite
+    real_read, real_write = SegmentMaps.read, SegmentMaps.write
 
-    def preadv(fd: int, buffers: list[Any], offset: int) -> int:
-        seen["preads"].append(buffers)
-        return real_preadv(fd, buffers, offset)
+    def read(maps: SegmentMaps, ident: Any, fd: int, start: int, out: memoryview) -> bool:
+        seen["preads"].append([out])
+        return real_read(maps, ident, fd, start, out)
 
-    def pwrite(fd: int, data: Any, offset: int) -> int:
+    def write(maps: SegmentMaps, ident: Any, fd: int, start: int, data: memoryview) -> bool:
         seen["pwrites"].append(data)
-        return real_pwrite(fd, data, offset)
+        return real_write(maps, ident, fd, start, data)
 
-    monkeypatch.setattr(sysshm.os, "preadv", preadv)
-    monkeypatch.setattr(sysshm.os, "pwrite", pwrite)
+    monkeypatch.setattr(SegmentMaps, "read", read)  # one copy each: a pread/pwrite, or a mapped memcpy
+    monkeypatch.setattr(SegmentMaps, "write", write)
     nbytes = N * 4
     key = f"/fdcopy_{uuid.uuid4().hex[:12]}"
     handle = shm.create_shared_memory_region("fdc", key, 2 * nbytes)

@@ -1,5 +1,5 @@
 """Triton's system shared memory registry of the front door, on real files: what a caller may name, and
-that every use checks again (identity, size) without ever mapping the file."""
+that every use checks again (identity, size). test_frontdoor_sysshm_maps.py: the copies through a mapping."""
 
 from __future__ import annotations
 
