@@ -40,13 +40,15 @@ class Deadlines:
     def add(self, fut: Future, timeout: float) -> asyncio.TimerHandle | None:
         """``expire(fut)`` ``timeout`` seconds from now, unless ``fut`` is done by then. Returns the timer to
         cancel when ``fut`` has one of its own (its deadline is earlier than one queued), else None."""
+        if fut.done():  # answered already (in the turn that sent it): nothing to expire
+            return None
         loop = self._loop
         deadline = loop.time() + max(0.0, timeout)
         fifo = self._fifo
         if fifo and deadline < fifo[-1][0]:
             return loop.call_at(deadline, self._expire, fut)
         fifo.append((deadline, fut))
-        while fifo[0][1].done():  # stops at the latest, which is not done
+        while fifo[0][1].done():  # stops at the latest, which is not done (checked above)
             fifo.popleft()
         if len(fifo) > self._compact_at:
             self._fifo = fifo = deque(item for item in fifo if not item[1].done())

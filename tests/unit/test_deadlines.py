@@ -79,3 +79,26 @@ def test_close_cancels_the_timer() -> None:
         assert expired == []
 
     _run(go())
+
+
+def test_a_request_answered_before_its_deadline_is_set_is_not_queued() -> None:
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        expired: list[asyncio.Future[Any]] = []
+        d = Deadlines(loop, expired.append)
+        done = loop.create_future()
+        done.set_result(None)  # its reply came in the turn that sent it
+        assert d.add(done, 0.01) is None
+        assert len(d) == 0
+        answered, waiting = loop.create_future(), loop.create_future()
+        d.add(answered, 0.01)
+        answered.set_result(None)
+        done2 = loop.create_future()
+        done2.set_result(None)
+        assert d.add(done2, 0.02) is None  # the queue holds only answered ones: no IndexError
+        d.add(waiting, 0.03)
+        await asyncio.sleep(0.1)
+        assert expired == [waiting]
+        d.close()
+
+    _run(go())
