@@ -14,9 +14,11 @@ server's CPU per request split by process: Triton (tritonserver and its python-b
 door, the broker, the workers). Goal of issue 33: zinfer / Triton throughput >= 1.0 (median of the turns'
 ratios).
 
-Usage: ``.venv/bin/python bench/bench_frontdoor_ensemble.py --triton-venv DIR [--rounds N] [--seconds S]``.
-Without tritonserver in ``--triton-venv`` only zinfer's turns run. Results:
-bench/results/bench_frontdoor_ensemble.json (one entry per ``--label``).
+Usage: ``.venv/bin/python bench/bench_frontdoor_ensemble.py --triton-venv DIR [--rounds N] [--seconds S]
+[--compiled [--build PATH]]``. ``--compiled`` serves zinfer's side (broker, door, workers) from a
+mypyc-compiled build of this checkout, as the goals are judged (``bench_compiled.build_compiled``; ``--build``
+reuses one it made: the folder it returned). Without tritonserver in ``--triton-venv`` only zinfer's turns
+run. Results: bench/results/bench_frontdoor_ensemble.json (one entry per ``--label``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -154,7 +158,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="turns per server")
     ap.add_argument("--seconds", type=float, default=5.0, help="length of each turn")
     ap.add_argument("--label", default="latest", help="the results entry to write")
+    ap.add_argument("--compiled", action="store_true", help="zinfer's side on a mypyc-compiled build")
+    ap.add_argument("--build", type=Path, help="with --compiled: a build made before (its PYTHONPATH folder)")
     args = ap.parse_args()
+    if args.compiled and COMPILED_ENV not in os.environ:
+        return _rerun_compiled(args.build)
     install = triton_side.find(args.triton_venv)
     python = install.python if install is not None else Path(sys.executable)
     turns: dict[str, list[dict[str, Any]]] = {"triton": [], "zinfer": []}
@@ -211,6 +219,7 @@ def main() -> int:
             "in_flight": IN_FLIGHT,
             "client": f"tritonclient.grpc.aio run by {python.parent.parent.name}'s python",
             "grpc_server": _grpc_server(),
+            "build": "compiled" if COMPILED_ENV in os.environ else "pure",
         },  # fmt: skip
         "turns": turns,
         "summary": summary,
@@ -220,6 +229,23 @@ def main() -> int:
     print(f"written: {RESULTS.relative_to(ROOT)} (label {args.label})")
     errors = sum(int(f.get("errors", 0)) for figs in ok.values() for f in figs)
     return 1 if errors or any("error" in f for v in turns.values() for f in v) else 0
+
+
+COMPILED_ENV = "ZINFER_BENCH_COMPILED"  # set in the child of --compiled, whose zinfer is the compiled build
+
+
+def _rerun_compiled(build: Path | None) -> int:
+    """This script again, in a child whose zinfer (and so the server it starts) is the compiled build."""
+    from bench_compiled import build_compiled
+
+    work = Path(tempfile.mkdtemp(prefix="zfe-build-"))
+    try:
+        path = build if build is not None else build_compiled(work)
+        env = {**os.environ, "PYTHONPATH": str(path), COMPILED_ENV: "1"}
+        script = str(Path(__file__).resolve())
+        return subprocess.call([sys.executable, script, *sys.argv[1:]], env=env, cwd="/")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _grpc_server() -> str:
