@@ -140,13 +140,17 @@ async def _other_methods() -> None:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             raw = channel.unary_unary(f"/{SERVICE}/Raw")
             other = channel.unary_unary(f"/{SERVICE}/Other")
-            calls = [raw(b"r%d" % i, timeout=20) if i % 2 else other(b"o%d" % i, timeout=20) for i in range(40)]
+            calls = [
+                raw(b"r%d" % i, timeout=20) if i % 2 else other(b"o%d" % i, timeout=20) for i in range(40)
+            ]
             answers = await asyncio.gather(*calls)
             assert answers == [b"echo:" + (b"r%d" if i % 2 else b"o%d") % i for i in range(40)]
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await other(b"abort", timeout=20)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            replies = [r async for r in channel.stream_stream(f"/{SERVICE}/Stream")(iter([b"a", b"b"]), timeout=20)]
+            replies = [
+                r async for r in channel.stream_stream(f"/{SERVICE}/Stream")(iter([b"a", b"b"]), timeout=20)
+            ]
             assert replies == [b"s:a", b"s:b"]
     finally:
         await server.stop(None)
