@@ -18,20 +18,42 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import os
 from collections.abc import Iterable
 from typing import Any
 
 import grpc
 
-__all__ = ["lean_server"]
+from zinfer.client.errors import ConfigError
+
+__all__ = ["IO_THREADS_ENV", "io_threads", "lean_server"]
 
 log = logging.getLogger(__name__)
 
 IO_THREADS = 1
-"""pygrpc-native's I/O threads (its default: 2). The door's Python side (one event loop, one GIL) is the
-bound, not the I/O threads: a unary echo server at 32 calls in flight, one grpcio client process, alternate
-runs: CPU per call 79/95 us on one I/O thread against 119/105 on two, and 15/16 us of wall time inside
-``respond`` (the GIL held) against 63/35."""
+"""pygrpc-native's I/O threads (its own default: 2; ``ZINFER_GRPC_IO_THREADS`` sets it). The door's Python
+side (one event loop, one GIL) is the bound at concurrency 32, not the I/O threads: through the door, in turns
+against two threads, the door's CPU per request was lower in 6 of 7 rounds (medians 266 against 371 and 284
+against 371 us); at concurrency 1, p50 was higher in the two rounds that measured (3890 against 3349 us, and
+an outlier). ``bench/ab_frontdoor_http.py --protocol grpc`` with ``ZINFER_GRPC_IO_THREADS=2`` as a variant
+measures it again."""
+IO_THREADS_ENV = "ZINFER_GRPC_IO_THREADS"
+
+
+def io_threads() -> int:
+    """pygrpc-native's I/O threads: ``ZINFER_GRPC_IO_THREADS`` (1 to 64) or ``IO_THREADS``."""
+    text = os.environ.get(IO_THREADS_ENV, "").strip()
+    if not text:
+        return IO_THREADS
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 64:
+        raise ConfigError(f"{IO_THREADS_ENV} must be a whole number from 1 to 64, got {text!r}")
+    return value
+
+
 _NEEDED = ("_on_events", "_failed", "_fail", "_encode")
 _OK = grpc.StatusCode.OK
 _RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
@@ -41,14 +63,15 @@ _CANCELLED = grpc.StatusCode.CANCELLED.value[0]
 def lean_server(options: Iterable[tuple[str, Any]], raw: frozenset[str], service: str) -> Any:
     """pygrpc-native's server whose methods ``/service/name`` for each name in ``raw`` take the short path
     (pygrpc-native's own server where its internals are not as this module knows them)."""
+    threads = io_threads()
     module: Any = importlib.import_module("pygrpc_native.aio")  # optional: imported by name
     options = list(options)
     if not all(hasattr(module.Server, a) for a in _NEEDED) or not all(
         hasattr(module, a) for a in ("_Call", "_Context")
     ):
         log.warning("event=grpc_native_lean_unavailable reason=internals")
-        return module.Server(options=options, io_threads=IO_THREADS)
-    server = _lean_class(module)(options=options, io_threads=IO_THREADS)
+        return module.Server(options=options, io_threads=threads)
+    server = _lean_class(module)(options=options, io_threads=threads)
     server._lean_paths = frozenset(f"/{service}/{name}" for name in raw)
     return server
 

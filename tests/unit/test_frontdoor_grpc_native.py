@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
+from zinfer.client.errors import ConfigError
 from zinfer.frontdoor import grpc_native
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("pygrpc_native") is None, reason="no pygrpc-native")
@@ -158,3 +159,18 @@ async def _other_methods() -> None:
 
 def test_other_methods_and_streams_go_pygrpc_natives_way() -> None:
     asyncio.run(_other_methods())
+
+
+def test_the_io_threads_come_from_the_environment_and_a_bad_value_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(grpc_native.IO_THREADS_ENV, raising=False)
+    assert grpc_native.io_threads() == grpc_native.IO_THREADS
+    monkeypatch.setenv(grpc_native.IO_THREADS_ENV, " 3 ")
+    assert grpc_native.io_threads() == 3
+    server = grpc_native.lean_server([], frozenset(("Raw",)), SERVICE)
+    assert server._io_threads == 3
+    for bad in ("0", "65", "-1", "two", "1.5", "\u00b2"):
+        monkeypatch.setenv(grpc_native.IO_THREADS_ENV, bad)
+        with pytest.raises(ConfigError, match=grpc_native.IO_THREADS_ENV):
+            grpc_native.io_threads()
