@@ -132,9 +132,23 @@ Headers = dict[bytes, "_Template | None"]
 """The request headers seen (at most ``MAX_HEADERS``), each with its template (None: the full path's)."""
 
 
-def read(payload: bytes, known: Headers) -> InferCall | None:
+Last = list[Any]
+"""The header and template of the last request read without an id (empty until one is): a request that
+starts with that header and goes on with raw contents only is read without walking its header again."""
+
+
+def read(payload: bytes, known: Headers, recent: Last | None = None) -> InferCall | None:
     """The call of a serialized ``ModelInferRequest``, or None: the full path's to read (``known``: the
-    headers seen, added to)."""
+    headers seen, added to; ``recent``: the last header read, replaced)."""
+    if recent:
+        header, template = recent
+        at = len(header)
+        # the header's bytes are whole fields (walked when it was first read), so a request that starts with
+        # them and a raw contents' tag has that header and no id; anything else after them: the walk below
+        if at < len(payload) and payload[at] == _RAW and payload.startswith(header):
+            found = _raw_fields(payload, at)
+            if found is not None and len(found) == len(template.inputs):
+                return _call(payload, template, found, "")
     end = len(payload)
     pos = 0
     last = 0
@@ -182,6 +196,34 @@ def read(payload: bytes, known: Headers) -> InferCall | None:
         return None
     if len(raws) != len(template.inputs):
         return None
+    if recent is not None and id_at < 0:
+        recent[:] = (header, template)
+    return _call(payload, template, raws, request_id)
+
+
+def _raw_fields(payload: bytes, pos: int) -> list[tuple[int, int]] | None:
+    """Where each raw contents' bytes lie, from ``pos`` to the end; None when anything else is there."""
+    end = len(payload)
+    raws: list[tuple[int, int]] = []
+    while pos < end:
+        if payload[pos] != _RAW:
+            return None
+        size = payload[pos + 1] if pos + 1 < end else 0x80
+        if size < 0x80:
+            pos += 2
+        else:
+            size, pos = _varint(payload, pos + 1, end)
+        if size < 0 or size > end - pos:
+            return None
+        raws.append((pos, pos + size))
+        pos += size
+    return raws
+
+
+def _call(
+    payload: bytes, template: _Template, raws: list[tuple[int, int]], request_id: str
+) -> InferCall | None:
+    """The call of a request with ``template``'s header and these raw contents (None: not as it says)."""
     inputs = []
     for spec, (start, stop) in zip(template.inputs, raws, strict=True):
         if spec.dtype is None:  # BYTES: decoded, so that its items are checked against its shape

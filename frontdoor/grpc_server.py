@@ -21,6 +21,7 @@ from zinfer.client.addresses import listen_problem
 from zinfer.client.errors import ConfigError
 
 from .door import FrontDoor
+from .grpc_native import lean_server
 from .grpc_service import InferenceService
 
 __all__ = ["SERVER_ENV", "start_grpc", "use_native"]
@@ -46,7 +47,7 @@ def use_native(tls: bool) -> bool:
 
 def _server(options: list[tuple[str, Any]], native: bool) -> Any:
     if native:  # an optional extra: imported by name, so the door types check without it installed
-        return importlib.import_module("pygrpc_native.aio").server(options=options)
+        return lean_server(options, RAW, SERVICE)
     return grpc.aio.server(options=options)
 
 

@@ -48,6 +48,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         self.door = door
         self.bridge = door.bridge
         self._headers: grpc_request.Headers = {}  # ModelInfer's request headers seen (grpc_request)
+        self._last: grpc_request.Last = []  # and the last one read
         self._written: grpc_response.Written = {}  # ModelInfer's kinds of reply written (grpc_response)
 
     def _shm(self, context: Any) -> CallerShm:
@@ -160,7 +161,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         # directly (grpc_request), any other parsed here; a reply is written by grpc_response
         try:
             read_start = time.monotonic_ns()
-            call = grpc_request.read(request, self._headers) if type(request) is bytes else None
+            call = grpc_request.read(request, self._headers, self._last) if type(request) is bytes else None
             shm: CallerShm | None = None
             if call is not None:
                 regions: Mapping[str, tuple[str, int, int]] = _NO_REGIONS

@@ -188,3 +188,77 @@ def test_mutated_requests_are_read_as_the_full_path_reads_them_or_left_to_it() -
         answered += 1
         _same(fast, _full(data))  # the full path parses it and gives the same call
     assert answered > 100  # changes inside the tensors' bytes and the id are read fast
+
+
+def test_a_request_after_the_same_header_is_read_without_walking_it_as_the_walk_reads_it() -> None:
+    known: grpc_request.Headers = {}
+    recent: grpc_request.Last = []
+    first = _request().SerializeToString()
+    assert grpc_request.read(first, known, recent) is None and recent == []  # first sight: the full path's
+    assert grpc_request.read(first, known, recent) is not None
+    header = recent[0]
+    assert first.startswith(header) and first[len(header)] == 0x3A  # the header: up to the raw contents
+    for request_id, a in (("", 2.0), ("req-7", 3.0), ("", -1.5)):
+        payload = _request(request_id, a).SerializeToString()
+        fast = grpc_request.read(payload, known, recent)
+        assert fast is not None
+        _same(fast, _full(payload))
+        assert fast.request_id == request_id and fast.inputs[0].data[1, 2] == a
+        assert recent[0] == header  # a request with an id is not a header to start with
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        b"\x40\x01",  # an unknown field after the raw contents
+        b"\x0a\x03add",  # a header field after them
+        b"\x3a\x00",  # one raw contents too many
+        b"\x3a\x05ab",  # a length past the end
+    ],
+)
+def test_anything_but_raw_contents_after_the_recent_header_goes_the_walk_and_the_full_path(
+    tail: bytes,
+) -> None:
+    known: grpc_request.Headers = {}
+    recent: grpc_request.Last = []
+    payload = _request().SerializeToString()
+    grpc_request.read(payload, known, recent)
+    assert grpc_request.read(payload, known, recent) is not None and recent
+    assert grpc_request.read(payload + tail, known, recent) is None
+    assert grpc_request.read(payload + tail, known) is None  # the walk says the same
+
+
+def test_mutated_requests_after_a_recent_header_are_read_as_the_walk_reads_them() -> None:
+    """Random changes to a request whose unchanged header was read last: the short read answers exactly
+    as the walk (and so the full path) does."""
+    rng = random.Random(34)
+    r = _request()
+    r.parameters["triton_enable_empty_final_response"].bool_param = True
+    base = r.SerializeToString()
+    known: grpc_request.Headers = {}
+    recent: grpc_request.Last = []
+    grpc_request.read(base, known, recent)
+    grpc_request.read(base, known, recent)
+    header = recent[0]
+    answered = 0
+    for _ in range(3000):
+        payload = bytearray(base)
+        for _ in range(rng.choice((1, 1, 2))):
+            at = rng.randrange(len(payload))
+            kind = rng.random()
+            if kind < 0.5:
+                payload[at] = rng.randrange(256)
+            elif kind < 0.75:
+                del payload[at]
+            else:
+                payload.insert(at, rng.randrange(256))
+        data = bytes(payload)
+        cell = [header, recent[1]]
+        short = grpc_request.read(data, dict(known), cell)
+        walked = grpc_request.read(data, dict(known))
+        assert (short is None) == (walked is None)
+        if short is not None and walked is not None:
+            answered += 1
+            _same(short, walked)
+            _same(short, _full(data))
+    assert answered > 100
