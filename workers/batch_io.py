@@ -38,7 +38,8 @@ class BatchRequest(NamedTuple):
     def from_broker(cls, r: ExecuteRequest) -> BatchRequest:
         """Build from an EXECUTE's request; its sequence becomes the mapping model code sees (the wire's)."""
         sequence = None if r.sequence is None else sequence_to_wire(r.sequence)
-        return cls(r.id, r.inputs, r.outputs, r.request_id, sequence, r.parameters)
+        # every field given: the tuple made directly, without the Python-level ``__new__`` a NamedTuple has
+        return tuple.__new__(cls, (r.id, r.inputs, r.outputs, r.request_id, sequence, r.parameters))
 
 
 @dataclass
