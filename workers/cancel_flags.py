@@ -17,7 +17,7 @@ cancelled while it waits is never run by a model that looks.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection
 
 __all__ = ["MAX_EARLY", "CancelFlag", "CancelFlags"]
 
@@ -98,11 +98,6 @@ class CancelFlags:
     def flag(self, request: int) -> CancelFlag:
         with self._lock:
             return self._flag(request)
-
-    def flags(self, requests: Iterable[int]) -> list[CancelFlag]:
-        """The flags of ``requests``, in order, under one taking of the lock (a batch's requests)."""
-        with self._lock:
-            return [self._flag(r) for r in requests]
 
     def cancel(self, batch: int, request: int) -> bool:
         """Set the flag of ``request`` of ``batch`` if it runs, or keep it for when ``batch`` begins if that

@@ -88,16 +88,15 @@ def open_inputs(
     """Each readable request and what the model gets for it (a request whose inputs cannot be read is
     answered in ``out`` now); ``cancels``: the worker's flags, which ``is_cancelled()`` reads."""
     runnable = open_requests(requests, frames, regions, sig.batching, out)
-    # the requests' flags under one taking of the lock, not one each
-    flags = cancels.flags([one.req.id for one in runnable]) if cancels is not None else [None] * len(runnable)
     inputs: list[RequestInputs] = []
-    for (req, arrays, _), flag in zip(runnable, flags, strict=True):
+    for req, arrays, _ in runnable:
         if req.sequence is not None:  # a sequence request's START, END, READY, CORRID
             arrays.update(control_arrays([req], sig.batching))
         if states is not None:
             arrays.update(states.request_inputs(req))  # and its implicit state
         names = tuple([o.name for o in req.outputs])
-        inputs.append(RequestInputs(req.request_id, arrays, names, req.sequence, req.parameters, flag))
+        inputs.append(RequestInputs(req.request_id, arrays, names, req.sequence, req.parameters,
+                                    None if cancels is None else cancels.flag(req.id)))  # fmt: skip
     return runnable, inputs
 
 
