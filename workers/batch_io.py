@@ -38,7 +38,8 @@ class BatchRequest(NamedTuple):
     def from_broker(cls, r: ExecuteRequest) -> BatchRequest:
         """Build from an EXECUTE's request; its sequence becomes the mapping model code sees (the wire's)."""
         sequence = None if r.sequence is None else sequence_to_wire(r.sequence)
-        return cls(r.id, r.inputs, r.outputs, r.request_id, sequence, r.parameters)
+        # every field given: the tuple made directly, without the Python-level ``__new__`` a NamedTuple has
+        return tuple.__new__(cls, (r.id, r.inputs, r.outputs, r.request_id, sequence, r.parameters))
 
 
 @dataclass
@@ -52,6 +53,22 @@ class BatchOutcome:
 
 def input_array(ref: TensorRef, frames: Sequence[Frame], regions: RegionCache) -> Array:
     """One input as a host array over the client's memory (or the inline frame), read-only."""
+    if ref.datatype != dtypes.BYTES:
+        # the usual: one array straight over the region's range or the frame (a uint8 array first, then
+        # this one, cost twice as much); None when the bytes are not exactly the shape's (below says why)
+        dtype = dtypes.wire_to_numpy(ref.datatype)
+        if ref.shm is not None:
+            fast = regions.array(ref.shm, ref.shape, dtype)
+        else:
+            assert ref.frame is not None
+            frame = frames[ref.frame]
+            # the worker's own frames (``recv_buffers``): bytes views over libzmq's messages
+            fast = None
+            if type(frame) is memoryview and frame.itemsize == 1:
+                fast = _over(frame, ref.shape, dtype)
+        if fast is not None:
+            fast.flags.writeable = False  # the client's memory: models must not write into their inputs
+            return fast
     if ref.shm is not None:
         raw: Any = regions.bytes(ref.shm)
     else:
@@ -68,6 +85,15 @@ def input_array(ref: TensorRef, frames: Sequence[Frame], regions: RegionCache) -
         arr = raw.view(dtype).reshape(ref.shape)
     arr.flags.writeable = False  # the client's memory: models must not write into their inputs
     return arr
+
+
+def _over(buf: memoryview, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array | None:
+    """An array of ``shape`` over all of ``buf``; None when ``buf`` is not exactly its bytes."""
+    try:
+        arr: Array = np.ndarray(shape, dtype, buf)
+    except (TypeError, ValueError):
+        return None
+    return arr if arr.nbytes == buf.nbytes else None
 
 
 def request_arrays(req: BatchRequest, frames: Sequence[Frame], regions: RegionCache) -> dict[str, Array]:
@@ -292,8 +318,11 @@ def emit(
         dst = regions.bytes(ref).view(piece.dtype).reshape(piece.shape)
         device.copy_to_host(piece, dst)  # a no-op when the kernel wrote it there
         return TensorRef(name, wire, shape, shm=ref)
-    host = device.to_host(piece)
-    frames.append(host.reshape(-1).view(np.uint8).data)
+    host = device.to_host(piece)  # C-contiguous
+    try:  # its bytes as one flat view (a dtype without a buffer format, bfloat16, or a size-0 array: below)
+        frames.append(host.data.cast("B"))
+    except (TypeError, ValueError, NotImplementedError):
+        frames.append(host.reshape(-1).view(np.uint8).data)
     return TensorRef(name, wire, shape, frame=len(frames) - 1)
 
 

@@ -125,7 +125,7 @@ class Tensor:
         if data is None:
             raise ArgumentTypeError(f"Tensor {name!r}: the data must be an array, got None")
         self._name = name
-        array = _host_array(data, name)
+        array = data if type(data) is np.ndarray else _host_array(data, name)  # the usual: a host array
         if array.dtype.kind == "V":
             raise TritonModelException(
                 f"Tensor {name!r}: dtype {array.dtype} is not supported (use np.object_)"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -126,6 +126,16 @@ class RegionCache:
         """The referenced range as a uint8 array over the mapping."""
         seg = self._within(ref)
         return np.frombuffer(seg.buf, dtype=np.uint8, count=ref.nbytes, offset=ref.offset)
+
+    def array(self, ref: ShmRef, shape: tuple[int, ...], dtype: np.dtype[Any]) -> npt.NDArray[Any] | None:
+        """The referenced range as an array of ``shape`` and ``dtype`` over the mapping, in one call (checked
+        as :meth:`bytes` checks it); None when the range is not exactly that shape's bytes."""
+        seg = self._within(ref)
+        try:
+            arr: npt.NDArray[Any] = np.ndarray(shape, dtype, seg.buf, ref.offset)
+        except (TypeError, ValueError):
+            return None
+        return arr if arr.nbytes == ref.nbytes else None
 
     def _within(self, ref: ShmRef) -> Segment:
         seg = self._segment(ref.region)

@@ -66,6 +66,10 @@ class Runner(Protocol):
         ...
 
 
+_UNSET = BatchOutcome()
+"""A :class:`Reply`'s outcome until its runner returns one (never sent: ``__exit__`` puts a new one in)."""
+
+
 class Reply:
     """The guard around one EXECUTE: on every way out of its ``with`` block exactly one RESULT goes to the
     broker (unless the runner handed the batch on, ``outcome`` None): the runner's outcome, or, when the
@@ -78,7 +82,9 @@ class Reply:
         self.batch = batch
         self.requests = requests
         self.send_result = send_result
-        self.outcome: BatchOutcome | None = BatchOutcome()
+        # the runner's outcome (None: the batch runs on); an empty one until the runner returns, made only
+        # where the runner raised (``__exit__``)
+        self.outcome: BatchOutcome | None = _UNSET
 
     def partial(self, result: RequestResult, frames: list[Frame]) -> None:
         self.send_result(WorkerResult(self.batch, (result,), partial=True), frames)
@@ -90,6 +96,8 @@ class Reply:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
         out = self.outcome
+        if out is _UNSET:  # the runner raised before it answered
+            out = self.outcome = BatchOutcome()
         if exc is not None:
             log.error("event=batch_failed batch=%d error=%r", self.batch, exc, exc_info=exc)
             out = out if out is not None else BatchOutcome()

@@ -302,7 +302,8 @@ class Worker:
         batch_id = execute.batch
         requests = [BatchRequest.from_broker(r) for r in execute.requests]
         with Reply(batch_id, requests, self.send_result) as reply:
-            self.device.take_staged(batch_id)
+            if self.prefetch:  # only a worker that looks ahead stages a batch's copies
+                self.device.take_staged(batch_id)
             self.regions.use_table(execute.regions)
             self.runtime.cancels.begin_batch(batch_id, [r.id for r in requests])
             reply.outcome = runner.run(batch_id, execute.serial, requests, frames, reply)
