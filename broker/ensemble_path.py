@@ -108,6 +108,7 @@ class EnsemblePath:
             ready = run.plan.runnable(run.tensors.keys(), run.started)
             if not ready:
                 break
+            have = len(run.tensors)
             for i in ready:
                 if i in run.started:  # a step that answered at once (a cache hit) started it already
                     continue
@@ -115,6 +116,8 @@ class EnsemblePath:
                 self._start_step(run, i, now)
                 if run.finished:
                     return
+            if len(run.tensors) == have:  # no step answered at once: no new tensor, nothing else to run
+                break
         if not run.finished and len(run.done) == len(run.plan.steps):
             self._complete(run)
 
