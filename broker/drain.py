@@ -13,7 +13,7 @@ from typing import Any
 import zmq
 
 from zinfer.client.protocol import Frame
-from zinfer.client.transport import NOBLOCK, recv_frames
+from zinfer.client.transport import NOBLOCK
 from zinfer.client.zmq_calls import EVENTS, POLLIN
 
 __all__ = ["MAX_PER_TURN", "drain"]
@@ -25,13 +25,26 @@ def drain(sock: zmq.Socket[Any], on: Callable[[bytes, list[Frame]], None], tag: 
     """Hand each message on ``sock`` to ``on`` (its identity frame after ``tag``, the other frames' buffers);
     True when messages are left (``MAX_PER_TURN``), False when ``EVENTS`` was just asked or none was there."""
     try:
-        frames = recv_frames(sock, NOBLOCK)
+        identity = sock.recv(NOBLOCK)
     except zmq.Again:
         return False
     for _ in range(MAX_PER_TURN - 1):
-        on(tag + frames[0].bytes, [f.buffer for f in frames[1:]])
+        on(tag + identity, _rest(sock))
         if not int(sock.get(EVENTS)) & POLLIN:
             return False
-        frames = recv_frames(sock)
-    on(tag + frames[0].bytes, [f.buffer for f in frames[1:]])
+        identity = sock.recv()
+    on(tag + identity, _rest(sock))
     return True
+
+
+def _rest(sock: zmq.Socket[Any]) -> list[Frame]:
+    """The buffers of the frames after a message's identity (a ROUTER gives every message one frame at
+    least after it). The identity itself comes as ``bytes``: a small copy, and no ``zmq.Frame`` made and
+    asked for its bytes (a two-frame message over inproc, one process, in turns: 1.9-2.9 us of CPU
+    against 3.3-4.6 us with both frames as ``zmq.Frame``)."""
+    frame = sock.recv(copy=False)
+    out: list[Frame] = [frame.buffer]
+    while frame.more:
+        frame = sock.recv(copy=False)
+        out.append(frame.buffer)
+    return out

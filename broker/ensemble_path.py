@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from math import prod
 from typing import TYPE_CHECKING, Any
 
-from zinfer.client import dtypes, protocol
+from zinfer.client import protocol
 from zinfer.client.arena import Slot
 from zinfer.client.errors import (
     InternalError,
@@ -41,9 +39,8 @@ from zinfer.client.protocol import Frame, InferRequest, OutputRequest, Reply, Sh
 from zinfer.client.shm import Segment, new_server_name
 from zinfer.client.worker_protocol import RequestResult
 
-from .ensemble_plan import PlanStep
-from .ensemble_run import Run, ServerRegions, ServerSlots, Value
-from .messages import client_outputs
+from .ensemble_plan import PlanStep, name_step
+from .ensemble_run import Run, ServerRegions, ServerSlots, Value, output_row_bytes
 from .model_state import ModelState, Pending
 from .regions import RegionTable
 from .validation import check_request
@@ -56,6 +53,9 @@ if TYPE_CHECKING:
     from .tracing import Tracer
 
 log = logging.getLogger(__name__)
+
+# what reading a step's outputs may raise: the run fails with the step named, the broker goes on
+_FILL_ERRORS = (ServerError, KeyError, TypeError, ValueError, IndexError)
 
 INITIAL_SHM_BYTES = 16 << 20  # the server's first segment for intermediates; it grows as needed
 MAX_SHM_BYTES = 4 << 30  # at most this much server shared memory for intermediates in all
@@ -108,6 +108,7 @@ class EnsemblePath:
             ready = run.plan.runnable(run.tensors.keys(), run.started)
             if not ready:
                 break
+            have = len(run.tensors)
             for i in ready:
                 if i in run.started:  # a step that answered at once (a cache hit) started it already
                     continue
@@ -115,6 +116,8 @@ class EnsemblePath:
                 self._start_step(run, i, now)
                 if run.finished:
                     return
+            if len(run.tensors) == have:  # no step answered at once: no new tensor, nothing else to run
+                break
         if not run.finished and len(run.done) == len(run.plan.steps):
             self._complete(run)
 
@@ -184,11 +187,10 @@ class EnsemblePath:
         """Where a step writes one output: a server slot for an intermediate, else where the client said."""
         if not run.plan.is_intermediate(tensor):
             return OutputRequest(model_output, run.client_slots.get(tensor))
-        spec = target.signature.outputs.get(model_output)
-        nbytes = 0
-        if spec is not None and spec.wire != dtypes.BYTES and all(d >= 0 for d in spec.dims):
-            rows = int(inputs[0].shape[0]) if target.signature.batching and inputs and inputs[0].shape else 1
-            nbytes = rows * prod(spec.dims) * spec.itemsize
+        row, batching = output_row_bytes(target.signature, model_output)
+        if row >= 0:
+            rows = int(inputs[0].shape[0]) if batching and inputs and inputs[0].shape else 1
+            nbytes = rows * row
         else:
             nbytes = max(MIN_GUESS_BYTES, 4 * sum(self._nbytes(t, frames) for t in inputs))
         slot = self._alloc(run, nbytes)
@@ -211,68 +213,75 @@ class EnsemblePath:
 
     # ------------------------------------------------------------------------------------ step replies
 
+    # Step ``i`` of a run ended (``_step_done``, ``_step_outputs``): its outputs become the run's tensors
+    # (``PlanStep.tensor_of``), or the run fails (the step's error, or what reading its outputs finds
+    # wrong); then the steps they feed start (``_settled``).
+
     def _step_done(self, run: Run, i: int, reply: Reply, frames: list[Frame]) -> None:
         """A step's reply (``Pending.on_done``): an error, or outputs as a client would get them."""
-
-        def fill(produced: dict[str, str]) -> None:
+        step = self._ended(run, i)
+        if step is None:
+            return
+        if reply.status != Status.OK:
+            self._fail(run, step, reply.status, reply.error)
+            return
+        try:
             body = reply.body if isinstance(reply.body, dict) else {}
             for o in body.get("outputs", []):
-                tensor = produced.get(str(o["name"]))
+                tensor = step.tensor_of(str(o["name"]))
                 if tensor is not None:
                     run.tensors[tensor] = self._keep(run, tensor, o, frames)
-
-        failed = None if reply.status == Status.OK else (reply.status, reply.error)
-        self._settle(run, i, fill, failed)
+        except _FILL_ERRORS as exc:
+            self._fill_failed(run, step, exc)
+            return
+        self._settled(run, i, step)
 
     def _step_outputs(self, run: Run, i: int, res: RequestResult, frames: list[Frame]) -> None:
         """A step's success as its worker sent it (``Pending.on_outputs``): no client reply built and read
         back, as ``_step_done`` does for the replies that need one (ordering, the cache, errors)."""
-
-        def fill(produced: dict[str, str]) -> None:
+        step = self._ended(run, i)
+        if step is None:
+            return
+        try:
             for t in res.outputs:
-                tensor = produced.get(t.name)
+                tensor = step.tensor_of(t.name)
                 if tensor is None:
                     continue
-                v = Value(t.datatype, list(t.shape))
                 if t.shm is not None:
-                    v.shm = t.shm
-                    run.tensors[tensor] = v
+                    run.tensors[tensor] = Value(t.datatype, list(t.shape), t.shm)
                 elif t.frame is not None and 0 <= t.frame < len(frames):
+                    v = Value(t.datatype, list(t.shape))
                     run.tensors[tensor] = self._inline(run, tensor, v, frames[t.frame])
                 else:
                     raise InternalError(f"the step's output {t.name!r} names no frame of its result")
+        except _FILL_ERRORS as exc:
+            self._fill_failed(run, step, exc)
+            return
+        self._settled(run, i, step)
 
-        self._settle(run, i, fill)
-
-    def _settle(
-        self,
-        run: Run,
-        i: int,
-        fill: Callable[[dict[str, str]], None],
-        failed: tuple[Status, str] | None = None,
-    ) -> None:
-        """Step ``i`` of ``run`` ended: its outputs become the run's tensors (``fill``, given the step's
-        model output -> tensor map), or the run fails (``failed``, or what ``fill`` finds wrong); then the
-        steps they feed start."""
+    def _ended(self, run: Run, i: int) -> PlanStep | None:
+        """Step ``i`` is no longer outstanding; the step, or None when its run already ended."""
         run.outstanding.pop(i, None)
-        step = run.plan.steps[i]
         if run.finished:
             self._release(run)
-            return
-        if failed is not None:
-            self._fail(run, step, *failed)
-            return
-        try:
-            fill(dict(step.outputs))
-            missing = [t for _, t in step.outputs if t not in run.tensors]
-            if missing:
-                raise InternalError(f"the step returned no tensor {', '.join(map(repr, missing))}")
-        except ServerError as exc:
+            return None
+        return run.plan.steps[i]
+
+    def _fill_failed(self, run: Run, step: PlanStep, exc: Exception) -> None:
+        if isinstance(exc, ServerError):
             self._fail(run, step, exc.status, exc.wire_text())
-            return
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
+        else:
             self._fail(run, step, Status.INTERNAL, f"InternalError: malformed step result ({exc})")
-            return
+
+    def _settled(self, run: Run, i: int, step: PlanStep) -> None:
+        """The step's outputs are the run's tensors: check they are all there, then start what they feed."""
+        tensors = run.tensors
+        for _, t in step.outputs:
+            if t not in tensors:
+                missing = ", ".join(repr(m) for _, m in step.outputs if m not in tensors)
+                text = f"InternalError: the step returned no tensor {missing}"
+                self._fail(run, step, Status.INTERNAL, text)
+                return
         run.done.add(i)
         self._advance(run, time.monotonic())
 
@@ -319,10 +328,9 @@ class EnsemblePath:
         if p.cache_key is not None and self.caching.cache is not None:
             # copied before the reply: once answered, the client may reuse its output slots
             self.caching.store(state, p.cache_key, outs, frames)
-        wire, out_frames = client_outputs(outs, frames)
-        run.finished = True
-        body = {"model": state.name, "version": state.version, "outputs": wire}
-        self.completion.reply(state, p, Reply(p.request.request_id, Status.OK, body=body), out_frames)
+        run.finished = True  # (``outs`` numbers ``frames`` from 0 already, as the client reads them)
+        body = {"model": state.name, "version": state.version, "outputs": outs}
+        self.completion.reply(state, p, Reply(p.request.request_id, Status.OK, body=body), frames)
         state.stats.record_success(duration)  # counted once the reply has left
         state.stats.inference_count += p.batch_size
         state.stats.execution_count += 1
@@ -362,7 +370,7 @@ class EnsemblePath:
             state.metrics.cancelled()
         else:
             state.metrics.failure("BACKEND")
-        text = _name_step(run.plan.name, step, error)
+        text = name_step(run.plan.name, step, error)
         log.info("event=ensemble_failed ensemble=%s step=%d model=%s", run.plan.name, step.index, step.model)
         self.completion.reply(state, p, Reply(p.request.request_id, status, text), [])
         self._release(run)
@@ -388,11 +396,3 @@ class EnsemblePath:
         """Unlink the server's segments (at shutdown, after every request was answered)."""
         self.slots.close()
 
-
-def _name_step(ensemble: str, step: PlanStep, error: str) -> str:
-    """``Class: in ensemble 'e' step N (model 'm'): message``, keeping the error's class for the client."""
-    cls, sep, message = error.partition(": ")
-    where = f"in ensemble '{ensemble}' {step.label}"
-    if sep and cls.isidentifier():
-        return f"{cls}: {where}: {message}"
-    return f"InternalError: {where}: {error}"

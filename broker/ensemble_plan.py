@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from zinfer.client.errors import ConfigError
 from zinfer.modelconfig.model_config import ModelConfig
 
-__all__ = ["EnsemblePlan", "PlanStep", "build_plan"]
+__all__ = ["EnsemblePlan", "PlanStep", "build_plan", "name_step"]
 
 ConfigLookup = Callable[[str], "ModelConfig | str"]
 """A step model's config by name, or the reason it cannot be had."""
@@ -34,6 +34,13 @@ class PlanStep:
     @property
     def label(self) -> str:
         return f"step {self.index} (model '{self.model}')"
+
+    def tensor_of(self, output: str) -> str | None:
+        """The ensemble tensor the model output ``output`` becomes, None if the step does not map it."""
+        for model_output, tensor in self.outputs:
+            if model_output == output:
+                return tensor
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +63,15 @@ class EnsemblePlan:
     def is_intermediate(self, tensor: str) -> bool:
         """Whether a later step reads ``tensor`` (so it must live in the server's memory)."""
         return bool(self.consumers.get(tensor))
+
+
+def name_step(ensemble: str, step: PlanStep, error: str) -> str:
+    """``Class: in ensemble 'e' step N (model 'm'): message``, keeping the error's class for the client."""
+    cls, sep, message = error.partition(": ")
+    where = f"in ensemble '{ensemble}' {step.label}"
+    if sep and cls.isidentifier():
+        return f"{cls}: {where}: {message}"
+    return f"InternalError: {where}: {error}"
 
 
 def _error(name: str, text: str) -> ConfigError:

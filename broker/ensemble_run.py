@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from math import prod
 
+from zinfer.client import dtypes
 from zinfer.client.arena import Arena, Slot
 from zinfer.client.errors import InternalError, ResourceExhausted
 from zinfer.client.protocol import Frame, ShmRef
 from zinfer.client.shm import Segment
+from zinfer.modelconfig.signature import Signature
 
 from .ensemble_plan import EnsemblePlan
 from .model_state import ModelState, Pending
@@ -147,3 +150,29 @@ class ServerRegions:
             self.clients.check(client, ref)
         elif ref.offset < 0 or ref.nbytes < 0 or ref.offset + ref.nbytes > seg.size:
             raise InternalError("an ensemble tensor lies outside the server's region")
+
+
+# per signature (by id, the signature held to tell a reused id): each output's bytes per row, -1 where the
+# config does not fix them; and whether the model batches. Worked out once, not per step request.
+_ROW_BYTES: dict[int, tuple[Signature, bool, dict[str, int]]] = {}
+_MAX_SIGNATURES = 1024  # one per model version loaded; past it the cache starts over
+
+
+def output_row_bytes(sig: Signature, output: str) -> tuple[int, bool]:
+    """The bytes of one batch row of ``sig``'s output ``output`` (of the whole tensor when the model does
+    not batch) when its config fixes them, else -1 (BYTES, a variable dim, an unknown output); and whether
+    the model batches."""
+    entry = _ROW_BYTES.get(id(sig))
+    if entry is None or entry[0] is not sig:
+        if len(_ROW_BYTES) >= _MAX_SIGNATURES:
+            _ROW_BYTES.clear()
+        entry = (sig, sig.batching, {})
+        _ROW_BYTES[id(sig)] = entry
+    row = entry[2].get(output)
+    if row is None:
+        spec = sig.outputs.get(output)
+        row = -1
+        if spec is not None and spec.wire != dtypes.BYTES and all(d >= 0 for d in spec.dims):
+            row = prod(spec.dims) * spec.itemsize
+        entry[2][output] = row
+    return row, entry[1]

@@ -42,22 +42,20 @@ def execute_message(
     requests: list[ExecuteRequest] = []
     frames: list[Frame] = []
     table: dict[str, tuple[int, int, int]] = {}
-
-    def note(name: str) -> None:
-        if region is not None and name not in table:
-            wire = region(name)
-            if wire is not None:
-                table[name] = (wire[0], wire[1], wire[2])
+    # every region name looked up once per batch, found or not: an ensemble step's batch names a server
+    # slot (not a client region) in every request
+    seen: set[str] = set()
 
     for p in items:
         inputs = p.request.inputs
         outputs = p.outputs
-        for t in inputs:
-            if t.shm is not None:
-                note(t.shm.region)
-        for o in outputs:
-            if o.slot is not None:
-                note(o.slot.region)
+        if region is not None:
+            for t in inputs:
+                if t.shm is not None and t.shm.region not in seen:
+                    _note(t.shm.region, region, table, seen)
+            for o in outputs:
+                if o.slot is not None and o.slot.region not in seen:
+                    _note(o.slot.region, region, table, seen)
         if p.frames:
             renumbered = []
             for t in inputs:
@@ -78,6 +76,19 @@ def execute_message(
             ExecuteRequest(p.seq, inputs, outputs, p.request.caller_id, sequence, parameters or NO_PARAMETERS)
         )  # the defaults when empty: an encoded record leaves them out
     return Execute(batch_id, tuple(requests), table or NO_REGIONS, serial), frames
+
+
+def _note(
+    name: str,
+    region: Callable[[str], list[int] | None],
+    table: dict[str, tuple[int, int, int]],
+    seen: set[str],
+) -> None:
+    """How the worker reaches region ``name``, into ``table`` when it is a client's (``region(name)``)."""
+    seen.add(name)
+    wire = region(name)
+    if wire is not None:
+        table[name] = (wire[0], wire[1], wire[2])
 
 
 def client_outputs(

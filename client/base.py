@@ -17,7 +17,7 @@ import math
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -67,19 +67,38 @@ class _ModelInfo:
     outputs: tuple[_OutputSpec, ...]
 
 
-@dataclass
+@dataclass(init=False)
 class _Prepared:
-    """One infer request, built and ready to send."""
+    """One infer request, built and ready to send. (Its own ``__init__``: one is built per request, and
+    under mypyc a dataclass's generated one runs as interpreted code.)"""
 
     header: InferRequest  # its ``request_id`` the wire id once it goes out (``_track``)
     frames: list[Frame]
     slots: list[Slot]  # every slot of the request (inputs and outputs)
     out_slots: dict[str, Slot]
     request_id: str  # the caller's id ("" if none)
-    rid: str = ""  # the wire id while the request is out; "" while the caller holds the slots
+    rid: str  # the wire id while the request is out; "" while the caller holds the slots
     # arrays made by empty() that the request names where they are: alive while the server may read them
     # (their slots go back to the arena with the arrays, ``_release_owned``)
-    keep: list[Any] = field(default_factory=list)
+    keep: list[Any]
+
+    def __init__(
+        self,
+        header: InferRequest,
+        frames: list[Frame],
+        slots: list[Slot],
+        out_slots: dict[str, Slot],
+        request_id: str,
+        rid: str = "",
+        keep: list[Any] | None = None,
+    ) -> None:
+        self.header = header
+        self.frames = frames
+        self.slots = slots
+        self.out_slots = out_slots
+        self.request_id = request_id
+        self.rid = rid
+        self.keep = [] if keep is None else keep
 
 
 def _byte_view(arr: npt.NDArray[Any]) -> memoryview:
