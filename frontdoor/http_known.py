@@ -1,5 +1,7 @@
 """Inference requests and replies the HTTP door has seen before: what was parsed and written once, kept.
 
+``InferTargets`` keeps the model and version of each infer target (the route's match), by the target's text.
+
 A client sends the same JSON header, request after request, for the same kind of call (perf_analyzer and
 tritonclient's HTTP client do: same inputs, shapes and outputs; only the binary bytes after the header
 differ), and a model gives the same kind of reply (same outputs, data types and shapes). So:
@@ -20,9 +22,11 @@ memory is bounded (``MAX_KINDS`` x ``KEY_BYTES`` of keys, and as much of their p
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
+from urllib.parse import unquote
 
 import numpy as np
 
@@ -40,10 +44,45 @@ from .http_codec import (
 )
 from .http_reply import EncodedReply, encode_infer_reply, tensor_to_bytes
 
-__all__ = ["KEY_BYTES", "MAX_KINDS", "KnownReplies", "KnownRequests", "Written"]
+__all__ = [
+    "KEY_BYTES",
+    "MAX_KINDS",
+    "MODEL_ROUTE",
+    "InferTargets",
+    "KnownReplies",
+    "KnownRequests",
+    "Written",
+]
 
 KEY_BYTES = 8192  # the longest JSON header kept
 MAX_KINDS = 256  # headers (and kinds of reply) kept per door process
+
+
+MODEL_ROUTE = re.compile(
+    r"/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(infer|ready|config|stats|trace/setting))?"
+)
+"""``/v2/models/{m}[/versions/{v}][/infer|/ready|/config|/stats|/trace/setting]`` (the HTTP door's routes)."""
+
+
+class InferTargets:
+    """The model and version of an infer request's target (``/v2/models/{m}[/versions/{v}]/infer``, with
+    any query), by the target's text; None for any other target."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[str, str] | None] = {}
+
+    def get(self, target: str) -> tuple[str, str] | None:
+        try:
+            return self._known[target]
+        except KeyError:
+            pass
+        m = MODEL_ROUTE.fullmatch(target.split("?", 1)[0])
+        found = (unquote(m.group(1)), m.group(2) or "") if m is not None and m.group(3) == "infer" else None
+        if len(target) <= KEY_BYTES:
+            if len(self._known) >= MAX_KINDS:
+                self._known.clear()
+            self._known[target] = found
+        return found
 
 
 class _Header(NamedTuple):

@@ -51,7 +51,8 @@ from .http_codec import (
     parse_header_length,
     resolve_inputs,
 )
-from .http_known import KnownReplies, KnownRequests
+from .http_known import MODEL_ROUTE as _MODEL
+from .http_known import InferTargets, KnownReplies, KnownRequests
 from .http_listen import listen_socket, peer_key, tls_context
 from .http_reply import tensor_to_bytes
 from .http_views import (
@@ -83,9 +84,6 @@ _NO_SHM: frozenset[str] = frozenset()
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 _SERVER = re.compile(r"/v2(?:/health/(live|ready))?")
-_MODEL = re.compile(
-    r"/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(infer|ready|config|stats|trace/setting))?"
-)
 _CONTROL = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
 _SYSSHM = re.compile(r"/v2/systemsharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
 _CUDASHM = re.compile(r"/v2/cudasharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
@@ -122,6 +120,7 @@ class HttpFrontDoor:
         self.bridge = door.bridge
         self.limits = Limits(max_tensor_bytes=door.options.max_tensor_bytes)
         self.requests, self.replies = KnownRequests(self.limits), KnownReplies()  # kept (``http_known``)
+        self.targets = InferTargets()
 
     def body_limit(self, method: str, target: str) -> int:
         """The most body bytes a request to ``target`` may carry (checked before the body is read)."""
@@ -130,9 +129,9 @@ class HttpFrontDoor:
 
     async def handle(self, request: HttpRequest) -> HttpResponse:
         try:
-            m = _MODEL.fullmatch(request.path)  # an inference: straight to it, one coroutine less
-            if m is not None and m.group(3) == "infer" and request.method == "POST":
-                response = await self._infer(request, unquote(m.group(1)), m.group(2) or "")
+            found = self.targets.get(request.target) if request.method == "POST" else None
+            if found is not None:  # an inference: straight to it, one coroutine less
+                response = await self._infer(request, found[0], found[1])
             else:
                 response = await self._route(request)
         except Exception as exc:  # noqa: BLE001 - every failure becomes Triton's answer, never a 500 page

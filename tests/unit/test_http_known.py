@@ -57,8 +57,10 @@ def _same(a: HttpInferRequest | str, b: HttpInferRequest | str) -> None:
         assert (x.data is None) == (y.data is None)
         if x.data is not None and y.data is not None:
             assert x.data.dtype == y.data.dtype and x.data.shape == y.data.shape
-            same = x.data.tolist() == y.data.tolist() if x.data.dtype == object else x.data.tobytes() == y.data.tobytes()
-            assert same
+            if x.data.dtype == object:
+                assert x.data.tolist() == y.data.tolist()
+            else:
+                assert x.data.tobytes() == y.data.tobytes()
 
 
 def test_a_header_seen_before_takes_the_new_bodys_bytes() -> None:
@@ -94,8 +96,8 @@ def test_a_known_header_with_a_wrong_binary_part_is_refused_as_before(tail: byte
     [
         ({**ADD, "id": "r1"}, b"\x00" * 16),  # an id changes call after call
         ({"inputs": [{"name": "A", "shape": [2], "datatype": "INT32", "data": [1, 2]}]}, b""),  # JSON data
-        ({"inputs": [{"name": "T", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 5}}]},
-         struct.pack("<I", 1) + b"x"),
+        ({"inputs": [{"name": "T", "shape": [1], "datatype": "BYTES",
+                      "parameters": {"binary_data_size": 5}}]}, struct.pack("<I", 1) + b"x"),
         ({"inputs": [{"name": "S", "shape": [2], "datatype": "INT32", "parameters": {
             "shared_memory_region": "r", "shared_memory_byte_size": 8}}]}, b""),
     ],
@@ -167,7 +169,8 @@ def _written(known: KnownReplies, reply: InferReply, request: HttpInferRequest) 
     """The answer the server writes for ``reply`` on a keep-alive connection."""
     (text, parts), head = known.encode(reply, request, frozenset())
     if parts:
-        answer = HttpResponse(200, (text, *parts), "application/octet-stream", {HEADER_LENGTH: str(len(text))})
+        headers = {HEADER_LENGTH: str(len(text))}
+        answer = HttpResponse(200, (text, *parts), "application/octet-stream", headers)
     else:
         answer = HttpResponse(200, (text,), "application/json")
     written = answer.head(True) if head is None else head
@@ -191,7 +194,8 @@ def _full_answer(reply: InferReply, request: HttpInferRequest) -> bytes:
 def test_a_known_kind_of_reply_writes_what_a_full_encoding_writes(
     outputs: list[dict[str, Any]], binary_output: bool
 ) -> None:
-    head: dict[str, Any] = {"inputs": [], "outputs": outputs, "parameters": {"binary_data_output": binary_output}}
+    head: dict[str, Any] = {"inputs": [], "outputs": outputs}
+    head["parameters"] = {"binary_data_output": binary_output}
     request = decode_infer_request(json.dumps(head).encode(), None, "m", LIMITS)
     known = KnownReplies()
     for n in range(3):
@@ -213,3 +217,35 @@ def test_a_reply_whose_bytes_do_not_match_its_kind_is_written_in_full() -> None:
     odd = ok._replace(outputs=(Tensor("SUM", "FP32", (1, 2), np.ones((1, 2), np.float64)), ok.outputs[1]))
     (_, parts), head = known.encode(odd, request, frozenset())
     assert head is None and sum(p.nbytes for p in parts) == 17  # the array's own bytes, with a fresh head
+
+
+# ------------------------------------------------------------------------------------------ targets
+
+
+@pytest.mark.parametrize(
+    "target, found",
+    [
+        ("/v2/models/add/infer", ("add", "")),
+        ("/v2/models/add/versions/3/infer?x=1", ("add", "3")),
+        ("/v2/models/a%2Fb/infer", ("a/b", "")),
+        ("/v2/models/add/ready", None),
+        ("/v2/models/add/versions/x/infer", None),
+        ("/v2/models/add/infer/more", None),
+        ("/v2/health/ready", None),
+    ],
+)
+def test_infer_targets_as_the_route_reads_them(target: str, found: tuple[str, str] | None) -> None:
+    targets = http_known.InferTargets()
+    assert targets.get(target) == found
+    assert targets.get(target) == found  # kept
+
+
+def test_the_targets_table_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http_known, "MAX_KINDS", 4)
+    targets = http_known.InferTargets()
+    for n in range(10):
+        assert targets.get(f"/v2/models/m{n}/infer") == (f"m{n}", "")
+        assert len(targets._known) <= 4
+    long = "/v2/models/" + "m" * http_known.KEY_BYTES + "/infer"
+    assert targets.get(long) == ("m" * http_known.KEY_BYTES, "")
+    assert long not in targets._known
