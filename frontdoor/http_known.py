@@ -40,7 +40,6 @@ from .http_codec import (
     InputSpec,
     Limits,
     decode_infer_request,
-    tensor_from_bytes,
 )
 from .http_reply import EncodedReply, encode_infer_reply, tensor_to_bytes
 
@@ -86,11 +85,11 @@ class InferTargets:
 
 
 class _Header(NamedTuple):
-    """A JSON header decoded once: the request it gave (its binary inputs without data), and per binary
-    input its place among the inputs and its size in the body."""
+    """A JSON header decoded once: the request it gave (its inputs, all binary, without data), and per
+    input its size in the body and its NumPy dtype."""
 
     request: HttpInferRequest
-    binary: tuple[tuple[int, int], ...]
+    binary: tuple[tuple[int, np.dtype[Any]], ...]
 
 
 class KnownRequests:
@@ -116,23 +115,23 @@ class KnownRequests:
                     self._known.clear()
                 self._known[key] = header
             return request
-        return _with_binary(found, memoryview(body)[end:], model)
+        return _with_binary(found, body, end, model)
 
 
 def _keep(request: HttpInferRequest, end: int, length: int) -> _Header | None:
     """What to keep of a request decoded in full (None: nothing, it is decoded in full each time)."""
     if request.request_id or request.input_shm:
         return None
-    binary: list[tuple[int, int]] = []
+    binary: list[tuple[int, np.dtype[Any]]] = []
     inputs: list[InputSpec] = []
     total = 0
-    for i, spec in enumerate(request.inputs):
+    for spec in request.inputs:
         data = spec.data
         # a binary input's array is over the body's bytes (its base); JSON data makes arrays of its own (an
         # ndarray's view, or no base); an empty tensor's 'data' is not read: over no bytes, as 0 binary bytes
         if data is None or spec.datatype == BYTES or data.base is None or isinstance(data.base, np.ndarray):
             return None
-        binary.append((i, data.nbytes))
+        binary.append((data.nbytes, data.dtype))
         total += data.nbytes
         inputs.append(InputSpec(spec.name, spec.datatype, spec.shape))
     if total != length - end:  # every byte after the header is one of the binary inputs'
@@ -146,24 +145,24 @@ def _keep(request: HttpInferRequest, end: int, length: int) -> _Header | None:
     return _Header(kept, tuple(binary))
 
 
-def _with_binary(header: _Header, binary: memoryview, model: str) -> HttpInferRequest:
-    """The kept request with its binary inputs cut from ``binary`` (the body after the header): the checks
-    and errors of ``http_codec._input`` and ``decode_infer_request`` on the binary part, in their order."""
+def _with_binary(header: _Header, body: bytes, end: int, model: str) -> HttpInferRequest:
+    """The kept request with its inputs cut from the body after the header (at ``end``): the checks and
+    errors of ``http_codec._input`` and ``decode_infer_request`` on the binary part, in their order; each
+    array over the body's bytes, as ``tensor_from_bytes`` makes it."""
     request = header.request
-    inputs = list(request.inputs)
-    pos = 0
-    left = len(binary)
-    for i, nbytes in header.binary:
-        spec = inputs[i]
-        if nbytes > left - pos:
+    inputs = []
+    pos = end
+    length = len(body)
+    for spec, (nbytes, dtype) in zip(request.inputs, header.binary, strict=True):
+        if nbytes > length - pos:
             raise InvalidArgument(
-                f"unexpected size for input '{spec.name}', expecting {nbytes - (left - pos)} additional "
+                f"unexpected size for input '{spec.name}', expecting {nbytes - (length - pos)} additional "
                 f"bytes for model '{model}'"
             )
-        data = tensor_from_bytes(spec.name, spec.datatype, spec.shape, binary[pos : pos + nbytes])
-        inputs[i] = InputSpec(spec.name, spec.datatype, spec.shape, data)
+        data = np.ndarray(spec.shape, dtype, body, pos)
+        inputs.append(InputSpec(spec.name, spec.datatype, spec.shape, data))
         pos += nbytes
-    if pos != left:
+    if pos != length:
         raise InvalidArgument(f"unexpected additional input data for model '{model}'")
     return HttpInferRequest(
         "", tuple(inputs), request.outputs, request.binary_output, request.priority, request.timeout_us,
