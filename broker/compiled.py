@@ -78,6 +78,7 @@ COMPILED = (
     "zinfer.frontdoor.http_codec",
     "zinfer.frontdoor.http_reply",
     "zinfer.frontdoor.http_views",
+    "zinfer.frontdoor.http_known",
     "zinfer.frontdoor.http_wire",
     "zinfer.frontdoor.http_server",
 )

@@ -47,13 +47,14 @@ from .http_codec import (
     HttpInferRequest,
     Limits,
     ShmRef,
-    decode_infer_request,
     load_overrides,
     parse_header_length,
     resolve_inputs,
 )
+from .http_known import MODEL_ROUTE as _MODEL
+from .http_known import InferTargets, KnownReplies, KnownRequests
 from .http_listen import listen_socket, peer_key, tls_context
-from .http_reply import encode_infer_reply, tensor_to_bytes
+from .http_reply import tensor_to_bytes
 from .http_views import (
     dumps,
     error_body,
@@ -83,9 +84,6 @@ _NO_SHM: frozenset[str] = frozenset()
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 _SERVER = re.compile(r"/v2(?:/health/(live|ready))?")
-_MODEL = re.compile(
-    r"/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(infer|ready|config|stats|trace/setting))?"
-)
 _CONTROL = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
 _SYSSHM = re.compile(r"/v2/systemsharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
 _CUDASHM = re.compile(r"/v2/cudasharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
@@ -111,10 +109,7 @@ def _error(status: int, message: str) -> HttpResponse:
 
 _OK = HttpResponse(200)
 _OK_JSON = HttpResponse(200, (), _JSON)
-
-
-def _not_allowed() -> HttpResponse:
-    return _error(405, "Method Not Allowed")
+_NOT_ALLOWED = _error(405, "Method Not Allowed")
 
 
 class HttpFrontDoor:
@@ -124,6 +119,8 @@ class HttpFrontDoor:
         self.door = door
         self.bridge = door.bridge
         self.limits = Limits(max_tensor_bytes=door.options.max_tensor_bytes)
+        self.requests, self.replies = KnownRequests(self.limits), KnownReplies()  # kept (``http_known``)
+        self.targets = InferTargets()
 
     def body_limit(self, method: str, target: str) -> int:
         """The most body bytes a request to ``target`` may carry (checked before the body is read)."""
@@ -132,9 +129,9 @@ class HttpFrontDoor:
 
     async def handle(self, request: HttpRequest) -> HttpResponse:
         try:
-            m = _MODEL.fullmatch(request.path)  # an inference: straight to it, one coroutine less
-            if m is not None and m.group(3) == "infer" and request.method == "POST":
-                response = await self._infer(request, unquote(m.group(1)), m.group(2) or "")
+            found = self.targets.get(request.target) if request.method == "POST" else None
+            if found is not None:  # an inference: straight to it, one coroutine less
+                response = await self._infer(request, found[0], found[1])
             else:
                 response = await self._route(request)
         except Exception as exc:  # noqa: BLE001 - every failure becomes Triton's answer, never a 500 page
@@ -155,7 +152,7 @@ class HttpFrontDoor:
             return await self._model(request, model, version, kind)
         if m := _SERVER.fullmatch(path):
             if method != "GET":
-                return _not_allowed()
+                return _NOT_ALLOWED
             if m.group(1) is None:
                 return _json(server_metadata(self.bridge.server_metadata()))
             if m.group(1) == "live":
@@ -166,14 +163,14 @@ class HttpFrontDoor:
             return _error(400, not_ready_reason(await self._index_or_none()))
         if m := _CONTROL.fullmatch(path):
             if method != "POST":
-                return _not_allowed()
+                return _NOT_ALLOWED
             return await self._repository(request, m.group(1), unquote(m.group(3) or ""), m.group(4) or "")
         if m := _SYSSHM.fullmatch(path):
             return await self._system_shm(request, unquote(m.group(1) or ""), m.group(2))
         if m := _CUDASHM.fullmatch(path):
             region, action = unquote(m.group(1) or ""), m.group(2)
             if (action == "status") != (method == "GET") or method not in ("GET", "POST"):
-                return _not_allowed()
+                return _NOT_ALLOWED
             if action == "status":
                 return _json(list(cudashm.status(region)))
             if action == "register":
@@ -197,11 +194,11 @@ class HttpFrontDoor:
     ) -> HttpResponse:
         method = request.method
         if kind == "infer":
-            return await self._infer(request, model, version) if method == "POST" else _not_allowed()
+            return await self._infer(request, model, version) if method == "POST" else _NOT_ALLOWED
         if kind == "trace/setting":
             return await self._trace(request, model)
         if method != "GET":
-            return _not_allowed()
+            return _NOT_ALLOWED
         if kind == "" and model == "stats" and not version:
             return _json(statistics(await self.bridge.statistics()))
         if kind == "":
@@ -219,7 +216,7 @@ class HttpFrontDoor:
         if request.method == "GET":
             return _json(await self.bridge.trace_settings(model))
         if request.method != "POST":
-            return _not_allowed()
+            return _NOT_ALLOWED
         return _json(await self.bridge.trace_settings(model, optional_json(request.body)))
 
     async def _repository(
@@ -247,7 +244,7 @@ class HttpFrontDoor:
 
     async def _system_shm(self, request: HttpRequest, region: str, action: str) -> HttpResponse:
         if (action == "status") != (request.method == "GET") or request.method not in ("GET", "POST"):
-            return _not_allowed()
+            return _NOT_ALLOWED
         shm = self.door.shm.caller(request.peer_uid)
         if action == "status":
             return _json(shm_status(shm.status(region)))
@@ -270,7 +267,7 @@ class HttpFrontDoor:
             text = "HTTP end point doesn't support models with decoupled transaction policy"
             raise FrontDoorError("UNIMPLEMENTED", 501, text)
         header_length = parse_header_length(request.headers.get(_HEADER_LENGTH), len(body))
-        parsed = decode_infer_request(body, header_length, model, self.limits)
+        parsed = self.requests.decode(body, header_length, model)
         shm: CallerShm | None = None
         if parsed.input_shm or parsed.output_shm:
             shm = self.door.shm.caller(request.peer_uid)
@@ -290,15 +287,15 @@ class HttpFrontDoor:
         in_shm = _NO_SHM
         if shm is not None and parsed.output_shm:
             in_shm = self._write_shm_outputs(shm, parsed, reply.outputs)
-        json_part, binary = encode_infer_reply(reply, parsed, in_shm)
+        (json_part, binary), head = self.replies.encode(reply, parsed, in_shm)
         on_sent = None
         if reply.trace:  # traced by the broker: the door's timestamps go to its trace once sent
             recv = (("HTTP_RECV_START", request.recv_start_ns), ("HTTP_RECV_END", request.recv_end_ns))
             on_sent = functools.partial(_http_sent, self.bridge.trace_stamps, reply.trace, recv)
         if not binary:
-            return HttpResponse(200, (json_part,), _JSON, _NO_HEADERS, False, on_sent)
+            return HttpResponse(200, (json_part,), _JSON, _NO_HEADERS, False, on_sent, head)
         headers = {HEADER_LENGTH: str(len(json_part))}  # Triton's binary-data extension: the JSON's size
-        return HttpResponse(200, (json_part, *binary), _BINARY, headers, False, on_sent)
+        return HttpResponse(200, (json_part, *binary), _BINARY, headers, False, on_sent, head)
 
     def _write_shm_outputs(
         self, shm: CallerShm, parsed: HttpInferRequest, outputs: tuple[Tensor, ...]

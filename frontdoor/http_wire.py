@@ -84,6 +84,7 @@ class HttpResponse(NamedTuple):
     close: bool = False  # close the connection after this answer
     # a traced request's answer: told when its write began and ended (HTTP_SEND_START, HTTP_SEND_END)
     on_sent: Callable[[int, int], None] | None = None
+    written: bytes | None = None  # ``head(True)``, written ahead (``http_known``): a keep-alive answer's
 
     def head(self, keep_alive: bool, length: int | None = None) -> bytes:
         """The status line and headers (``length``: the body's bytes, when the caller has counted them)."""
@@ -226,7 +227,7 @@ class HttpWire(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             pass  # an upgrade (h2c, websocket) is not taken: the request was answered as plain HTTP/1.1
         except httptools.HttpParserError as exc:
-            self._refuse(plain(400, f"malformed HTTP request: {_short(exc)}"))
+            self._refuse(plain(400, f"malformed HTTP request: {str(exc)[:120]}"))
 
     # ------------------------------------------------------------------------------ parser callbacks
 
@@ -316,7 +317,9 @@ class HttpWire(asyncio.Protocol):
         length = 0
         for part in body:
             length += len(part)
-        head = answer.head(keep_alive, length)
+        head = answer.written
+        if head is None or not keep_alive:
+            head = answer.head(keep_alive, length)
         if not body:
             self._transport.write(head)
         elif length <= ONE_WRITE_BYTES:  # head and body assembled once: one send
@@ -394,7 +397,3 @@ class HttpWire(asyncio.Protocol):
         self._head_bytes += n
         if self._head_bytes > MAX_HEAD_BYTES:
             raise _Refused(plain(431, f"request line and headers are more than {MAX_HEAD_BYTES} bytes"))
-
-
-def _short(exc: BaseException) -> str:
-    return str(exc)[:120]
