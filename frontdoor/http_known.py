@@ -138,11 +138,8 @@ def _keep(request: HttpInferRequest, end: int, length: int) -> _Header | None:
         return None
     params = request.parameters
     frozen: Mapping[str, Any] = MappingProxyType(dict(params)) if params else params
-    kept = HttpInferRequest(
-        "", tuple(inputs), request.outputs, request.binary_output, request.priority, request.timeout_us,
-        request.sequence_id, request.sequence_start, request.sequence_end, frozen, request.output_shm, False,
-    )  # fmt: skip
-    return _Header(kept, tuple(binary))
+    # no id and no shared-memory input (refused above): the request as decoded, its arrays left out
+    return _Header(request._replace(inputs=tuple(inputs), parameters=frozen), tuple(binary))
 
 
 def _with_binary(header: _Header, body: bytes, end: int, model: str) -> HttpInferRequest:
