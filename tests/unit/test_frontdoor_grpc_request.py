@@ -160,6 +160,22 @@ def test_the_table_of_headers_stays_bounded() -> None:
     assert grpc_request.read(big, known) is None and known == before  # not kept
 
 
+def _mutated(rng: random.Random, base: bytes, edits: tuple[int, ...]) -> bytes:
+    """``base`` with a few random byte edits (their count drawn from ``edits``): each a changed, dropped or
+    inserted byte."""
+    payload = bytearray(base)
+    for _ in range(rng.choice(edits)):
+        at = rng.randrange(len(payload))
+        kind = rng.random()
+        if kind < 0.5:
+            payload[at] = rng.randrange(256)
+        elif kind < 0.75:
+            del payload[at]
+        else:
+            payload.insert(at, rng.randrange(256))
+    return bytes(payload)
+
+
 def test_mutated_requests_are_read_as_the_full_path_reads_them_or_left_to_it() -> None:
     """Random changes to a request's bytes: whatever the fast path answers, the full path answers alike."""
     rng = random.Random(33)
@@ -169,17 +185,7 @@ def test_mutated_requests_are_read_as_the_full_path_reads_them_or_left_to_it() -
     base = r.SerializeToString()
     answered = 0
     for _ in range(3000):
-        payload = bytearray(base)
-        for _ in range(rng.choice((1, 1, 2, 3))):
-            at = rng.randrange(len(payload))
-            kind = rng.random()
-            if kind < 0.5:
-                payload[at] = rng.randrange(256)
-            elif kind < 0.75:
-                del payload[at]
-            else:
-                payload.insert(at, rng.randrange(256))
-        data = bytes(payload)
+        data = _mutated(rng, base, (1, 1, 2, 3))
         known: grpc_request.Headers = {}
         grpc_request.read(data, known)  # first sight
         fast = grpc_request.read(data, known)
@@ -242,17 +248,7 @@ def test_mutated_requests_after_a_recent_header_are_read_as_the_walk_reads_them(
     header = recent[0]
     answered = 0
     for _ in range(3000):
-        payload = bytearray(base)
-        for _ in range(rng.choice((1, 1, 2))):
-            at = rng.randrange(len(payload))
-            kind = rng.random()
-            if kind < 0.5:
-                payload[at] = rng.randrange(256)
-            elif kind < 0.75:
-                del payload[at]
-            else:
-                payload.insert(at, rng.randrange(256))
-        data = bytes(payload)
+        data = _mutated(rng, base, (1, 1, 2))
         cell = [header, recent[1]]
         short = grpc_request.read(data, dict(known), cell)
         walked = grpc_request.read(data, dict(known))
