@@ -315,7 +315,10 @@ def emit(
     nbytes = int(piece.size) * piece.dtype.itemsize
     if slot is not None and nbytes <= slot.nbytes:
         ref = ShmRef(slot.region, slot.offset, nbytes)
-        dst = regions.bytes(ref).view(piece.dtype).reshape(piece.shape)
+        # one array over the range in one call (a uint8 view, then a view and a reshape, cost three)
+        dst = regions.array(ref, shape, piece.dtype) if type(piece) is np.ndarray else None
+        if dst is None:  # a device array's, or a dtype without a buffer format: the views say what fails
+            dst = regions.bytes(ref).view(piece.dtype).reshape(piece.shape)
         device.copy_to_host(piece, dst)  # a no-op when the kernel wrote it there
         return TensorRef(name, wire, shape, shm=ref)
     host = device.to_host(piece)  # C-contiguous

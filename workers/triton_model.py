@@ -86,10 +86,10 @@ def pb_request(r: RequestInputs, model_name: str) -> pb.InferenceRequest:
     """The ``pb_utils.InferenceRequest`` model code sees for one request."""
     of = pb.Tensor._of
     by_name = {name: of(name, array) for name, array in r.inputs.items()}
-    tensors = list(by_name.values())
     if r.sequence is None:  # the usual: no keyword arguments to build
-        return pb.InferenceRequest._served(tensors, r.request_id, r.outputs, model_name, 0, 0, r.parameters,
-                                           r.cancelled, by_name)  # fmt: skip
+        return pb.InferenceRequest._served(by_name.values(), r.request_id, r.outputs, model_name, 0, 0,
+                                           r.parameters, r.cancelled, by_name)  # fmt: skip
+    tensors = list(by_name.values())
     return pb.InferenceRequest._served(
         tensors,
         r.request_id,
@@ -142,6 +142,18 @@ class _Senders:
         request._make_sender, request._slot = self._sender, i
         self._requests.append(weakref.ref(request))
         return request
+
+    def attach_all(self, requests: Sequence[RequestInputs], model_name: str) -> list[pb.InferenceRequest]:
+        """The ``pb_utils`` request of each of ``requests``, in order, each attached (``attach``): one loop,
+        where a call of ``attach`` and of ``pb_request`` per request cost more than the work they do."""
+        make, refs, ref = self._sender, self._requests, weakref.ref
+        out = []
+        for i, r in enumerate(requests):
+            request = pb_request(r, model_name)
+            request._make_sender, request._slot = make, i
+            refs.append(ref(request))
+            out.append(request)
+        return out
 
     def watch_requests(self) -> None:
         """Wake the pump when a request the model still holds, with no sender taken, is let go of (then
@@ -228,7 +240,7 @@ class TritonModel(RequestModel):
 
     def execute_requests(self, requests: Sequence[RequestInputs], /) -> Sequence[RequestResult]:
         senders = _Senders(len(requests), self.threads.wake)
-        holder = [senders.attach(i, pb_request(r, self.name)) for i, r in enumerate(requests)]
+        holder = senders.attach_all(requests, self.name)
         try:
             responses, error = self.threads.run(call_with, self.instance.execute, holder), None
         except Exception as exc:
@@ -252,7 +264,7 @@ class TritonModel(RequestModel):
         """Start one batch's ``async def execute`` on the event loop without waiting for it (Triton runs
         such a model's batches side by side); the caller steps the returned call until it is over."""
         senders = _Senders(len(requests), self.threads.wake)
-        holder = [senders.attach(i, pb_request(r, self.name)) for i, r in enumerate(requests)]
+        holder = senders.attach_all(requests, self.name)
         future = self.threads.get().start_coroutine(call_with(self.instance.execute, holder))
         return AsyncCall(self, senders, len(requests), future)
 
