@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 from zinfer.client.errors import InternalError, ServerError
 from zinfer.modelconfig.model_config import ModelConfig
@@ -117,6 +117,15 @@ def executes_async(model: Any) -> TypeGuard[TritonModel]:
     )
 
 
+class _SenderLists(NamedTuple):
+    """What :class:`_Senders` keeps per request once a sender or a wait needs it."""
+
+    responses: list[Any]  # what each request's sender sent (None: nothing yet)
+    done: list[bool]  # each request answered (its final flag, or closed)
+    taken: list[bool]  # each request's sender asked for
+    senders: dict[int, weakref.ref[pb.InferenceResponseSender]]
+
+
 class _Senders:
     """The response senders of a batch of a model that is not decoupled: one response each, then the
     final flag; a sender released without it leaves its request without a response (an error).
@@ -127,15 +136,23 @@ class _Senders:
     """
 
     def __init__(self, n: int, wake: Wake) -> None:
+        self._n = n
         self._wake = wake
         self._lock = threading.Lock()
-        self._responses: list[Any] = [None] * n
-        self._done = [False] * n
-        self._taken = [False] * n
         self._requests: list[weakref.ref[pb.InferenceRequest]] = []
-        self._senders: dict[int, weakref.ref[pb.InferenceResponseSender]] = {}
+        # each request's response, done and taken flags, and the senders made: made on first use
+        # (``_state``), which a batch whose model returns its responses and asks for no sender never has
+        self._lists: _SenderLists | None = None
         self.used = False
         self.taken = False  # a sender was asked for (any_taken without the lock: the flag only ever rises)
+
+    def _state(self) -> _SenderLists:
+        """The per-request lists (``_lock`` held), made now if nothing needed them before."""
+        lists = self._lists
+        if lists is None:
+            n = self._n
+            lists = self._lists = _SenderLists([None] * n, [False] * n, [False] * n, {})
+        return lists
 
     def attach(self, i: int, request: pb.InferenceRequest) -> pb.InferenceRequest:
         # made when asked for (a bound method the request holds: no cycle back to it from here)
@@ -169,34 +186,38 @@ class _Senders:
             lambda response, final: self._deliver(i, response, final), cancelled, False
         )
         with self._lock:
-            self._taken[i] = True
+            state = self._state()
+            state.taken[i] = True
             self.taken = True
-            self._senders[i] = weakref.ref(sender)
+            state.senders[i] = weakref.ref(sender)
         weakref.finalize(sender, self._deliver, i, None, True)
         return sender
 
     def _deliver(self, i: int, response: Any, final: bool) -> None:
         with self._lock:
-            if self._done[i]:
+            state = self._state()
+            if state.done[i]:
                 return  # closed: what came after the request was answered is dropped
             if response is not None:
-                self._responses[i] = response
+                state.responses[i] = response
                 self.used = True
-            self._done[i] = self._done[i] or final
+            state.done[i] = state.done[i] or final
         self._wake.set()
 
     def all_done(self) -> bool:
         with self._lock:
+            state = self._state()
             return all(
                 done or (not taken and ref() is None)
-                for done, taken, ref in zip(self._done, self._taken, self._requests, strict=True)
+                for done, taken, ref in zip(state.done, state.taken, self._requests, strict=True)
             )
 
     def close(self, i: int) -> None:
         """Request ``i`` is answered by the response execute returned: its sender, if any, takes no more."""
         with self._lock:
-            self._done[i] = True
-            sender = self._senders.get(i)
+            state = self._state()
+            state.done[i] = True
+            sender = state.senders.get(i)
         live = sender() if sender is not None else None
         if live is not None:
             live._close()
@@ -207,18 +228,19 @@ class _Senders:
     def taken_done(self) -> bool:
         """Every sender the model asked for has sent its final flag (or is gone)."""
         with self._lock:
-            return all(done or not taken for done, taken in zip(self._done, self._taken, strict=True))
+            state = self._state()
+            return all(done or not taken for done, taken in zip(state.done, state.taken, strict=True))
 
     def sent(self) -> list[Any]:
         """The response each request's sender sent so far (None where none)."""
         with self._lock:
-            return list(self._responses)
+            return list(self._state().responses)
 
     def responses(self) -> list[Any]:
         with self._lock:
             return [
                 r if r is not None else pb.InferenceResponse(error="the request's sender sent no response")
-                for r in self._responses
+                for r in self._state().responses
             ]
 
 

@@ -167,3 +167,16 @@ def test_an_output_into_its_slot_is_the_pieces_bytes_at_the_slots_offset(arr: np
     finally:
         regions.close()
         seg.close(unlink=True)
+
+
+def test_senders_no_model_asked_for_make_no_lists_and_answer_as_before() -> None:
+    inputs = [RequestInputs(f"r{i}", {"X": np.full(1, i, np.int32)}, ("Y",)) for i in range(2)]
+    senders = _Senders(2, Wake())
+    requests = senders.attach_all(inputs, "m")
+    assert senders._lists is None and not senders.any_taken()  # the usual batch: nothing per request
+    assert not senders.all_done()  # the model still holds both
+    del requests
+    gc.collect()
+    assert senders.all_done() and senders.taken_done()
+    assert senders.sent() == [None, None] and not senders.used
+    assert [r.has_error() for r in senders.responses()] == [True, True]
