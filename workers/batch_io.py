@@ -128,7 +128,8 @@ def open_requests(
             bad = error_result(req.id, exc)
             out.results.append(bad._replace(final=True) if final else bad)
             continue
-        opened.append(Opened(req, arrays, request_rows(arrays, batching)))
+        # the tuple made directly, without the Python-level ``__new__`` a NamedTuple has (per request)
+        opened.append(tuple.__new__(Opened, (req, arrays, request_rows(arrays, batching))))
     return opened
 
 
@@ -314,8 +315,11 @@ def emit(
         return TensorRef(name, wire, shape, frame=len(frames) - 1)
     nbytes = int(piece.size) * piece.dtype.itemsize
     if slot is not None and nbytes <= slot.nbytes:
-        ref = ShmRef(slot.region, slot.offset, nbytes)
-        dst = regions.bytes(ref).view(piece.dtype).reshape(piece.shape)
+        ref = tuple.__new__(ShmRef, (slot.region, slot.offset, nbytes))  # ShmRef(...) without its __new__
+        # one array over the range in one call (a uint8 view, then a view and a reshape, cost three)
+        dst = regions.array(ref, shape, piece.dtype) if type(piece) is np.ndarray else None
+        if dst is None:  # a device array's, or a dtype without a buffer format: the views say what fails
+            dst = regions.bytes(ref).view(piece.dtype).reshape(piece.shape)
         device.copy_to_host(piece, dst)  # a no-op when the kernel wrote it there
         return TensorRef(name, wire, shape, shm=ref)
     host = device.to_host(piece)  # C-contiguous

@@ -99,6 +99,11 @@ class CancelFlags:
         with self._lock:
             return self._flag(request)
 
+    def flags(self, requests: list[int]) -> list[CancelFlag]:
+        """The flags of ``requests``, in order (``flag`` of each, under one hold of the lock)."""
+        with self._lock:
+            return [self._flag(r) for r in requests]
+
     def cancel(self, batch: int, request: int) -> bool:
         """Set the flag of ``request`` of ``batch`` if it runs, or keep it for when ``batch`` begins if that
         batch is still to come; False when neither (an older batch, or not one of this batch's requests)."""

@@ -136,7 +136,7 @@ class InferenceRequest:
         self._fill(tensors, request_id, outputs, name, int(model_version), correlation_id, int(flags),
                    int(timeout), params, CancelFlag())  # fmt: skip
 
-    def _fill(
+    def _fill(  # ``_served`` sets the same attributes itself: keep the two alike
         self,
         inputs: list[Tensor],
         request_id: str,
@@ -188,13 +188,30 @@ class InferenceRequest:
         without the checks ``__init__`` makes of a model's own (BLS) requests: this runs per request.
         ``by_name``: the same tensors by name (the worker builds them so), kept as the request's own."""
         request = cls.__new__(cls)
-        params = dict(parameters) if parameters else {}
-        context = params.pop("traceparent", None)  # a traced request's: ``trace()``, not a parameter
-        request._fill(list(inputs), request_id, list(requested_output_names), _served_name(model_name), -1,
-                      correlation_id, flags, 0, params,
-                      cancelled if cancelled is not None else CancelFlag(), by_name)  # fmt: skip
-        if isinstance(context, str):
-            request._trace = InferenceTrace(context)
+        context = None
+        if parameters:
+            params = dict(parameters)
+            context = params.pop("traceparent", None)  # a traced request's: ``trace()``, not a parameter
+        else:
+            params = {}
+        # ``_fill``'s attributes set here, without its call: this runs for every request given to execute
+        tensors = list(inputs)
+        request._inputs = tensors
+        request._by_name = {t._name: t for t in tensors} if by_name is None else by_name
+        request._trace = NO_TRACE if not isinstance(context, str) else InferenceTrace(context)
+        request._request_id = request_id
+        request._outputs = list(requested_output_names)
+        request.model_name = _served_name(model_name)
+        request._model_version = -1
+        request._correlation_id = correlation_id
+        request._flags = flags
+        request._timeout = 0
+        request._parameters = params
+        request._cancelled = cancelled if cancelled is not None else CancelFlag()
+        request._sender = None
+        request._make_sender = None
+        request._slot = 0
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         return request
 
     def trace(self) -> InferenceTrace:

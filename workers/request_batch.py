@@ -89,14 +89,17 @@ def open_inputs(
     answered in ``out`` now); ``cancels``: the worker's flags, which ``is_cancelled()`` reads."""
     runnable = open_requests(requests, frames, regions, sig.batching, out)
     inputs: list[RequestInputs] = []
-    for req, arrays, _ in runnable:
+    flags = cancels.flags([one.req.id for one in runnable]) if cancels is not None else None
+    for k, (req, arrays, _) in enumerate(runnable):
         if req.sequence is not None:  # a sequence request's START, END, READY, CORRID
             arrays.update(control_arrays([req], sig.batching))
         if states is not None:
             arrays.update(states.request_inputs(req))  # and its implicit state
         names = tuple([o.name for o in req.outputs])
-        inputs.append(RequestInputs(req.request_id, arrays, names, req.sequence, req.parameters,
-                                    None if cancels is None else cancels.flag(req.id)))  # fmt: skip
+        # every field given: the tuple made directly, without the Python-level ``__new__`` a NamedTuple has
+        flag = None if flags is None else flags[k]
+        inputs.append(tuple.__new__(RequestInputs, (req.request_id, arrays, names, req.sequence,
+                                                    req.parameters, flag)))  # fmt: skip
     return runnable, inputs
 
 

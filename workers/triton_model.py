@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 from zinfer.client.errors import InternalError, ServerError
 from zinfer.modelconfig.model_config import ModelConfig
@@ -86,10 +86,10 @@ def pb_request(r: RequestInputs, model_name: str) -> pb.InferenceRequest:
     """The ``pb_utils.InferenceRequest`` model code sees for one request."""
     of = pb.Tensor._of
     by_name = {name: of(name, array) for name, array in r.inputs.items()}
-    tensors = list(by_name.values())
     if r.sequence is None:  # the usual: no keyword arguments to build
-        return pb.InferenceRequest._served(tensors, r.request_id, r.outputs, model_name, 0, 0, r.parameters,
-                                           r.cancelled, by_name)  # fmt: skip
+        return pb.InferenceRequest._served(by_name.values(), r.request_id, r.outputs, model_name, 0, 0,
+                                           r.parameters, r.cancelled, by_name)  # fmt: skip
+    tensors = list(by_name.values())
     return pb.InferenceRequest._served(
         tensors,
         r.request_id,
@@ -117,6 +117,15 @@ def executes_async(model: Any) -> TypeGuard[TritonModel]:
     )
 
 
+class _SenderLists(NamedTuple):
+    """What :class:`_Senders` keeps per request once a sender or a wait needs it."""
+
+    responses: list[Any]  # what each request's sender sent (None: nothing yet)
+    done: list[bool]  # each request answered (its final flag, or closed)
+    taken: list[bool]  # each request's sender asked for
+    senders: dict[int, weakref.ref[pb.InferenceResponseSender]]
+
+
 class _Senders:
     """The response senders of a batch of a model that is not decoupled: one response each, then the
     final flag; a sender released without it leaves its request without a response (an error).
@@ -127,21 +136,41 @@ class _Senders:
     """
 
     def __init__(self, n: int, wake: Wake) -> None:
+        self._n = n
         self._wake = wake
         self._lock = threading.Lock()
-        self._responses: list[Any] = [None] * n
-        self._done = [False] * n
-        self._taken = [False] * n
         self._requests: list[weakref.ref[pb.InferenceRequest]] = []
-        self._senders: dict[int, weakref.ref[pb.InferenceResponseSender]] = {}
+        # each request's response, done and taken flags, and the senders made: made on first use
+        # (``_state``), which a batch whose model returns its responses and asks for no sender never has
+        self._lists: _SenderLists | None = None
         self.used = False
         self.taken = False  # a sender was asked for (any_taken without the lock: the flag only ever rises)
+
+    def _state(self) -> _SenderLists:
+        """The per-request lists (``_lock`` held), made now if nothing needed them before."""
+        lists = self._lists
+        if lists is None:
+            n = self._n
+            lists = self._lists = _SenderLists([None] * n, [False] * n, [False] * n, {})
+        return lists
 
     def attach(self, i: int, request: pb.InferenceRequest) -> pb.InferenceRequest:
         # made when asked for (a bound method the request holds: no cycle back to it from here)
         request._make_sender, request._slot = self._sender, i
         self._requests.append(weakref.ref(request))
         return request
+
+    def attach_all(self, requests: Sequence[RequestInputs], model_name: str) -> list[pb.InferenceRequest]:
+        """The ``pb_utils`` request of each of ``requests``, in order, each attached (``attach``): one loop,
+        where a call of ``attach`` and of ``pb_request`` per request cost more than the work they do."""
+        make, refs, ref = self._sender, self._requests, weakref.ref
+        out = []
+        for i, r in enumerate(requests):
+            request = pb_request(r, model_name)
+            request._make_sender, request._slot = make, i
+            refs.append(ref(request))
+            out.append(request)
+        return out
 
     def watch_requests(self) -> None:
         """Wake the pump when a request the model still holds, with no sender taken, is let go of (then
@@ -157,34 +186,38 @@ class _Senders:
             lambda response, final: self._deliver(i, response, final), cancelled, False
         )
         with self._lock:
-            self._taken[i] = True
+            state = self._state()
+            state.taken[i] = True
             self.taken = True
-            self._senders[i] = weakref.ref(sender)
+            state.senders[i] = weakref.ref(sender)
         weakref.finalize(sender, self._deliver, i, None, True)
         return sender
 
     def _deliver(self, i: int, response: Any, final: bool) -> None:
         with self._lock:
-            if self._done[i]:
+            state = self._state()
+            if state.done[i]:
                 return  # closed: what came after the request was answered is dropped
             if response is not None:
-                self._responses[i] = response
+                state.responses[i] = response
                 self.used = True
-            self._done[i] = self._done[i] or final
+            state.done[i] = state.done[i] or final
         self._wake.set()
 
     def all_done(self) -> bool:
         with self._lock:
+            state = self._state()
             return all(
                 done or (not taken and ref() is None)
-                for done, taken, ref in zip(self._done, self._taken, self._requests, strict=True)
+                for done, taken, ref in zip(state.done, state.taken, self._requests, strict=True)
             )
 
     def close(self, i: int) -> None:
         """Request ``i`` is answered by the response execute returned: its sender, if any, takes no more."""
         with self._lock:
-            self._done[i] = True
-            sender = self._senders.get(i)
+            state = self._state()
+            state.done[i] = True
+            sender = state.senders.get(i)
         live = sender() if sender is not None else None
         if live is not None:
             live._close()
@@ -195,18 +228,19 @@ class _Senders:
     def taken_done(self) -> bool:
         """Every sender the model asked for has sent its final flag (or is gone)."""
         with self._lock:
-            return all(done or not taken for done, taken in zip(self._done, self._taken, strict=True))
+            state = self._state()
+            return all(done or not taken for done, taken in zip(state.done, state.taken, strict=True))
 
     def sent(self) -> list[Any]:
         """The response each request's sender sent so far (None where none)."""
         with self._lock:
-            return list(self._responses)
+            return list(self._state().responses)
 
     def responses(self) -> list[Any]:
         with self._lock:
             return [
                 r if r is not None else pb.InferenceResponse(error="the request's sender sent no response")
-                for r in self._responses
+                for r in self._state().responses
             ]
 
 
@@ -228,7 +262,7 @@ class TritonModel(RequestModel):
 
     def execute_requests(self, requests: Sequence[RequestInputs], /) -> Sequence[RequestResult]:
         senders = _Senders(len(requests), self.threads.wake)
-        holder = [senders.attach(i, pb_request(r, self.name)) for i, r in enumerate(requests)]
+        holder = senders.attach_all(requests, self.name)
         try:
             responses, error = self.threads.run(call_with, self.instance.execute, holder), None
         except Exception as exc:
@@ -252,7 +286,7 @@ class TritonModel(RequestModel):
         """Start one batch's ``async def execute`` on the event loop without waiting for it (Triton runs
         such a model's batches side by side); the caller steps the returned call until it is over."""
         senders = _Senders(len(requests), self.threads.wake)
-        holder = [senders.attach(i, pb_request(r, self.name)) for i, r in enumerate(requests)]
+        holder = senders.attach_all(requests, self.name)
         future = self.threads.get().start_coroutine(call_with(self.instance.execute, holder))
         return AsyncCall(self, senders, len(requests), future)
 
