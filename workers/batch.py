@@ -107,12 +107,12 @@ def scatter(
 
 
 def _reshape(
-    arrays: Mapping[str, Any], specs: Mapping[str, TensorSpec], batching: bool, to_model: bool
+    arrays: dict[str, Any], specs: Mapping[str, TensorSpec], batching: bool, to_model: bool
 ) -> dict[str, Any]:
     """Apply the config's ``reshape``: to the model's shape on the way in, back to ``dims`` on the way out.
     ``arrays`` itself when no spec reshapes (the usual: no copy of the mapping)."""
     if not _reshapes(specs):
-        return arrays  # type: ignore[return-value]
+        return arrays
     out = dict(arrays)
     for name, arr in arrays.items():
         spec = specs.get(name)
