@@ -20,6 +20,9 @@ __all__ = ["COMPILED", "compiled_here"]
 # cost more than they save: one compiled run with and without them, same commit (bench_vs_triton --quick
 # --zinfer-only --compiled), three-step ensemble at c1: 2903 vs 2453 CPU us per request (workers 1452 vs
 # 1250); add0 at c1: 687 vs 673. Their compiled code calls the interpreted pb_* classes and msgspec records.
+# Except ``workers.batch``, the plain batch path (built-in kernels, ONNX): no pb_* class on it. add0, one
+# EXECUTE in process: 10.4-11.4 -> 8.7-9.5 us in ``run_batch``; the worker alone behind a ROUTER
+# (bench/ab_worker_loop.py add0:1:1, 5 rounds in turns): 59.8 -> 55.5 us of worker CPU per request.
 COMPILED = (
     "zinfer.client.protocol",
     "zinfer.client.framing",
@@ -53,6 +56,8 @@ COMPILED = (
     "zinfer.broker.ensemble_run",
     "zinfer.broker.registry",
     "zinfer.broker.latency_window",
+    # the worker's plain batch path only (gather, run, scatter: the built-in kernels, ONNX), see above
+    "zinfer.workers.batch",
     # asked per request whether the connection reads its replies (``Outbox.backlog_full``, 1.1 % of the
     # compiled broker at add c32 in perf, interpreted)
     "zinfer.broker.reply_backlog",

@@ -471,9 +471,12 @@ class _ClientBase:
             buf = memoryview(frames[ref.frame])
             if ref.datatype == dtypes.BYTES:
                 return dtypes.deserialize_bytes(buf, ref.shape)
-            return np.frombuffer(buf, dtype=dtypes.wire_to_numpy(ref.datatype), count=count).reshape(
-                ref.shape
-            )
+            dtype = dtypes.wire_to_numpy(ref.datatype)
+            if buf.nbytes == count * dtype.itemsize and buf.itemsize == 1:
+                # exactly the shape's bytes (the usual): the array made over them in one call (a view, then
+                # a reshape, cost twice as much: 0.36 against 1.0 us for a [1,1] FP32 output)
+                return np.ndarray(ref.shape, dtype, buf)
+            return np.frombuffer(buf, dtype=dtype, count=count).reshape(ref.shape)
         slot = out_slots.get(ref.name)
         if ref.shm is None or slot is None or ref.shm.region != slot.region or ref.shm.nbytes > slot.nbytes:
             raise ProtocolError("reply names shared memory this request did not reserve")

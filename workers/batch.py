@@ -53,16 +53,22 @@ def gather(
 ) -> tuple[dict[str, Array], list[int]]:
     """Batch arrays by input name (on the device), and each request's row count; a stateful model's
     control inputs and implicit state inputs too."""
-    per_name: dict[str, list[Array]] = {}
-    rows: list[int] = []
-    for req in requests:
-        arrays = request_arrays(req, frames, regions)
-        for name, arr in arrays.items():
-            per_name.setdefault(name, []).append(arr)
-        rows.append(request_rows(arrays, batching))
-    batch = {n: device.batch(a) for n, a in per_name.items()}
-    for name, arr in control_arrays(requests, batching).items():
-        batch[name] = device.batch([arr])
+    if len(requests) == 1:  # a lone request (concurrency 1): its arrays are the batch, no lists per name
+        arrays = request_arrays(requests[0], frames, regions)
+        rows = [request_rows(arrays, batching)]
+        batch = {n: device.batch([a]) for n, a in arrays.items()}
+    else:
+        per_name: dict[str, list[Array]] = {}
+        rows = []
+        for req in requests:
+            arrays = request_arrays(req, frames, regions)
+            for name, arr in arrays.items():
+                per_name.setdefault(name, []).append(arr)
+            rows.append(request_rows(arrays, batching))
+        batch = {n: device.batch(a) for n, a in per_name.items()}
+    if requests and requests[0].sequence is not None:  # only a sequence's requests carry control inputs
+        for name, arr in control_arrays(requests, batching).items():
+            batch[name] = device.batch([arr])
     if states is not None:
         for name, arr in states.inputs(requests).items():
             batch[name] = device.batch([arr])
@@ -101,9 +107,12 @@ def scatter(
 
 
 def _reshape(
-    arrays: Mapping[str, Any], specs: Mapping[str, TensorSpec], batching: bool, to_model: bool
+    arrays: dict[str, Any], specs: Mapping[str, TensorSpec], batching: bool, to_model: bool
 ) -> dict[str, Any]:
-    """Apply the config's ``reshape``: to the model's shape on the way in, back to ``dims`` on the way out."""
+    """Apply the config's ``reshape``: to the model's shape on the way in, back to ``dims`` on the way out.
+    ``arrays`` itself when no spec reshapes (the usual: no copy of the mapping)."""
+    if not _reshapes(specs):
+        return arrays
     out = dict(arrays)
     for name, arr in arrays.items():
         spec = specs.get(name)
@@ -118,6 +127,22 @@ def _reshape(
                 f"{name!r} of shape {list(arr.shape)} cannot take the configured shape {list(target)}"
             ) from None
     return out
+
+
+_NO_RESHAPE: dict[int, tuple[Mapping[str, TensorSpec], bool]] = {}
+"""Whether a model's specs (by ``id``, the mapping kept so the id stays its own) name any ``reshape``: asked
+twice per batch, the same answer for the model's life."""
+
+
+def _reshapes(specs: Mapping[str, TensorSpec]) -> bool:
+    known = _NO_RESHAPE.get(id(specs))
+    if known is not None and known[0] is specs:
+        return known[1]
+    any_reshape = any(spec.reshape is not None for spec in specs.values())
+    if len(_NO_RESHAPE) >= 64:
+        _NO_RESHAPE.clear()
+    _NO_RESHAPE[id(specs)] = (specs, any_reshape)
+    return any_reshape
 
 
 def run_batch(
@@ -160,12 +185,13 @@ def run_batch(
         if type(raw) is not dict and not isinstance(raw, Mapping):  # a dict: no ABC check
             raise InternalError(f"model returned {type(raw).__name__}, expected a dict of arrays")
         wanted = {o.name for r in requests for o in r.outputs}
-        missing = sorted(wanted - set(raw))
-        if missing:
+        if not wanted <= raw.keys():
+            missing = sorted(wanted - set(raw))
             raise InternalError(f"model returned no output named {', '.join(repr(m) for m in missing)}")
         kept = raw
         raw = _reshape({n: raw[n] for n in wanted}, sig.outputs, sig.batching, to_model=False)
-        outputs = {n: check_output(n, raw[n], sig, sum(rows), device) for n in wanted}
+        total = rows[0] if len(rows) == 1 else sum(rows)
+        outputs = {n: check_output(n, raw[n], sig, total, device) for n in wanted}
         device.synchronize()
         if states is not None:
             states.update(requests, kept, device)

@@ -159,3 +159,55 @@ def test_reshape_is_applied_both_ways() -> None:
     out = run_batch(Shapes(), Signature.of(cfg), [req], frames, RegionCache())
     assert seen == [(2, 2, 3)]
     np.testing.assert_array_equal(_outputs(out, 1), np.arange(12, dtype=np.float32).reshape(2, 6) * 2)
+
+
+def test_reshape_on_outputs_only_is_applied_every_batch() -> None:
+    """Whether a model's specs reshape is known per spec mapping (inputs and outputs apart) and kept: an
+    output-only reshape is applied on every batch, a lone request's and a batch of two alike."""
+    cfg = parse_model_config(
+        """
+        name: "ro"
+        backend: "zinfer"
+        max_batch_size: 4
+        input [ { name: "A" data_type: TYPE_FP32 dims: [ 6 ] } ]
+        output [ { name: "S" data_type: TYPE_FP32 dims: [ 6 ] reshape: { shape: [ 2, 3 ] } } ]
+        """,
+        source="test",
+        model_name="ro",
+    )
+    seen: list[tuple[int, ...]] = []
+
+    class Shapes:
+        def execute(self, inputs: Mapping[str, Any], /) -> Any:
+            seen.append(inputs["A"].shape)
+            return {"S": (inputs["A"] * 2).reshape(-1, 2, 3)}
+
+        def finalize(self) -> None:
+            pass
+
+    sig = Signature.of(cfg)
+    frames: list[Any] = [np.arange(6, dtype=np.float32).tobytes(), np.ones(6, np.float32).tobytes()]
+    lone = BatchRequest(1, (TensorRef("A", "FP32", (1, 6), frame=0),), (OutputRequest("S"),))
+    other = BatchRequest(2, (TensorRef("A", "FP32", (1, 6), frame=1),), (OutputRequest("S"),))
+    for requests in ([lone], [lone], [lone, other]):
+        out = run_batch(Shapes(), sig, requests, frames, RegionCache())
+        np.testing.assert_array_equal(_outputs(out, 1), np.arange(6, dtype=np.float32).reshape(1, 6) * 2)
+    np.testing.assert_array_equal(_outputs(out, 2), np.full((1, 6), 2.0, np.float32))
+    assert seen == [(1, 6), (1, 6), (2, 6)]  # the inputs as they came: no reshape on them
+
+
+def test_a_mapping_that_is_not_a_dict_missing_an_output_fails_the_batch() -> None:
+    class Outputs(Mapping[str, Any]):
+        def __getitem__(self, key: str) -> Any:
+            raise KeyError(key)
+
+        def __iter__(self) -> Any:
+            return iter(())
+
+        def __len__(self) -> int:
+            return 0
+
+    frames: list[Any] = []
+    out = run_batch(Fixed(Outputs()), SIG, [_request(1, 1, frames, 1.0)], frames, RegionCache())
+    res = request_result_to_wire(out.results[0])
+    assert res["status"] != 0 and "no output named 'S'" in res["error"]

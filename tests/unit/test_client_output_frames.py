@@ -1,0 +1,56 @@
+"""A reply's inline outputs read into arrays by the client: over exactly the shape's bytes (the usual, made
+in one call) and over frames that are longer or shorter than the shape says, as before."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from zinfer.client.base import _ClientBase
+from zinfer.client.protocol import Reply, Status
+
+
+def _client() -> _ClientBase:
+    return _ClientBase(None, timeout=1.0, shm=False, arena_bytes=0, max_arena_bytes=0, inline_threshold=0)
+
+
+def _read(frame: Any, shape: list[int], datatype: str = "FP32") -> np.ndarray:
+    body = {"model": "m", "version": 1, "outputs": [{"name": "Y", "datatype": datatype, "shape": shape,
+                                                     "frame": 0}]}  # fmt: skip
+    result = _client()._read_outputs(Reply("r", Status.OK, body=body), [frame], {}, "")
+    return result.as_numpy("Y")
+
+
+@pytest.mark.parametrize("shape", [[1, 1], [2, 3], [0, 4], [5]])
+def test_exact_frame_is_the_array(shape: list[int]) -> None:
+    want = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    got = _read(memoryview(want.tobytes()), shape)
+    assert got.shape == tuple(shape) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+    assert not got.flags.writeable  # over the reply's (read-only) bytes, as before
+
+
+def test_writable_frame_gives_a_writable_array_as_before() -> None:
+    got = _read(memoryview(bytearray(np.ones(2, np.float32).tobytes())), [1, 2])
+    assert got.flags.writeable
+    np.testing.assert_array_equal(got, [[1.0, 1.0]])
+
+
+def test_longer_frame_gives_the_first_elements() -> None:
+    got = _read(memoryview(np.arange(6, dtype=np.float32).tobytes()), [2, 2])
+    np.testing.assert_array_equal(got, [[0.0, 1.0], [2.0, 3.0]])
+
+
+def test_shorter_frame_is_refused() -> None:
+    with pytest.raises(ValueError):
+        _read(memoryview(np.arange(3, dtype=np.float32).tobytes()), [2, 2])
+
+
+def test_int64_and_fp16_outputs() -> None:
+    for datatype, dtype in (("INT64", np.int64), ("FP16", np.float16)):
+        want = np.arange(4, dtype=dtype).reshape(2, 2)
+        got = _read(memoryview(want.tobytes()), [2, 2], datatype)
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got, want)
