@@ -13,10 +13,11 @@ fails the step); the native side is 32 coroutines on one ``AsyncClient`` for ``-
 Each variant (``NAME`` or ``NAME:KEY=VALUE,...``, the environment its ``zinfer serve`` starts with, e.g.
 ``PYTHONPATH=DIR`` for another tree's code) is one server, up for the whole run; variants and sides
 alternate order by round. ``--early-off NAME``: that variant's ``add`` has early dispatch off
-(``zinfer_early_dispatch: "false"``, Triton's timing), to see what it does to door traffic's batches.
+(``zinfer_early_dispatch: "false"``, Triton's timing), to see what it does to door traffic's batches;
+``--doors NAME:N``: that variant's server runs N front-door processes (``--frontdoor-workers``).
 
 Usage: ``.venv/bin/python bench/door_hop_shape.py --triton-venv DIR [--protocol http|grpc] [--rounds 2]
-[--seconds 6] [--variant NAME:PYTHONPATH=TREE ...] [--early-off NAME] [--label L]``. Results:
+[--seconds 6] [--variant NAME:PYTHONPATH=TREE ...] [--early-off NAME] [--doors NAME:N] [--label L]``. Results:
 bench/results/door_hop_shape.json (an entry per ``--label``).
 """
 
@@ -145,10 +146,12 @@ def _turn(
     c1, (s1, w1) = _counts(counts), _by_role(root)
     # requests answered in the window: the broker's count (both sides; a few warm-up calls are in it)
     n = max(1, b1[0] - b0[0])
-    sender = target.door_pid if side == "door" else max(set(c1) - set(c0), default=0)
-    a, b = c0.get(sender, {}), c1.get(sender, {})
-    sends = b.get("sends", 0) - a.get("sends", 0)
-    messages = b.get("messages", 0) - a.get("messages", 0)
+    if side == "door":  # every door process of this server (--doors)
+        senders = [p.pid for p in _tree(root) if _role(p, root, "zinfer") == "door"]
+    else:
+        senders = [max(set(c1) - set(c0), default=0)]
+    sends = sum(c1.get(s, {}).get("sends", 0) - c0.get(s, {}).get("sends", 0) for s in senders)
+    messages = sum(c1.get(s, {}).get("messages", 0) - c0.get(s, {}).get("messages", 0) for s in senders)
     per_send = round(messages / sends, 1) if sends > 0 and messages > 0 else None  # None: a counter unread
     reasons = {k: v - b0[2].get(k, 0) for k, v in b1[2].items() if v - b0[2].get(k, 0)}
     return {
@@ -161,6 +164,16 @@ def _turn(
         "batch_reasons": reasons,
         "broker_wakes_per_request": round((w1.get("broker", 0) - w0.get("broker", 0)) / n, 3),
     }
+
+
+def _broker_pid(target: Target) -> int:
+    """The pid of ``zinfer serve`` behind ``target``: the child of this process with its runtime folder."""
+    folder = target.broker_url.removeprefix("ipc://").rsplit("/", 1)[0]
+    for p in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if folder in p.cmdline():
+                return p.pid
+    raise RuntimeError(f"no server process for {target.broker_url}")
 
 
 def _median(values: list[Any]) -> float | None:
@@ -186,9 +199,16 @@ def main() -> int:
     ap.add_argument("--sides", default="door,native")
     ap.add_argument("--label", default="latest")
     ap.add_argument(
+        "--doors",
+        action="append",
+        default=[],
+        help="NAME:N: that variant's server runs N front-door processes",
+    )
+    ap.add_argument(
         "--early-off", action="append", default=[], help="a variant whose add has zinfer_early_dispatch false"
     )
     args = ap.parse_args()
+    args.doors = {k: int(v) for k, v in (d.split(":") for d in args.doors)}
     install = triton_side.find(args.triton_venv)
     if install is None:
         raise SystemExit(f"no Triton in {args.triton_venv}")
@@ -213,10 +233,9 @@ def main() -> int:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), extra.get("PYTHONPATH", "")) if p)
             with _environment(env):
                 target = stack.enter_context(
-                    zinfer_front_door(repo_off if name in args.early_off else repo, 1)
+                    zinfer_front_door(repo_off if name in args.early_off else repo, args.doors.get(name, 1))
                 )
-            assert target.door_pid is not None
-            servers.append((name, env, target, psutil.Process(target.door_pid).ppid()))
+            servers.append((name, env, target, _broker_pid(target)))
         for r in range(args.rounds):
             for name, env, target, root in servers if r % 2 == 0 else servers[::-1]:
                 for side in sides if r % 2 == 0 else sides[::-1]:
@@ -236,6 +255,7 @@ def main() -> int:
         "machine": machine(),
         "params": {
             "early_off": args.early_off,
+            "doors": args.doors,
             "protocol": args.protocol,
             "rounds": args.rounds,
             "seconds": args.seconds,
