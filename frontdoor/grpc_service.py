@@ -52,8 +52,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         self._written: grpc_response.Written = {}  # ModelInfer's kinds of reply written (grpc_response)
 
     def _shm(self, context: Any, later: list[Callable[[], None]] | None = None) -> CallerShm:
-        """The system shared memory registry as this call's peer sees it (its uid looked up when first
-        needed: a call that names no region never looks); ``later`` collects its big copies."""
+        """The shm registry as this call's peer sees it (its uid looked up when first needed; ``later``: big copies)."""
         uid_of = lambda: grpc_peer_uid(str(context.peer()), self.door.options.grpc)  # noqa: E731
         return self.door.shm.caller(None, uid_of, later)
 
@@ -177,8 +176,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                         await context.abort(grpc.StatusCode.INTERNAL, "Exception deserializing request!")
                 shm = self._shm(context, later)
                 call, regions = self._call(request, shm, grpc_metadata.traceparent(context))
-                if later:
-                    await self.door.shm.copies.run(later)
+                await self.door.shm.copies.run(later)
             read_end = time.monotonic_ns()
             bridge = self.bridge
             if await bridge.is_decoupled(call.model, call.version):
@@ -193,8 +191,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             response = None if regions else grpc_response.response_bytes(reply, self._written)
             if response is None:
                 response = convert.infer_response(reply, regions, shm).SerializeToString()
-                if later:  # in the caller's regions before the reply says so
-                    await self.door.shm.copies.run(later)
+                await self.door.shm.copies.run(later)  # in the caller's regions before the reply says so
             if reply.trace:  # traced by the broker: the door's timestamps go to its trace once sent
                 read = (("GRPC_WAITREAD_START", read_start), ("GRPC_WAITREAD_END", read_end))
                 sent = functools.partial(_grpc_sent, bridge.trace_stamps, reply.trace, read,
