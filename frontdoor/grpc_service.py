@@ -52,7 +52,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         self._written: grpc_response.Written = {}  # ModelInfer's kinds of reply written (grpc_response)
 
     def _shm(self, context: Any, later: list[Callable[[], None]] | None = None) -> CallerShm:
-        """The shm registry as this call's peer sees it (its uid looked up when first needed; ``later``: big copies)."""
+        """The shm registry as this call's peer sees it (uid looked up when first needed; later: copies)."""
         uid_of = lambda: grpc_peer_uid(str(context.peer()), self.door.options.grpc)  # noqa: E731
         return self.door.shm.caller(None, uid_of, later)
 
