@@ -51,10 +51,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         self._last: grpc_request.Last = []  # and the last one read
         self._written: grpc_response.Written = {}  # ModelInfer's kinds of reply written (grpc_response)
 
-    def _shm(self, context: Any) -> CallerShm:
-        """The system shared memory registry as this call's peer sees it (its uid looked up when first
-        needed: a call that names no region never looks)."""
-        return self.door.shm.caller(uid_of=lambda: grpc_peer_uid(str(context.peer()), self.door.options.grpc))
+    def _shm(self, context: Any, later: list[Callable[[], None]] | None = None) -> CallerShm:
+        """The shm registry as this call's peer sees it (uid looked up when first needed; later: copies)."""
+        uid_of = lambda: grpc_peer_uid(str(context.peer()), self.door.options.grpc)  # noqa: E731
+        return self.door.shm.caller(None, uid_of, later)
 
     async def _answer(
         self, context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[T]]
@@ -163,6 +163,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             read_start = time.monotonic_ns()
             call = grpc_request.read(request, self._headers, self._last) if type(request) is bytes else None
             shm: CallerShm | None = None
+            later: list[Callable[[], None]] = []  # big shm copies, checked, to run off the loop
             if call is not None:
                 regions: Mapping[str, tuple[str, int, int]] = _NO_REGIONS
                 traceparent = grpc_metadata.traceparent(context)
@@ -173,8 +174,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                     request = grpc_request.parse(request)
                     if request is None:  # as grpc's servers answer a message they cannot parse
                         await context.abort(grpc.StatusCode.INTERNAL, "Exception deserializing request!")
-                shm = self._shm(context)
+                shm = self._shm(context, later)
                 call, regions = self._call(request, shm, grpc_metadata.traceparent(context))
+                await self.door.shm.copies.run(later)
             read_end = time.monotonic_ns()
             bridge = self.bridge
             if await bridge.is_decoupled(call.model, call.version):
@@ -189,6 +191,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             response = None if regions else grpc_response.response_bytes(reply, self._written)
             if response is None:
                 response = convert.infer_response(reply, regions, shm).SerializeToString()
+                await self.door.shm.copies.run(later)  # in the caller's regions before the reply says so
             if reply.trace:  # traced by the broker: the door's timestamps go to its trace once sent
                 read = (("GRPC_WAITREAD_START", read_start), ("GRPC_WAITREAD_END", read_end))
                 sent = functools.partial(_grpc_sent, bridge.trace_stamps, reply.trace, read,

@@ -28,7 +28,7 @@ import collections
 import functools
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 from urllib.parse import unquote
@@ -269,10 +269,12 @@ class HttpFrontDoor:
         header_length = parse_header_length(request.headers.get(_HEADER_LENGTH), len(body))
         parsed = self.requests.decode(body, header_length, model)
         shm: CallerShm | None = None
+        later: list[Callable[[], None]] = []  # big copies, checked, to run off the loop (copy_pool)
         if parsed.input_shm or parsed.output_shm:
-            shm = self.door.shm.caller(request.peer_uid)
+            shm = self.door.shm.caller(request.peer_uid, None, later)
             # system shm straight into the bridge's arena (plain memory when the broker is not local)
             inputs = resolve_inputs(parsed, shm.read, self.limits, self.bridge.empty)
+            await self.door.shm.copies.run(later)
         else:
             inputs = resolve_inputs(parsed, _no_shm, self.limits)
         call = InferCall(
@@ -287,6 +289,7 @@ class HttpFrontDoor:
         in_shm = _NO_SHM
         if shm is not None and parsed.output_shm:
             in_shm = self._write_shm_outputs(shm, parsed, reply.outputs)
+            await self.door.shm.copies.run(later)  # in the caller's regions before the reply says so
         (json_part, binary), head = self.replies.encode(reply, parsed, in_shm)
         on_sent = None
         if reply.trace:  # traced by the broker: the door's timestamps go to its trace once sent

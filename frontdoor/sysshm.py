@@ -36,6 +36,7 @@ import stat
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,10 @@ import numpy.typing as npt
 
 from zinfer.client.errors import AlreadyExists, InvalidArgument, NotFound
 
+from .copy_pool import CopyPool
 from .errors import FrontDoorError
-from .sysshm_maps import SegmentMaps
+from .sysshm_caller import CallerShm
+from .sysshm_maps import Copy, SegmentMaps
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +117,18 @@ class SystemShm:
         # name -> (its registration file, that file's identity, the record read from it): one stat per use
         self._known: dict[str, tuple[str, tuple[int, int, int, int], _Record]] = {}
         self._lock = threading.Lock()
+        self.copies = CopyPool()  # big copies off the event loop (``CallerShm``'s ``later``)
 
-    def caller(self, uid: int | None = None, uid_of: Callable[[], int | None] | None = None) -> CallerShm:
+    def caller(
+        self,
+        uid: int | None = None,
+        uid_of: Callable[[], int | None] | None = None,
+        later: list[Callable[[], None]] | None = None,
+    ) -> CallerShm:
         """The registry as one caller sees it (what the protocol layers pass around): its uid, or
-        ``uid_of`` to ask for it when first needed."""
-        return CallerShm(self, uid, uid_of)
+        ``uid_of`` to ask for it when first needed; ``later`` collects its big copies, checked, for
+        ``copies.run`` (None: every copy is made at once)."""
+        return CallerShm(self, uid, uid_of, later)
 
     # ------------------------------------------------------------------------------------ registry
 
@@ -237,6 +247,34 @@ class SystemShm:
         if len(view) and not self._maps.write((record.dev, record.ino), fd, start, view):
             raise InvalidArgument(f"shared memory region '{name}' is smaller than registered")
 
+    def read_later(
+        self, name: str, offset: int, byte_size: int, out: npt.NDArray[Any], *, uid: int | None
+    ) -> Callable[[], None] | None:
+        """``read`` into ``out`` checked now and copied by the returned call, on any thread (None: no
+        mapping to copy through, ``read`` copies at once)."""
+        record = self._record(name, uid)
+        fd, start = self._checked(record, offset, byte_size)
+        view = _byte_view(out)
+        if len(view) != byte_size:
+            raise InvalidArgument(f"a buffer of {len(view)} bytes cannot take {byte_size}")
+        copy = self._maps.later_read((record.dev, record.ino), fd, start, view) if byte_size else None
+        return None if copy is None else partial(_copied, copy, name)
+
+    def write_later(
+        self, name: str, offset: int, byte_size: int, data: bytes | memoryview, *, uid: int | None
+    ) -> Callable[[], None] | None:
+        """``write`` checked now and copied by the returned call, on any thread (None: as ``read_later``)."""
+        record = self._record(name, uid)
+        view = _byte_view(data)
+        if len(view) > byte_size:
+            raise InvalidArgument(
+                f"shared memory size specified with the request for output is {byte_size} bytes, "
+                f"the output needs {len(view)}"
+            )
+        fd, start = self._checked(record, offset, len(view))
+        copy = self._maps.later_write((record.dev, record.ino), fd, start, view) if len(view) else None
+        return None if copy is None else partial(_copied, copy, name)
+
     # ------------------------------------------------------------------------------------ internals
 
     def _path(self, name: str) -> Path:
@@ -339,43 +377,11 @@ class SystemShm:
             os.close(self._fds.pop(ident))
 
     def close(self) -> None:
+        self.copies.close()
         with self._lock:
             self._close_unused_locked(set())
 
 
-class CallerShm:
-    """``SystemShm`` as one caller sees it: the same operations with the caller's uid filled in. The uid
-    is asked of ``uid_of`` once, when an operation first needs it (a gRPC call that names no region never
-    looks its peer up)."""
-
-    __slots__ = ("_shm", "_uid", "_uid_of")
-
-    def __init__(
-        self, shm: SystemShm, uid: int | None = None, uid_of: Callable[[], int | None] | None = None
-    ) -> None:
-        self._shm = shm
-        self._uid = uid
-        self._uid_of = uid_of
-
-    @property
-    def uid(self) -> int | None:
-        if self._uid_of is not None:
-            self._uid, self._uid_of = self._uid_of(), None
-        return self._uid
-
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        self._shm.register(name, key, offset, byte_size, uid=self.uid)
-
-    def unregister(self, name: str = "") -> None:
-        self._shm.unregister(name, uid=self.uid)
-
-    def status(self, name: str = "") -> tuple[RegionStatus, ...]:
-        return self._shm.status(name, uid=self.uid)
-
-    def read(
-        self, name: str, offset: int, byte_size: int, out: npt.NDArray[Any] | None = None
-    ) -> npt.NDArray[Any]:
-        return self._shm.read(name, offset, byte_size, out, uid=self.uid)
-
-    def write(self, name: str, offset: int, byte_size: int, data: bytes | memoryview) -> None:
-        self._shm.write(name, offset, byte_size, data, uid=self.uid)
+def _copied(copy: Copy, name: str) -> None:
+    if not copy():
+        raise InvalidArgument(f"shared memory region '{name}' is smaller than registered")

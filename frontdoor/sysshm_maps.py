@@ -8,22 +8,31 @@ raises SIGBUS inside it, which ``_shmcopy`` turns into a failed copy (``False``)
 process, so the caller still reports "smaller than registered". Without the helper (a pure-Python install)
 the copies stay ``pread``/``pwrite``. The caller checks the segment's size (``fstat``) before each copy;
 the guard covers a truncation between that check and the copy.
+
+A big copy can run later on another thread (``later_read``, ``later_write``: the front door's copy pool,
+``copy_pool``): the mapping is looked up on the caller's thread, with the size check, and the copy holds
+that mapping, never the descriptor (which an unregister may close, and a later ``open`` reuse, meanwhile).
+A mapping closed before its copy starts (the region unregistered) fails that copy (``False``).
 """
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 try:
     from . import _shmcopy as _compiled  # type: ignore[attr-defined]
 except ImportError:  # a pure-Python install: pread and pwrite
     _compiled = None
 
-__all__ = ["SegmentMaps", "mapped_copies"]
+__all__ = ["Copy", "SegmentMaps", "mapped_copies"]
 
 _Ident = tuple[int, int]  # a segment's (device, inode)
+Copy = Callable[[], bool]  # a copy to run later, on any thread: False when the segment held fewer bytes
 
 
 def mapped_copies() -> bool:
@@ -56,6 +65,23 @@ class SegmentMaps:
             return os.pwrite(fd, data, start) == n
         return bool(self._helper.copy(mapping, start, data, 0, n))
 
+    def later_read(self, ident: _Ident, fd: int, start: int, out: memoryview) -> Copy | None:
+        """``read`` to run later on any thread, through the segment's mapping as it is now (None: no
+        mapping, the caller copies now with ``read``)."""
+        n = len(out)
+        mapping = self._map(ident, fd, start + n) if n else None
+        if mapping is None or self._helper is None:
+            return None
+        return functools.partial(_guarded, self._helper, out, 0, mapping, start, n)
+
+    def later_write(self, ident: _Ident, fd: int, start: int, data: memoryview) -> Copy | None:
+        """``write`` to run later on any thread, as ``later_read``."""
+        n = len(data)
+        mapping = self._map(ident, fd, start + n) if n else None
+        if mapping is None or self._helper is None:
+            return None
+        return functools.partial(_guarded, self._helper, mapping, start, data, 0, n)
+
     def drop(self, ident: _Ident) -> None:
         mapping = self._maps.pop(ident, None)
         if mapping is not None:
@@ -82,3 +108,11 @@ class SegmentMaps:
             return None
         self._maps[ident] = mapping
         return mapping
+
+
+def _guarded(helper: ModuleType, dst: Any, dst_offset: int, src: Any, src_offset: int, n: int) -> bool:
+    """The helper's copy; False also when the mapping was closed before it started (``ValueError``)."""
+    try:
+        return bool(helper.copy(dst, dst_offset, src, src_offset, n))
+    except ValueError:  # mmap closed: the region was unregistered (or replaced) meanwhile
+        return False

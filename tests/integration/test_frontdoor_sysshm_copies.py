@@ -3,7 +3,9 @@
 input is read straight into the bridge's arena and goes to the broker as a descriptor of it, not as a
 frame; the output is reserved in the arena, where the worker writes it, and is written into the caller's
 region straight from there. The door runs in this process (``HttpFrontDoor``
-on a real ``zinfer serve``), so what it hands the broker and the kernel can be looked at."""
+on a real ``zinfer serve``), so what it hands the broker and the kernel can be looked at. With the helper
+(built here where the install has none), both copies are ``memcpy`` calls made off the door's event loop
+(``copy_pool``)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import asyncio
 import json
 import os
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +25,7 @@ import tritonclient.utils.shared_memory as shm
 
 from tests.conftest import ServerProcess, start_server, stop_all
 from tests.frontdoor_helpers import repository
+from tests.shmcopy_build import load_helper, shmcopy_helper
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +49,7 @@ def _body(region: str, nbytes: int) -> bytes:
     }).encode()  # fmt: skip
 
 
-async def _run(url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+async def _run(url: str, monkeypatch: pytest.MonkeyPatch, helper: Path | None) -> dict[str, Any]:
     from zinfer.frontdoor import sysshm
     from zinfer.frontdoor.bridge import Bridge
     from zinfer.frontdoor.door import FrontDoor, FrontDoorOptions
@@ -53,8 +57,28 @@ async def _run(url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     from zinfer.frontdoor.http_wire import HttpRequest
     from zinfer.frontdoor.sysshm_maps import SegmentMaps
 
-    seen: dict[str, Any] = {"preads": [], "pwrites": []}
+    seen: dict[str, Any] = {"preads": [], "pwrites": [], "threads": set()}
     real_read, real_write = SegmentMaps.read, SegmentMaps.write
+    real_later_read, real_later_write = SegmentMaps.later_read, SegmentMaps.later_write
+
+    def traced(copy: Any) -> Any:
+        def run() -> bool:
+            seen["threads"].add(threading.get_ident())
+            return bool(copy())
+
+        return run
+
+    def later_read(maps: SegmentMaps, ident: Any, fd: int, start: int, out: memoryview) -> Any:
+        copy = real_later_read(maps, ident, fd, start, out)
+        if copy is not None:
+            seen["preads"].append([out])
+        return None if copy is None else traced(copy)
+
+    def later_write(maps: SegmentMaps, ident: Any, fd: int, start: int, data: memoryview) -> Any:
+        copy = real_later_write(maps, ident, fd, start, data)
+        if copy is not None:
+            seen["pwrites"].append(data)
+        return None if copy is None else traced(copy)
 
     def read(maps: SegmentMaps, ident: Any, fd: int, start: int, out: memoryview) -> bool:
         seen["preads"].append([out])
@@ -66,6 +90,8 @@ async def _run(url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     monkeypatch.setattr(SegmentMaps, "read", read)  # one copy each: a pread/pwrite, or a mapped memcpy
     monkeypatch.setattr(SegmentMaps, "write", write)
+    monkeypatch.setattr(SegmentMaps, "later_read", later_read)  # or later, off the loop
+    monkeypatch.setattr(SegmentMaps, "later_write", later_write)
     nbytes = N * 4
     key = f"/fdcopy_{uuid.uuid4().hex[:12]}"
     handle = shm.create_shared_memory_region("fdc", key, 2 * nbytes)
@@ -73,6 +99,9 @@ async def _run(url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         bridge = Bridge(url)
         folder = Path(tmp) / "shm"
         door = FrontDoor(FrontDoorOptions(url, folder), bridge, sysshm.SystemShm(folder))
+        if helper is not None:
+            door.shm._maps = SegmentMaps(load_helper(helper))
+        seen["loop_thread"] = threading.get_ident()
         client = bridge._client
         exchange = client._exchange
 
@@ -108,10 +137,14 @@ async def _run(url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return seen
 
 
+@pytest.mark.parametrize("mapped", [False, True], ids=["installed", "mapped"])
 def test_system_shm_crosses_the_door_with_one_copy_each_way(
-    server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+    server: ServerProcess, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mapped: bool
 ) -> None:
-    seen = asyncio.run(_run(server.url, monkeypatch))
+    helper = shmcopy_helper(tmp_path) if mapped else None
+    if mapped and helper is None:
+        pytest.skip("no C compiler or Python headers to build frontdoor/_shmcopy.c")
+    seen = asyncio.run(_run(server.url, monkeypatch, helper))
     np.testing.assert_array_equal(seen["result"], np.arange(N, dtype=np.float32))
     assert b'"data"' not in seen["answer"] and b"binary_data_size" not in seen["answer"]
     p = seen["prepared"]
@@ -132,3 +165,5 @@ def test_system_shm_crosses_the_door_with_one_copy_each_way(
     slot = p.out_slots["OUTPUT0"]
     assert (slot.region, slot.offset) == (out.slot.region, out.slot.offset)
     assert seen["written_from_slot"] == [True]
+    if mapped:  # both memcpy calls ran on the door's copy pool, not on its event loop
+        assert len(seen["threads"]) >= 1 and seen["loop_thread"] not in seen["threads"]

@@ -7,12 +7,9 @@ from frontdoor/_shmcopy.c with the C compiler (skipped where there is none)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 import textwrap
 from pathlib import Path
 from types import ModuleType
@@ -20,37 +17,27 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from tests.shmcopy_build import load_helper, shmcopy_helper
 from zinfer.client.errors import InvalidArgument
 from zinfer.frontdoor import sysshm_maps
 from zinfer.frontdoor.sysshm import SystemShm
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE = ROOT / "frontdoor" / "_shmcopy.c"
 ME = os.getuid()
 
 
 @pytest.fixture(scope="module")
 def helper_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The helper's shared library: the installed one, or one built here from the source."""
-    spec = importlib.util.find_spec("zinfer.frontdoor._shmcopy")
-    if spec is not None and spec.origin:
-        return Path(spec.origin)
-    cc = shutil.which("cc") or shutil.which("gcc")
-    include = sysconfig.get_paths()["include"]
-    if cc is None or not (Path(include) / "Python.h").exists():
+    path = shmcopy_helper(tmp_path_factory.mktemp("shmcopy"))
+    if path is None:
         pytest.skip("no C compiler or Python headers to build frontdoor/_shmcopy.c")
-    out = tmp_path_factory.mktemp("shmcopy") / f"_shmcopy{sysconfig.get_config_var('EXT_SUFFIX')}"
-    cmd = [cc, "-O2", "-shared", "-fPIC", f"-I{include}", str(SOURCE), "-o", str(out)]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
-    return out
+    return path
 
 
 @pytest.fixture
 def helper(helper_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_shmcopy", helper_path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_helper(helper_path)
     monkeypatch.setattr(sysshm_maps, "_compiled", module)
     return module
 
