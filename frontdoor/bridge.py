@@ -27,7 +27,7 @@ import numpy.typing as npt
 from zinfer.client import InferResult
 from zinfer.client.dtypes import numpy_to_wire
 from zinfer.client.errors import ConnectionFailed, InvalidArgument, RequestTimeout
-from zinfer.client.protocol import TRACE_ID, TRACEPARENT
+from zinfer.client.protocol import TRACE_ID, TRACEPARENT, Frame, Reply
 
 from .bridge_records import (
     BatchStat,
@@ -43,6 +43,7 @@ from .bridge_records import (
 )
 from .door_client import DoorClient
 from .door_trace import DoorStamps
+from .http_raw import RawPlan
 from .shortcut import Shortcut, from_environment
 
 __all__ = ["EXTENSIONS", "Bridge"]
@@ -259,6 +260,22 @@ class Bridge:
         parameters = _with_trace(model_parameters(call.parameters), call.traceparent)  # ``_infer``, inline:
         version = parse_version(call.model, call.version)  # one coroutine less per request
         return await self._client.infer_call(call, version, parameters, self._wait(call))
+
+    def raw_plan(self, call: InferCall) -> RawPlan | None:
+        """The HTTP door's direct path's plan for requests like ``call``, which was just answered the usual
+        way (``http_raw``); None where it takes the usual way (a benchmark's recorded replies, slots)."""
+        if self._shortcut is not None:
+            return None
+        parameters = _with_trace(model_parameters(call.parameters), call.traceparent)
+        version = parse_version(call.model, call.version)
+        return self._client.raw_plan(call, version, parameters, self._wait(call))
+
+    async def infer_raw(self, plan: RawPlan, frames: list[Frame]) -> tuple[Reply, list[Frame]] | None:
+        """``plan``'s request with ``frames`` as its inputs (``DoorClient.infer_raw``)."""
+        return await self._client.infer_raw(plan, frames)
+
+    def read_raw(self, plan: RawPlan, reply: Reply, frames: list[Frame]) -> InferReply:
+        return self._client.read_raw(plan, reply, frames)
 
     async def _infer(self, call: InferCall) -> InferReply:
         parameters = _with_trace(model_parameters(call.parameters), call.traceparent)
