@@ -42,6 +42,13 @@ def inclusive(samples: list[list[tuple[str, str]]], top: int = 40) -> list[str]:
     return [f"    {n / total:6.1%}  {name}" for name, n in by.most_common(top)]
 
 
+def by_thread(perf_data: Path) -> collections.Counter[str]:
+    """Samples per thread name (the loop's thread is named after the process, ZeroMQ's I/O ``ZMQbg/IO/0``)."""
+    out = subprocess.run(["perf", "script", "-F", "comm", "-i", str(perf_data)], capture_output=True,
+                         text=True).stdout  # fmt: skip
+    return collections.Counter(line.strip() for line in out.splitlines() if line.strip())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--triton-venv", type=Path, required=True)
@@ -78,11 +85,14 @@ def main() -> int:
             subprocess.run(rec, capture_output=True, check=True)
             thread.join(300)
             samples = stacks(data)
+            threads = by_thread(data)
     fig = result.get("pa", {})
     lines = [
         f"== door under perf_analyzer {args.protocol} add c{args.concurrency}, {args.seconds:g} s: "
         f"{fig.get('throughput_s', 0):.0f}/s door cpu {fig.get('door_cpu_us_per_request', '-')} us/req"
     ]
+    total = max(1, sum(threads.values()))
+    lines += ["  samples by thread: " + ", ".join(f"{k} {v / total:.1%}" for k, v in threads.most_common())]
     lines += summarize(samples)
     lines += ["  inclusive (compiled functions anywhere on the stack):", *inclusive(samples)]
     if args.out:

@@ -86,12 +86,12 @@ class InferTargets:
 
 
 class KeptHeader(NamedTuple):
-    """A JSON header decoded once: the request it gave (its inputs, all binary, without data), and per
-    input its size in the body and its NumPy dtype."""
+    """A JSON header decoded once: the request it gave (its inputs, all binary, without data), per input
+    its size in the body and its NumPy dtype, and the direct path's plans for it (``http_direct``)."""
 
     request: HttpInferRequest
     binary: tuple[tuple[int, np.dtype[Any]], ...]
-    # the direct path's plans (``http_raw.RawPlan``) by (model, version) this header was sent to
+    # by (model, version) it was sent to: an ``http_raw.RawPlan``, or None where it cannot go direct
     plans: dict[tuple[str, str], Any]
 
 
