@@ -144,7 +144,7 @@ class DoorClient(AsyncClient):
             self._free(slots)
             raise
         sequence = sequence_parameters(call.sequence_id, call.sequence_start, call.sequence_end)
-        params = {**user_parameters(parameters), **sequence}
+        params = {**user_parameters(parameters), **sequence} or protocol.NO_PARAMETERS  # none: none sent
         request = InferRequest(
             "", info.name, info.version, tuple(refs), tuple(outputs), call.priority, call.timeout_us,
             params, call.request_id,

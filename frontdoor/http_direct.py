@@ -52,6 +52,7 @@ class DirectPath:
 
     def __init__(self, bridge: Bridge, replies: KnownReplies) -> None:
         self.bridge = bridge
+        self.client = bridge.door_client
         self.replies = replies
 
     async def answer(
@@ -64,7 +65,7 @@ class DirectPath:
             return None
         body = request.body
         frames = cut(plan, body, len(body) if header_length is None else header_length, model)
-        sent = await self.bridge.infer_raw(plan, frames)
+        sent = await self.client.infer_raw(plan, frames)
         if sent is None:  # the model's information changed: made again by the usual way
             known.plans.pop(key, None)
             return None
@@ -77,7 +78,7 @@ class DirectPath:
             for at in kind.parts:
                 parts.append(memoryview(rframes[at]))
             return HttpResponse(200, parts, _BINARY, kind.headers, False, None, kind.head)
-        reply = self.bridge.read_raw(plan, raw, rframes)
+        reply = self.client.read_raw(plan, raw, rframes)
         parsed = known.request
         written = self.replies.encode(reply, parsed, _NO_SHM)
         self._keep_reply(plan, reply, parsed, raw, rframes, written)
