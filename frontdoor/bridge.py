@@ -263,7 +263,8 @@ class Bridge:
 
     def raw_plan(self, call: InferCall) -> RawPlan | None:
         """The HTTP door's direct path's plan for requests like ``call``, which was just answered the usual
-        way (``http_raw``); None where it takes the usual way (a benchmark's recorded replies, slots)."""
+        way (``http_raw``); None where it cannot be made (a benchmark's recorded replies, or the model's
+        information is not held now)."""
         if self._shortcut is not None:
             return None
         parameters = _with_trace(model_parameters(call.parameters), call.traceparent)

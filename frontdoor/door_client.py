@@ -63,23 +63,27 @@ class DoorClient(AsyncClient):
         self, call: InferCall, version: int, parameters: Mapping[str, Any] | None, wait: float
     ) -> RawPlan | None:
         """The direct path's plan for requests like ``call`` (``http_raw``), which went the usual way just
-        now: the wire request ``infer_call`` builds for it, when every input is an inline frame and no
-        output has a slot (else None), and the model information it holds for."""
+        now: the wire request ``infer_call`` builds for it and the model information it holds for; a plan
+        that does not go direct (``direct`` False) where an input or output takes an arena slot. None when
+        the model's information is not held now (a later request asks again)."""
         info = self._cached_info(call.model, version)
         if info is None or call.request_id:
             return None
         p = self._prepare_call(info, call, parameters)
-        if p.slots or p.keep or len(p.frames) != len(call.inputs):
-            self._free(p.slots)
-            return None
-        sizes = tuple([memoryview(f).nbytes for f in p.frames])
-        return RawPlan((call.model, version), info, p.header, sizes, wait)
+        direct = not p.slots and not p.keep and len(p.frames) == len(call.inputs)
+        self._free(p.slots)
+        sizes = tuple([memoryview(f).nbytes for f in p.frames]) if direct else ()
+        return RawPlan((call.model, version), info, p.header, sizes, wait, direct)
+
+    def holds(self, plan: RawPlan) -> bool:
+        """Whether ``plan`` was made with the model information held now (not before a reload)."""
+        return self._models.get(plan.key) is plan.info
 
     async def infer_raw(self, plan: RawPlan, frames: list[Frame]) -> tuple[Reply, list[Frame]] | None:
         """Send ``plan``'s wire request with ``frames`` as its inputs; its reply and frames. None (nothing
         sent) when the model's information changed since the plan was made. A request that times out or
         whose caller gives up is cancelled in the broker, as ``infer_call``'s."""
-        if self._models.get(plan.key) is not plan.info:
+        if not plan.direct or self._models.get(plan.key) is not plan.info:
             return None
         conn = self._conn
         rid = conn.new_id()

@@ -63,6 +63,10 @@ class DirectPath:
         plan: RawPlan | None = known.plans.get(key)
         if plan is None:
             return None
+        if not plan.direct:  # the usual way, until the model's information changes (``plan`` again)
+            if not self.client.holds(plan):
+                known.plans.pop(key, None)
+            return None
         body = request.body
         frames = cut(plan, body, len(body) if header_length is None else header_length, model)
         sent = await self.client.infer_raw(plan, frames)
@@ -85,12 +89,15 @@ class DirectPath:
         return written_response(written, self.on_sent(request, reply))
 
     def plan(self, known: KeptHeader, call: InferCall, model: str, version: str) -> None:
-        """Make the plan for requests like ``call`` (just answered the usual way), or None where they
-        cannot go direct (kept too: not asked again). Its reply's kind is kept by the first request that
-        goes the direct way."""
+        """Make the plan for requests like ``call`` (just answered the usual way), one that does not go
+        direct included (kept too: not asked again until the model's information changes). Its reply's
+        kind is kept by the first request that goes the direct way."""
+        plan = self.bridge.raw_plan(call)
+        if plan is None:  # the bridge cannot say now (a recorded reply, no model information)
+            return
         if len(known.plans) >= MAX_PLANS:
             known.plans.clear()
-        known.plans[(model, version)] = self.bridge.raw_plan(call)
+        known.plans[(model, version)] = plan
 
     def on_sent(self, request: HttpRequest, reply: InferReply) -> Callable[[int, int], None] | None:
         """For a reply the broker traced: what adds the door's timestamps to its trace once sent."""

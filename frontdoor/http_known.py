@@ -91,7 +91,7 @@ class KeptHeader(NamedTuple):
 
     request: HttpInferRequest
     binary: tuple[tuple[int, np.dtype[Any]], ...]
-    # by (model, version) it was sent to: an ``http_raw.RawPlan``, or None where it cannot go direct
+    # by (model, version) it was sent to: an ``http_raw.RawPlan`` (``direct`` False: it cannot go direct)
     plans: dict[tuple[str, str], Any]
 
 

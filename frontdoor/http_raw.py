@@ -55,13 +55,20 @@ class RawPlan:
     """What the usual path built for one header, model and version (see the module's docstring)."""
 
     def __init__(
-        self, key: tuple[str, int], info: object, header: InferRequest, sizes: tuple[int, ...], wait: float
+        self,
+        key: tuple[str, int],
+        info: object,
+        header: InferRequest,
+        sizes: tuple[int, ...],
+        wait: float,
+        direct: bool = True,
     ) -> None:
         self.key = key  # the client's model information's key: (model, version asked for)
         self.info = info  # and the information it was built with
         self.header = header  # the wire request, its ``request_id`` "" (each request stamps its own)
         self.sizes = sizes  # each input's bytes in the body, in order
         self.wait = wait  # how long a request waits for its reply
+        self.direct = direct  # False: the requests take arena slots and go the usual way
         self.reply: RawReply | None = None  # the kind of the last reply read the usual way
 
 

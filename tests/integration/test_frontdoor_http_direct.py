@@ -43,7 +43,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
     root = tmp_path_factory.mktemp("fdd")
     trace = root / "trace.json"
     server = start_server(
-        repository(root, ("add", "text_upper")), "--model-control-mode", "explicit", "--load-model", "*",
+        repository(root, ("add", "identity")), "--model-control-mode", "explicit", "--load-model", "*",
         "--trace-config", f"triton,file={trace}", "--trace-config", "level=OFF",
     )  # fmt: skip
     try:
@@ -52,12 +52,23 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
         stop_all([server])
 
 
-def _request(header: bytes, *values: float, extra: bytes = b"", traceparent: str = "") -> HttpRequest:
+def _request(
+    header: bytes, *values: float, extra: bytes = b"", traceparent: str = "", model: str = "add"
+) -> HttpRequest:
     body = header + struct.pack(f"<{len(values)}f", *values) + extra
     headers = {"inference-header-content-length": str(len(header)), "content-length": str(len(body))}
     if traceparent:
         headers["traceparent"] = traceparent
-    return HttpRequest("POST", "/v2/models/add/infer", headers, body, ("127.0.0.1", 1), None, 11, 12)
+    return HttpRequest("POST", f"/v2/models/{model}/infer", headers, body, ("127.0.0.1", 1), None, 11, 12)
+
+
+def _identity(n: int) -> bytes:
+    return json.dumps(
+        {"inputs": [{"name": "INPUT0", "shape": [1, n], "datatype": "FP32",
+                     "parameters": {"binary_data_size": 4 * n}}],
+         "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]},
+        separators=(",", ":"),
+    ).encode()  # fmt: skip
 
 
 def _shown(r: HttpResponse) -> tuple[Any, ...]:
@@ -98,6 +109,23 @@ def test_direct_answers_are_the_usual_answers(broker: tuple[ServerProcess, Path]
             assert (plan.reply is not None) == (header is HEADER)  # JSON data: read the usual way
         sums = await handler.handle(_request(HEADER, 1, 2, 3, 4))
         assert bytes(sums.body[1]) == struct.pack("<2f", 4, 6)
+
+    _run(*broker, body)
+
+
+def test_requests_through_the_arena_go_the_usual_way(broker: tuple[ServerProcess, Path]) -> None:
+    async def body(door: FrontDoor) -> None:
+        handler = HttpFrontDoor(door)
+        for n, direct in ((4, True), (2048, False)):  # 8 KiB in and out: over the inline threshold
+            header = _identity(n)
+            for i in range(4):
+                request = _request(header, *[float(i + k) for k in range(n)], model="identity")
+                got = await handler.handle(request)
+                usual = await HttpFrontDoor(door).handle(request)
+                assert got.status == 200 and _shown(got) == _shown(usual), (n, i)
+                assert bytes(got.body[1]) == request.body[len(header) :]
+            known = handler.requests.header(request.body, len(header))
+            assert known is not None and known.plans[("identity", "")].direct is direct
 
     _run(*broker, body)
 
