@@ -27,8 +27,6 @@ import asyncio
 import collections
 import logging
 import re
-from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 from urllib.parse import unquote
 
@@ -79,9 +77,7 @@ STOP_GRACE_S = 2.0
 _HEADER_LENGTH = HEADER_LENGTH.lower()
 _TRACEPARENT = "traceparent"
 _JSON = "application/json"
-_BINARY = "application/octet-stream"
 _NO_SHM: frozenset[str] = frozenset()
-_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 _SERVER = re.compile(r"/v2(?:/health/(live|ready))?")
 _CONTROL = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
