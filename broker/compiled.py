@@ -86,6 +86,10 @@ COMPILED = (
     "zinfer.frontdoor.http_known",
     "zinfer.frontdoor.http_wire",
     "zinfer.frontdoor.http_server",
+    # the HTTP door's direct path (a request of a kept header as its body's byte ranges, a reply of a kept
+    # kind as its frames): its records and the code around the call to the broker
+    "zinfer.frontdoor.http_raw",
+    "zinfer.frontdoor.http_direct",
 )
 
 

@@ -43,6 +43,7 @@ from .bridge_records import (
 )
 from .door_client import DoorClient
 from .door_trace import DoorStamps
+from .http_raw import RawPlan
 from .shortcut import Shortcut, from_environment
 
 __all__ = ["EXTENSIONS", "Bridge"]
@@ -259,6 +260,22 @@ class Bridge:
         parameters = _with_trace(model_parameters(call.parameters), call.traceparent)  # ``_infer``, inline:
         version = parse_version(call.model, call.version)  # one coroutine less per request
         return await self._client.infer_call(call, version, parameters, self._wait(call))
+
+    def raw_plan(self, call: InferCall) -> RawPlan | None:
+        """The HTTP door's direct path's plan for requests like ``call``, which was just answered the usual
+        way (``http_raw``); None where it cannot be made (a benchmark's recorded replies, or the model's
+        information is not held now)."""
+        if self._shortcut is not None:
+            return None
+        parameters = _with_trace(model_parameters(call.parameters), call.traceparent)
+        version = parse_version(call.model, call.version)
+        return self._client.raw_plan(call, version, parameters, self._wait(call))
+
+    @property
+    def door_client(self) -> DoorClient:
+        """The connection to the broker: the direct path (``http_direct``) calls its ``infer_raw``
+        itself, one coroutine less per request."""
+        return self._client
 
     async def _infer(self, call: InferCall) -> InferReply:
         parameters = _with_trace(model_parameters(call.parameters), call.traceparent)

@@ -9,6 +9,7 @@ held for a late reply, cancel on timeout, registering regions again after a brok
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,11 +19,22 @@ import numpy.typing as npt
 from zinfer.client import AsyncClient, dtypes, protocol
 from zinfer.client.arena import Slot
 from zinfer.client.base import _ModelInfo, _Prepared
-from zinfer.client.errors import ProtocolError, Status, from_status
-from zinfer.client.protocol import TRACE_ID, Frame, InferRequest, OutputRequest, Reply, ShmRef, TensorRef
+from zinfer.client.errors import ProtocolError, RequestTimeout, Status, from_status
+from zinfer.client.protocol import (
+    TRACE_ID,
+    CancelCommand,
+    Command,
+    Frame,
+    InferRequest,
+    OutputRequest,
+    Reply,
+    ShmRef,
+    TensorRef,
+)
 from zinfer.client.request_parameters import sequence_parameters, user_parameters
 
 from .bridge_records import InferCall, InferReply, Tensor, array_bytes
+from .http_raw import RawPlan
 
 __all__ = ["DoorClient", "WireBytes", "with_wire", "wire_bytes"]
 
@@ -46,6 +58,45 @@ class DoorClient(AsyncClient):
             self._abandon(p, exc)
             raise
         return self._reply_of(p, reply, rframes, call.request_id)
+
+    def raw_plan(
+        self, call: InferCall, version: int, parameters: Mapping[str, Any] | None, wait: float
+    ) -> RawPlan | None:
+        """The direct path's plan for requests like ``call`` (``http_raw``), which went the usual way just
+        now: the wire request ``infer_call`` builds for it and the model information it holds for; a plan
+        that does not go direct (``direct`` False) where an input or output takes an arena slot. None when
+        the model's information is not held now (a later request asks again)."""
+        info = self._cached_info(call.model, version)
+        if info is None or call.request_id:
+            return None
+        p = self._prepare_call(info, call, parameters)
+        direct = not p.slots and not p.keep and len(p.frames) == len(call.inputs)
+        self._free(p.slots)
+        sizes = tuple([memoryview(f).nbytes for f in p.frames]) if direct else ()
+        return RawPlan((call.model, version), info, p.header, sizes, wait, direct)
+
+    def holds(self, plan: RawPlan) -> bool:
+        """Whether ``plan`` was made with the model information held now (not before a reload)."""
+        return self._models.get(plan.key) is plan.info
+
+    async def infer_raw(self, plan: RawPlan, frames: list[Frame]) -> tuple[Reply, list[Frame]] | None:
+        """Send ``plan``'s wire request with ``frames`` as its inputs; its reply and frames. None (nothing
+        sent) when the model's information changed since the plan was made. A request that times out or
+        whose caller gives up is cancelled in the broker, as ``infer_call``'s."""
+        if not plan.direct or self._models.get(plan.key) is not plan.info:
+            return None
+        conn = self._conn
+        rid = conn.new_id()
+        fut = conn.send(Command.INFER, plan.header._replace(request_id=rid), frames)
+        try:
+            return await conn.wait(rid, fut, plan.wait)
+        except (RequestTimeout, asyncio.CancelledError):
+            conn.send_only(Command.CANCEL, protocol.cancel_command_to_wire(CancelCommand(rid)))
+            raise
+
+    def read_raw(self, plan: RawPlan, reply: Reply, frames: list[Frame]) -> InferReply:
+        """A reply to ``infer_raw`` read the usual way (``infer_call``'s reading)."""
+        return self._reply_of(_Prepared(plan.header, [], [], {}, ""), reply, frames, "")
 
     def _prepare_call(
         self, info: _ModelInfo, call: InferCall, parameters: Mapping[str, Any] | None
@@ -97,7 +148,7 @@ class DoorClient(AsyncClient):
             self._free(slots)
             raise
         sequence = sequence_parameters(call.sequence_id, call.sequence_start, call.sequence_end)
-        params = {**user_parameters(parameters), **sequence}
+        params = {**user_parameters(parameters), **sequence} or protocol.NO_PARAMETERS  # none: none sent
         request = InferRequest(
             "", info.name, info.version, tuple(refs), tuple(outputs), call.priority, call.timeout_us,
             params, call.request_id,

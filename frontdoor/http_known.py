@@ -49,6 +49,7 @@ __all__ = [
     "MODEL_ROUTE",
     "InferTargets",
     "KnownReplies",
+    "KeptHeader",
     "KnownRequests",
     "Written",
 ]
@@ -84,12 +85,14 @@ class InferTargets:
         return found
 
 
-class _Header(NamedTuple):
-    """A JSON header decoded once: the request it gave (its inputs, all binary, without data), and per
-    input its size in the body and its NumPy dtype."""
+class KeptHeader(NamedTuple):
+    """A JSON header decoded once: the request it gave (its inputs, all binary, without data), per input
+    its size in the body and its NumPy dtype, and the direct path's plans for it (``http_direct``)."""
 
     request: HttpInferRequest
     binary: tuple[tuple[int, np.dtype[Any]], ...]
+    # by (model, version) it was sent to: an ``http_raw.RawPlan`` (``direct`` False: it cannot go direct)
+    plans: dict[tuple[str, str], Any]
 
 
 class KnownRequests:
@@ -97,17 +100,29 @@ class KnownRequests:
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self._known: dict[bytes, _Header] = {}
+        self._known: dict[bytes, KeptHeader] = {}
 
     def decode(self, body: bytes, header_length: int | None, model: str) -> HttpInferRequest:
         """``decode_infer_request(body, header_length, model, limits)``, from the header's kept form when
         its bytes were seen before."""
+        return self.decode_known(self.header(body, header_length), body, header_length, model)
+
+    def header(self, body: bytes, header_length: int | None) -> KeptHeader | None:
+        """The kept form of the body's JSON header, when its bytes were seen before (else None)."""
+        end = len(body) if header_length is None else header_length
+        if not 0 < end <= KEY_BYTES:
+            return None
+        return self._known.get(body[:end])
+
+    def decode_known(
+        self, found: KeptHeader | None, body: bytes, header_length: int | None, model: str
+    ) -> HttpInferRequest:
+        """``decode`` of a body whose header's kept form was looked up already (``header``)."""
         end = len(body) if header_length is None else header_length
         if not 0 < end <= KEY_BYTES:
             return decode_infer_request(body, header_length, model, self.limits)
-        key = body[:end]
-        found = self._known.get(key)
         if found is None:
+            key = body[:end]
             request = decode_infer_request(body, header_length, model, self.limits)
             header = _keep(request, end, len(body))
             if header is not None:
@@ -118,7 +133,7 @@ class KnownRequests:
         return _with_binary(found, body, end, model)
 
 
-def _keep(request: HttpInferRequest, end: int, length: int) -> _Header | None:
+def _keep(request: HttpInferRequest, end: int, length: int) -> KeptHeader | None:
     """What to keep of a request decoded in full (None: nothing, it is decoded in full each time)."""
     if request.request_id or request.input_shm:
         return None
@@ -139,10 +154,10 @@ def _keep(request: HttpInferRequest, end: int, length: int) -> _Header | None:
     params = request.parameters
     frozen: Mapping[str, Any] = MappingProxyType(dict(params)) if params else params
     # no id and no shared-memory input (refused above): the request as decoded, its arrays left out
-    return _Header(request._replace(inputs=tuple(inputs), parameters=frozen), tuple(binary))
+    return KeptHeader(request._replace(inputs=tuple(inputs), parameters=frozen), tuple(binary), {})
 
 
-def _with_binary(header: _Header, body: bytes, end: int, model: str) -> HttpInferRequest:
+def _with_binary(header: KeptHeader, body: bytes, end: int, model: str) -> HttpInferRequest:
     """The kept request with its inputs cut from the body after the header (at ``end``): the checks and
     errors of ``http_codec._input`` and ``decode_infer_request`` on the binary part, in their order; each
     array over the body's bytes, as ``tensor_from_bytes`` makes it."""
@@ -191,6 +206,20 @@ class KnownReplies:
 
     def __init__(self) -> None:
         self._known: dict[Any, _Kind] = {}
+
+    def wanted(
+        self, reply: InferReply, request: HttpInferRequest, in_shm: frozenset[str]
+    ) -> tuple[int, ...] | None:
+        """The outputs (by index) that go as binary parts of the kept kind of ``reply`` (None: not kept)."""
+        if reply.parameters or reply.request_id or request.request_id:
+            return None
+        key = (reply.model, reply.version, request.outputs, request.binary_output, in_shm,
+               *[t[:3] for t in reply.outputs])  # fmt: skip
+        try:
+            kind = self._known.get(key)
+        except TypeError:
+            return None
+        return None if kind is None else kind.wanted
 
     def encode(self, reply: InferReply, request: HttpInferRequest, in_shm: frozenset[str]) -> Written:
         """``encode_infer_reply(reply, request, in_shm)``, and the answer's head when written ahead."""

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import logging
 import re
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -40,7 +38,6 @@ from .bridge import HEALTH_TIMEOUT_S
 from .bridge_records import NONE, InferCall, RepositoryModel, Tensor
 from .classification import classify_reply
 from .door import FrontDoor
-from .door_trace import DoorStamps
 from .errors import FrontDoorError, triton_error
 from .http_codec import (
     HEADER_LENGTH,
@@ -51,6 +48,7 @@ from .http_codec import (
     parse_header_length,
     resolve_inputs,
 )
+from .http_direct import DirectPath, written_response
 from .http_known import MODEL_ROUTE as _MODEL
 from .http_known import InferTargets, KnownReplies, KnownRequests
 from .http_listen import listen_socket, peer_key, tls_context
@@ -78,10 +76,9 @@ CONTROL_BODY_BYTES = 1 << 20  # the body of a request that is not an infer (JSON
 MAX_CONNECTIONS = 1024
 STOP_GRACE_S = 2.0
 _HEADER_LENGTH = HEADER_LENGTH.lower()
+_TRACEPARENT = "traceparent"
 _JSON = "application/json"
-_BINARY = "application/octet-stream"
 _NO_SHM: frozenset[str] = frozenset()
-_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 _SERVER = re.compile(r"/v2(?:/health/(live|ready))?")
 _CONTROL = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
@@ -121,6 +118,7 @@ class HttpFrontDoor:
         self.limits = Limits(max_tensor_bytes=door.options.max_tensor_bytes)
         self.requests, self.replies = KnownRequests(self.limits), KnownReplies()  # kept (``http_known``)
         self.targets = InferTargets()
+        self.direct = DirectPath(self.bridge, self.replies)
 
     def body_limit(self, method: str, target: str) -> int:
         """The most body bytes a request to ``target`` may carry (checked before the body is read)."""
@@ -189,9 +187,7 @@ class HttpFrontDoor:
         except (asyncio.TimeoutError, ZinferError):
             return None
 
-    async def _model(
-        self, request: HttpRequest, model: str, version: str, kind: str
-    ) -> HttpResponse:
+    async def _model(self, request: HttpRequest, model: str, version: str, kind: str) -> HttpResponse:
         method = request.method
         if kind == "infer":
             return await self._infer(request, model, version) if method == "POST" else _NOT_ALLOWED
@@ -266,8 +262,14 @@ class HttpFrontDoor:
         if decoupled:
             text = "HTTP end point doesn't support models with decoupled transaction policy"
             raise FrontDoorError("UNIMPLEMENTED", 501, text)
-        header_length = parse_header_length(request.headers.get(_HEADER_LENGTH), len(body))
-        parsed = self.requests.decode(body, header_length, model)
+        headers = request.headers
+        header_length = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
+        known = self.requests.header(body, header_length)
+        if known is not None and known.plans and _TRACEPARENT not in headers:  # ``http_direct``
+            direct = await self.direct.answer(known, request, header_length, model, version)
+            if direct is not None:
+                return direct
+        parsed = self.requests.decode_known(known, body, header_length, model)
         shm: CallerShm | None = None
         later: list[Callable[[], None]] = []  # big copies, checked, to run off the loop (copy_pool)
         if parsed.input_shm or parsed.output_shm:
@@ -280,7 +282,7 @@ class HttpFrontDoor:
         call = InferCall(
             model, inputs, version, tuple([o.name for o in parsed.outputs]), parsed.request_id,
             parsed.priority, parsed.timeout_us, parsed.sequence_id, parsed.sequence_start,
-            parsed.sequence_end, parsed.parameters, NONE, request.headers.get("traceparent", ""),
+            parsed.sequence_end, parsed.parameters, NONE, headers.get(_TRACEPARENT, ""),
         )  # fmt: skip
         reply = await self.bridge.infer(call)
         counts = {o.name: o.class_count for o in parsed.outputs if o.class_count}
@@ -290,15 +292,13 @@ class HttpFrontDoor:
         if shm is not None and parsed.output_shm:
             in_shm = self._write_shm_outputs(shm, parsed, reply.outputs)
             await self.door.shm.copies.run(later)  # in the caller's regions before the reply says so
-        (json_part, binary), head = self.replies.encode(reply, parsed, in_shm)
-        on_sent = None
-        if reply.trace:  # traced by the broker: the door's timestamps go to its trace once sent
-            recv = (("HTTP_RECV_START", request.recv_start_ns), ("HTTP_RECV_END", request.recv_end_ns))
-            on_sent = functools.partial(_http_sent, self.bridge.trace_stamps, reply.trace, recv)
-        if not binary:
-            return HttpResponse(200, (json_part,), _JSON, _NO_HEADERS, False, on_sent, head)
-        headers = {HEADER_LENGTH: str(len(json_part))}  # Triton's binary-data extension: the JSON's size
-        return HttpResponse(200, (json_part, *binary), _BINARY, headers, False, on_sent, head)
+        written = self.replies.encode(reply, parsed, in_shm)
+        if not counts and not parsed.output_shm and not call.traceparent and not reply.trace:
+            # a header kept (now, if it was not: ``http_known``) and no plan yet: the next one may go direct
+            known = known or self.requests.header(body, header_length)
+            if known is not None and (model, version) not in known.plans:
+                self.direct.plan(known, call, model, version)
+        return written_response(written, self.direct.on_sent(request, reply))
 
     def _write_shm_outputs(
         self, shm: CallerShm, parsed: HttpInferRequest, outputs: tuple[Tensor, ...]
@@ -321,12 +321,6 @@ class HttpFrontDoor:
 
 def _no_shm(*args: Any) -> Any:
     raise AssertionError("a request without shared memory read from it")  # pragma: no cover
-
-
-def _http_sent(
-    stamps: DoorStamps, trace: str, recv: tuple[tuple[str, int], ...], send_start: int, send_end: int
-) -> None:
-    stamps.add(trace, (*recv, ("HTTP_SEND_START", send_start), ("HTTP_SEND_END", send_end)))
 
 
 # ------------------------------------------------------------------------------------------ serving

@@ -1,0 +1,105 @@
+"""Where a compiled front door's CPU goes: ``perf record`` (DWARF call stacks) of the door process while
+perf_analyzer sends to it (``add`` at concurrency 32 by default, over HTTP or gRPC).
+
+py-spy sees no frames of mypyc-compiled code (the door's codec, records and the client's protocol run
+compiled); ``perf`` samples CPU time only and unwinds through them. Each sample goes under the innermost
+compiled function on its stack (``CPyDef_*``), else under the innermost interpreted frame's code object
+name that perf can name, split by what the CPU ran (``profile_perf.summarize``: python, mypyc, zmq, msgspec,
+kernel, libc); a second table counts each compiled function inclusively (anywhere on the stack).
+
+Usage: ``PYTHONPATH=COMPILED_TREE .venv/bin/python bench/profile_perf_door.py --triton-venv DIR
+[--protocol http] [--seconds 5] [--out F]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import triton_side  # noqa: E402
+import vs_triton_repo  # noqa: E402
+from bench_frontdoor import perf_analyzer, zinfer_front_door  # noqa: E402
+from profile_perf import stacks, summarize  # noqa: E402
+
+ADD = {"INPUT_A": 1, "INPUT_B": 1}
+
+
+def inclusive(samples: list[list[tuple[str, str]]], top: int = 40) -> list[str]:
+    """Each compiled function's share of the samples, callees included."""
+    by: collections.Counter[str] = collections.Counter()
+    for frames in samples:
+        for name in {f for f, _ in frames if f.startswith(("CPyDef_", "CPyPy_"))}:
+            by[name] += 1
+    total = max(1, len(samples))
+    return [f"    {n / total:6.1%}  {name}" for name, n in by.most_common(top)]
+
+
+def by_thread(perf_data: Path) -> collections.Counter[str]:
+    """Samples per thread name (the loop's thread is named after the process, ZeroMQ's I/O ``ZMQbg/IO/0``)."""
+    out = subprocess.run(["perf", "script", "-F", "comm", "-i", str(perf_data)], capture_output=True,
+                         text=True).stdout  # fmt: skip
+    return collections.Counter(line.strip() for line in out.splitlines() if line.strip())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--triton-venv", type=Path, required=True)
+    ap.add_argument("--protocol", default="http")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rate", type=int, default=499, help="samples per second")
+    ap.add_argument("--out", type=Path, help="also write the summary here")
+    args = ap.parse_args()
+    pa = args.triton_venv / "bin" / "perf_analyzer"
+    install = triton_side.find(args.triton_venv) or triton_side.TritonInstall(
+        args.triton_venv, args.triton_venv / "bin" / "python", Path()
+    )
+    with tempfile.TemporaryDirectory(prefix="zpd-") as tmp_name:
+        tmp = Path(tmp_name)
+        (tmp / "env").mkdir()
+        env = triton_side._environment(install, tmp / "env")
+        repo = vs_triton_repo.write(tmp / "models", zinfer_only=False)
+        with zinfer_front_door(repo, 1) as target:
+            assert target.door_pid is not None
+            result: dict[str, Any] = {}
+
+            def load() -> None:
+                result["pa"] = perf_analyzer(
+                    pa, env, target, args.protocol, "add", args.concurrency, ADD, 1500
+                )
+
+            thread = threading.Thread(target=load, daemon=True)
+            thread.start()
+            time.sleep(2.0)
+            data = tmp / "perf.data"
+            rec = ["perf", "record", "-F", str(args.rate), "--call-graph", "dwarf,16384", "-p",
+                   str(target.door_pid), "-o", str(data), "--", "sleep", str(args.seconds)]  # fmt: skip
+            subprocess.run(rec, capture_output=True, check=True)
+            thread.join(300)
+            samples = stacks(data)
+            threads = by_thread(data)
+    fig = result.get("pa", {})
+    lines = [
+        f"== door under perf_analyzer {args.protocol} add c{args.concurrency}, {args.seconds:g} s: "
+        f"{fig.get('throughput_s', 0):.0f}/s door cpu {fig.get('door_cpu_us_per_request', '-')} us/req"
+    ]
+    total = max(1, sum(threads.values()))
+    lines += ["  samples by thread: " + ", ".join(f"{k} {v / total:.1%}" for k, v in threads.most_common())]
+    lines += summarize(samples)
+    lines += ["  inclusive (compiled functions anywhere on the stack):", *inclusive(samples)]
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

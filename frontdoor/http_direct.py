@@ -1,0 +1,120 @@
+"""The HTTP door's direct path (``http_raw``) on the door's side: a request whose header, model and version
+have a plan goes to the broker as its body's byte ranges; its answer is the reply's frames when the reply is
+of the plan's kept kind, else the reply read the usual way (and its kind kept for the next one).
+
+``HttpFrontDoor._infer`` asks ``DirectPath.answer`` first when the request's header is kept and has plans
+(and no ``traceparent`` header), and ``DirectPath.plan`` after a request that went the usual way whole.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from zinfer.client.protocol import Frame, Reply
+
+from .bridge_records import InferCall, InferReply
+from .door_trace import DoorStamps
+from .http_codec import HEADER_LENGTH, HttpInferRequest
+from .http_known import KeptHeader, KnownReplies, Written
+from .http_raw import MAX_PLANS, RawPlan, cut, kind_of, reply_kind
+from .http_wire import HttpRequest, HttpResponse
+
+if TYPE_CHECKING:
+    from .bridge import Bridge
+
+__all__ = ["DirectPath", "written_response"]
+
+_JSON = "application/json"
+_BINARY = "application/octet-stream"
+_NO_SHM: frozenset[str] = frozenset()
+_NO_HEADERS: dict[str, str] = {}
+
+
+def _http_sent(
+    stamps: DoorStamps, trace: str, recv: tuple[tuple[str, int], ...], send_start: int, send_end: int
+) -> None:
+    stamps.add(trace, (*recv, ("HTTP_SEND_START", send_start), ("HTTP_SEND_END", send_end)))
+
+
+def written_response(written: Written, on_sent: Callable[[int, int], None] | None) -> HttpResponse:
+    """The HTTP answer of an encoded reply (``KnownReplies.encode``)."""
+    (json_part, binary), head = written
+    if not binary:
+        return HttpResponse(200, (json_part,), _JSON, _NO_HEADERS, False, on_sent, head)
+    headers = {HEADER_LENGTH: str(len(json_part))}  # Triton's binary-data extension: the JSON's size
+    return HttpResponse(200, (json_part, *binary), _BINARY, headers, False, on_sent, head)
+
+
+class DirectPath:
+    """Plans and direct answers of one HTTP door (its bridge, and its table of reply kinds)."""
+
+    def __init__(self, bridge: Bridge, replies: KnownReplies) -> None:
+        self.bridge = bridge
+        self.client = bridge.door_client
+        self.replies = replies
+
+    async def answer(
+        self, known: KeptHeader, request: HttpRequest, header_length: int | None, model: str, version: str
+    ) -> HttpResponse | None:
+        """The answer by the direct path (None: no plan holds, the request goes the usual way)."""
+        key = (model, version)
+        plan: RawPlan | None = known.plans.get(key)
+        if plan is None:
+            return None
+        if not plan.direct:  # the usual way, until the model's information changes (``plan`` again)
+            if not self.client.holds(plan):
+                known.plans.pop(key, None)
+            return None
+        body = request.body
+        frames = cut(plan, body, len(body) if header_length is None else header_length, model)
+        sent = await self.client.infer_raw(plan, frames)
+        if sent is None:  # the model's information changed: made again by the usual way
+            known.plans.pop(key, None)
+            return None
+        raw, rframes = sent
+        kind = kind_of(plan, raw, rframes)
+        if kind is not None:  # the answer is the kept JSON and head, and the frames
+            if not kind.parts:
+                return HttpResponse(200, (kind.json,), _JSON, _NO_HEADERS, False, None, kind.head)
+            parts: list[bytes | memoryview] = [kind.json]
+            for at in kind.parts:
+                parts.append(memoryview(rframes[at]))
+            return HttpResponse(200, parts, _BINARY, kind.headers, False, None, kind.head)
+        reply = self.client.read_raw(plan, raw, rframes)
+        parsed = known.request
+        written = self.replies.encode(reply, parsed, _NO_SHM)
+        self._keep_reply(plan, reply, parsed, raw, rframes, written)
+        return written_response(written, self.on_sent(request, reply))
+
+    def plan(self, known: KeptHeader, call: InferCall, model: str, version: str) -> None:
+        """Make the plan for requests like ``call`` (just answered the usual way), one that does not go
+        direct included (kept too: not asked again until the model's information changes). Its reply's
+        kind is kept by the first request that goes the direct way."""
+        plan = self.bridge.raw_plan(call)
+        if plan is None:  # the bridge cannot say now (a recorded reply, no model information)
+            return
+        if len(known.plans) >= MAX_PLANS:
+            known.plans.clear()
+        known.plans[(model, version)] = plan
+
+    def on_sent(self, request: HttpRequest, reply: InferReply) -> Callable[[int, int], None] | None:
+        """For a reply the broker traced: what adds the door's timestamps to its trace once sent."""
+        if not reply.trace:
+            return None
+        recv = (("HTTP_RECV_START", request.recv_start_ns), ("HTTP_RECV_END", request.recv_end_ns))
+        return functools.partial(_http_sent, self.bridge.trace_stamps, reply.trace, recv)
+
+    def _keep_reply(
+        self, plan: RawPlan, reply: InferReply, parsed: HttpInferRequest, raw: Reply, frames: list[Frame],
+        written: Written,
+    ) -> None:  # fmt: skip
+        """Keep the kind of a direct request's reply read the usual way, when its answer is its frames."""
+        head = written.head
+        wanted = None if head is None else self.replies.wanted(reply, parsed, _NO_SHM)
+        if head is None or wanted is None:
+            plan.reply = None
+            return
+        json_part, binary = written.reply
+        plan.reply = reply_kind(raw, frames, wanted, json_part, binary, head)
