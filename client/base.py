@@ -462,8 +462,16 @@ class _ClientBase:
                            params if isinstance(params, dict) else None)  # fmt: skip
 
     def _output_array(
-        self, ref: TensorRef, frames: list[Frame], out_slots: dict[str, Slot], used: set[str]
+        self,
+        ref: TensorRef,
+        frames: list[Frame],
+        out_slots: dict[str, Slot],
+        used: set[str],
+        aliases: Sequence[tuple[ShmRef, npt.NDArray[Any]]] = (),
     ) -> npt.NDArray[np.generic]:
+        """An output of a reply as an array: over its frame, over its slot (a zero-copy view that frees the
+        slot when gone), or, where the request let outputs name its inputs (``aliases``: each such input's
+        range and its array), over the range of that input's array that the reply names."""
         count = math.prod(ref.shape)
         if ref.frame is not None:
             if ref.frame >= len(frames):
@@ -478,10 +486,13 @@ class _ClientBase:
                 return np.ndarray(ref.shape, dtype, buf)
             return np.frombuffer(buf, dtype=dtype, count=count).reshape(ref.shape)
         slot = out_slots.get(ref.name)
-        if ref.shm is None or slot is None or ref.shm.region != slot.region or ref.shm.nbytes > slot.nbytes:
+        shm = ref.shm
+        if shm is None:
             raise ProtocolError("reply names shared memory this request did not reserve")
         if ref.name in used:
             raise ProtocolError("reply names one output slot twice")
+        if slot is None or shm.region != slot.region or shm.offset != slot.offset or shm.nbytes > slot.nbytes:
+            return self._aliased(ref, count, aliases)
         used.add(ref.name)
         view = slot.view()[: ref.shm.nbytes]
         if ref.datatype == dtypes.BYTES:
@@ -493,6 +504,25 @@ class _ClientBase:
         flat = np.frombuffer(view, dtype=dtypes.wire_to_numpy(ref.datatype), count=count)
         weakref.finalize(flat.base, self._free_slot, slot)
         return flat.reshape(ref.shape)
+
+    @staticmethod
+    def _aliased(
+        ref: TensorRef, count: int, aliases: Sequence[tuple[ShmRef, npt.NDArray[Any]]]
+    ) -> npt.NDArray[np.generic]:
+        """An output the reply names inside one of the request's inputs (``_output_array``): a view of that
+        input's array, which keeps its memory (the output's own slot, left unused, is freed with the input
+        slots); refused unless the range lies wholly inside such an input."""
+        shm = ref.shm
+        assert shm is not None
+        for where, arr in aliases:
+            start = shm.offset - where.offset
+            if shm.region == where.region and 0 <= start and shm.nbytes <= where.nbytes - start:
+                if ref.datatype == dtypes.BYTES:
+                    break
+                raw = arr.reshape(-1).view(np.uint8)[start : start + shm.nbytes]
+                flat = np.frombuffer(raw, dtype=dtypes.wire_to_numpy(ref.datatype), count=count)
+                return flat.reshape(ref.shape)
+        raise ProtocolError("reply names shared memory this request did not reserve")
 
     # ------------------------------------------------------------------------------------ shm
 

@@ -624,6 +624,8 @@ def output_to_wire(o: OutputRequest) -> dict[str, Any]:
     d: dict[str, Any] = {"name": o.name}
     if o.slot is not None:
         d["slot"] = shm_to_wire(o.slot)
+    if o.alias:
+        d["alias"] = True
     return d
 
 
@@ -634,7 +636,8 @@ def output_from_wire(d: Any) -> OutputRequest:
         pass
     if not isinstance(d, dict):
         raise ProtocolError("requested output must be a map")
-    return OutputRequest(_name(d), shm_from_wire(d["slot"]) if "slot" in d else None)
+    slot = shm_from_wire(d["slot"]) if "slot" in d else None
+    return OutputRequest(_name(d), slot, _get(d, "alias", bool, False))
 
 
 def infer_to_wire(r: InferRequest) -> dict[str, Any]:

@@ -84,10 +84,14 @@ class TensorRef(_Record, frozen=True, omit_defaults=True):
 
 
 class OutputRequest(_Record, frozen=True, omit_defaults=True):
-    """An output the client wants; ``slot`` is where the client would like its bytes written."""
+    """An output the client wants; ``slot`` is where the client would like its bytes written. ``alias``: the
+    client lets the worker name, instead, the range of one of the request's shared-memory inputs that holds
+    the output's bytes (an output that is an input's memory, unchanged: no copy). The client sets it only
+    where every such input is memory of its own that it keeps, unchanged, as long as the output lives."""
 
     name: Name
     slot: AbsentShm = None
+    alias: bool = False
 
 
 Tensors = Annotated[tuple[TensorRef, ...], msgspec.Meta(max_length=MAX_TENSORS)]

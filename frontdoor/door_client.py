@@ -135,6 +135,9 @@ class DoorClient(AsyncClient):
                     refs.append(TensorRef(t.name, t.datatype, t.shape, None, len(frames) - 1))
             names = call.outputs
             wanted = info.outputs if not names else tuple(self._output_spec(info, n) for n in names)
+            # an output may be named inside an input (no copy in the worker) when every input in shared
+            # memory is an array of the door's own, which the reply's tensors keep (``_reply_of``)
+            alias = bool(keep) and not slots
             for spec in wanted:
                 size = self._output_capacity(spec, batch, info, input_bytes) if use_shm else None
                 if size is None or size <= self.inline_threshold:
@@ -143,7 +146,7 @@ class DoorClient(AsyncClient):
                 slot = self._arena_get().alloc(size)
                 slots.append(slot)
                 out_slots[spec.name] = slot
-                outputs.append(OutputRequest(spec.name, ShmRef(slot.region, slot.offset, size)))
+                outputs.append(OutputRequest(spec.name, ShmRef(slot.region, slot.offset, size), alias))
         except BaseException:
             self._free(slots)
             raise
@@ -167,9 +170,10 @@ class DoorClient(AsyncClient):
             if not isinstance(body, dict):
                 raise ProtocolError("malformed infer reply")
             tensors = []
+            aliases = _aliases(p) if p.keep else ()
             for d in body.get("outputs", []):
                 ref = protocol.tensor_from_wire(d)
-                data = self._output_array(ref, frames, outs, used)
+                data = self._output_array(ref, frames, outs, used, aliases)
                 if ref.datatype == dtypes.BYTES and ref.frame is not None:  # sent on as the broker wrote it
                     data = with_wire(data, bytes(frames[ref.frame]))
                 tensors.append(Tensor(ref.name, ref.datatype, ref.shape, data))
@@ -185,6 +189,15 @@ class DoorClient(AsyncClient):
             str(body.get("model", "")), str(body.get("version", 0)), request_id, tuple(tensors), True,
             params, str(trace),
         )  # fmt: skip
+
+
+def _aliases(p: _Prepared) -> list[tuple[ShmRef, npt.NDArray[Any]]]:
+    """The inputs an output of ``p``'s reply may be named in: each of the door's own arrays the request
+    sent where it is, with its range (none unless the request let outputs alias, ``_prepare_call``)."""
+    if not any(o.alias for o in p.header.outputs or ()):
+        return []
+    refs = [t.shm for t in p.header.inputs if t.shm is not None]  # every one of them is in ``keep``
+    return list(zip(refs, p.keep, strict=True)) if len(refs) == len(p.keep) else []
 
 
 def _raw(t: Tensor) -> memoryview:

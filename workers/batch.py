@@ -96,7 +96,8 @@ def scatter(
                 full = outputs[want.name]
                 piece = full[start : start + n] if batching else full
                 wire = sig.outputs[want.name].wire
-                tensors.append(emit(want.name, piece, want.slot, wire, regions, own, device))
+                alias = req.inputs if want.alias else ()  # the client lets an output name an input's range
+                tensors.append(emit(want.name, piece, want.slot, wire, regions, own, device, alias))
         except ServerError as exc:
             out.results.append(error_result(req.id, exc))
         else:

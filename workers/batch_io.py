@@ -301,8 +301,10 @@ def emit(
     regions: RegionCache,
     frames: list[Frame],
     device: Device = CPU,
+    alias_from: Sequence[TensorRef] = (),
 ) -> TensorRef:
-    """One output of one request: into its slot when it fits, else as an inline frame."""
+    """One output of one request: into its slot when it fits, else as an inline frame; or, when the client
+    allows it (``alias_from``: the request's inputs), as the range of an input that holds it already."""
     # a NumPy array's shape is a tuple of ints already (a device array's may hold other integers)
     shape = piece.shape if type(piece) is np.ndarray else tuple(int(d) for d in piece.shape)
     if wire == dtypes.BYTES:
@@ -314,6 +316,10 @@ def emit(
         frames.append(data)
         return TensorRef(name, wire, shape, frame=len(frames) - 1)
     nbytes = int(piece.size) * piece.dtype.itemsize
+    if alias_from:
+        same = aliased(piece, nbytes, alias_from, regions)
+        if same is not None:  # the output is an input's memory, unchanged: named where it is, no copy
+            return TensorRef(name, wire, shape, shm=same)
     if slot is not None and nbytes <= slot.nbytes:
         ref = tuple.__new__(ShmRef, (slot.region, slot.offset, nbytes))  # ShmRef(...) without its __new__
         # one array over the range in one call (a uint8 view, then a view and a reshape, cost three)
@@ -328,6 +334,24 @@ def emit(
     except (TypeError, ValueError, NotImplementedError):
         frames.append(host.reshape(-1).view(np.uint8).data)
     return TensorRef(name, wire, shape, frame=len(frames) - 1)
+
+
+def aliased(piece: Array, nbytes: int, inputs: Sequence[TensorRef], regions: RegionCache) -> ShmRef | None:
+    """The range of one of ``inputs``' shared-memory ranges that ``piece`` is, byte for byte (a C-contiguous
+    host array over that very memory, as an identity model returns its input); None otherwise. Inputs are
+    read-only arrays: a writable ``piece`` is never one (the usual: no address is looked at)."""
+    if type(piece) is not np.ndarray or piece.flags.writeable or not piece.flags.c_contiguous or not nbytes:
+        return None
+    start = piece.__array_interface__["data"][0]
+    for ref in inputs:
+        shm = ref.shm
+        if shm is None or shm.nbytes < nbytes:
+            continue
+        over = regions.bytes(shm)
+        offset = start - over.__array_interface__["data"][0]
+        if 0 <= offset <= shm.nbytes - nbytes:
+            return ShmRef(shm.region, shm.offset + offset, nbytes)
+    return None
 
 
 def ok_result(req_id: int, outputs: Sequence[TensorRef], base: int = 0) -> RequestResult:

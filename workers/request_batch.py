@@ -63,7 +63,9 @@ def _answer(
                 missing = [o.name for o in req.outputs if o.name not in result]
                 raise InternalError(f"response has no output named {', '.join(repr(m) for m in missing)}")
             arr = check_output(name, result[name], sig, rows, device, per_request=True)
-            tensors.append(emit(name, arr, want.slot, output_wire(name, arr, sig), regions, frames, device))
+            alias = req.inputs if want.alias else ()  # the client lets an output name an input's range
+            wire = output_wire(name, arr, sig)
+            tensors.append(emit(name, arr, want.slot, wire, regions, frames, device, alias))
     except ServerError as exc:
         del frames[base:]
         return error_result(req.id, exc)

@@ -1,11 +1,12 @@
 """A tensor in a caller's system shared memory crosses the HTTP door with one copy each way (``pread`` and
 ``pwrite``, or a ``memcpy`` through the segment's mapping where the ``_shmcopy`` helper is built): the
 input is read straight into the bridge's arena and goes to the broker as a descriptor of it, not as a
-frame; the output is reserved in the arena, where the worker writes it, and is written into the caller's
-region straight from there. The door runs in this process (``HttpFrontDoor``
-on a real ``zinfer serve``), so what it hands the broker and the kernel can be looked at. With the helper
-(built here where the install has none), both copies are ``memcpy`` calls made off the door's event loop
-(``copy_pool``)."""
+frame; the output is reserved in the arena, but the identity model's output is its input, unchanged, so the
+worker names the input's range instead (the request allows it: its input is the door's own arena array),
+and the output is written into the caller's region straight from that input, with no copy in the worker.
+The door runs in this process (``HttpFrontDoor`` on a real ``zinfer serve``), so what it hands the broker
+and the kernel can be looked at. With the helper (built here where the install has none), both copies are
+``memcpy`` calls made off the door's event loop (``copy_pool``)."""
 
 from __future__ import annotations
 
@@ -109,6 +110,7 @@ async def _run(url: str, monkeypatch: pytest.MonkeyPatch, helper: Path | None) -
             seen["prepared"] = p
             reply, frames = await exchange(p, timeout)
             seen["reply_frames"] = list(frames)
+            seen["reply"] = reply
             return reply, frames
 
         monkeypatch.setattr(client, "_exchange", spy)
@@ -125,10 +127,9 @@ async def _run(url: str, monkeypatch: pytest.MonkeyPatch, helper: Path | None) -
                 "POST", "/v2/models/identity/infer", {}, _body("fdc", nbytes), None, uid))  # fmt: skip
             assert answer.status == 200, b"".join(answer.body)
             seen["answer"] = b"".join(answer.body)
-            slot = seen["prepared"].out_slots["OUTPUT0"]
-            seen["written_from_slot"] = [  # while the arena is mapped
-                np.shares_memory(np.frombuffer(w, np.uint8), np.frombuffer(slot.view(), np.uint8))
-                for w in seen["pwrites"]
+            (kept,) = seen["prepared"].keep
+            seen["written_from_input"] = [  # while the arena is mapped
+                np.shares_memory(np.frombuffer(w, np.uint8), kept) for w in seen["pwrites"]
             ]
             seen["result"] = shm.get_contents_as_numpy(handle, np.float32, [N], offset=nbytes).copy()
         finally:
@@ -156,14 +157,15 @@ def test_system_shm_crosses_the_door_with_one_copy_each_way(
     (buf,) = seen["preads"][0]
     read_into = np.frombuffer(buf, np.uint8)
     assert any(np.shares_memory(read_into, a) for a in p.keep)  # the array the request names
-    # the output: reserved in the arena (the worker writes it there), not sent back inline
+    # the output: reserved in the arena, which the request lets it alias its inputs; not sent back inline
     (out,) = p.header.outputs
-    assert out.slot is not None and out.slot.nbytes >= N * 4
+    assert out.slot is not None and out.slot.nbytes >= N * 4 and out.alias
     assert not [f for f in seen["reply_frames"] if len(memoryview(f)) >= N]
-    # ... and one pwrite into the caller's region, straight from that slot
+    # the worker named the input's own range (the identity output is the input), not the slot
+    (named,) = seen["reply"].body["outputs"]
+    assert named["shm"] == [ref.shm.region, ref.shm.offset, N * 4]
+    # ... and one pwrite into the caller's region, straight from the input's array
     assert len(seen["pwrites"]) == 1
-    slot = p.out_slots["OUTPUT0"]
-    assert (slot.region, slot.offset) == (out.slot.region, out.slot.offset)
-    assert seen["written_from_slot"] == [True]
+    assert seen["written_from_input"] == [True]
     if mapped:  # both memcpy calls ran on the door's copy pool, not on its event loop
         assert len(seen["threads"]) >= 1 and seen["loop_thread"] not in seen["threads"]
