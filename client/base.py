@@ -494,7 +494,7 @@ class _ClientBase:
         if slot is None or shm.region != slot.region or shm.offset != slot.offset or shm.nbytes > slot.nbytes:
             return self._aliased(ref, count, aliases)
         used.add(ref.name)
-        view = slot.view()[: ref.shm.nbytes]
+        view = slot.view()[: shm.nbytes]
         if ref.datatype == dtypes.BYTES:
             out = dtypes.deserialize_bytes(view, ref.shape)
             view.release()
