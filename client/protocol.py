@@ -21,7 +21,8 @@ Client -> broker (DEALER -> ROUTER); each is answered by one REPLY with the same
 decoupled model, answered by REPLYs with ``body.final`` false and a last one with ``final`` true::
 
     INFER            {id, model, version, inputs: [tensor], outputs?: [{name, slot?: [region, offset,
-                      nbytes]}], priority?, timeout_us?, parameters?, caller_id?}  + inline input frames
+                      nbytes], alias?: true}], priority?, timeout_us?, parameters?, caller_id?}
+                                                                                  + inline input frames
                                                                                                InferRequest
     CANCEL           {id, target}                      body {state: queued|running|unknown}  CancelCommand
     REGISTER         {id, name, token}                 body {size}  (the segment handed over first)
@@ -62,7 +63,7 @@ Worker -> broker (DEALER -> ROUTER; heartbeats on a second DEALER whose identity
 
 Broker -> worker::
 
-    W_EXECUTE        {batch, requests: [{id, inputs: [tensor], outputs: [{name, slot?}], request_id?,
+    W_EXECUTE        {batch, requests: [{id, inputs: [tensor], outputs: [{name, slot?, alias?}], request_id?,
                       sequence?: {id, start, end, controls: [{name, kind, data_type, values?}]},
                       parameters?: {name: bool | number | str}}],
                       regions?: {name: [fd, dev, ino]}}  + inline input frames, numbered across the batch
@@ -82,6 +83,12 @@ command's frames drawn above beside its record, are read in one place.
 An INFER's ``id`` is the client connection's own number for the request (replies are matched by it);
 ``caller_id`` is the id the user gave the request, which the broker passes on to the worker as an EXECUTE
 request's ``request_id`` (Triton's ``request.request_id()``).
+
+A reply's output in shared memory names its ``slot`` (the same region and offset), or, where the output asked
+with ``alias`` true, may name instead a range wholly inside one of the request's inputs in shared memory that
+holds its bytes already (an identity model's output is its input: no copy is made). A client sets ``alias``
+only where every such input is memory of its own that it keeps as long as the output lives, and refuses any
+other range (``ProtocolError``: "reply names shared memory this request did not reserve").
 """
 
 from __future__ import annotations
