@@ -5,7 +5,7 @@ folder that, on ``PYTHONPATH``, imports as ``zinfer``: a symlink tree of a check
 ``bench_compiled.build_compiled``), A then B, for ``--rounds`` rounds; the medians per tree and load are
 printed, with B's ratio to A. Loads: ``add0:1`` (one sync ``Client``), ``MODEL:N`` (one ``AsyncClient``, N
 in flight), ``MODEL:N:threads`` (N threads, a sync ``Client`` each: requests arrive one by one, as from a
-front door), on bench_vs_triton's repository.
+front door; ``big:8:threads`` is bench_vs_triton's ``big_c8_threads_shm``), on bench_vs_triton's repository.
 
 Usage: ``.venv/bin/python bench/ab_turns.py A_DIR B_DIR [--loads add0:1,add:32] [--rounds 3] [--seconds 3]``
 """
@@ -36,7 +36,8 @@ def child(load: str, seconds: float) -> None:
         repo = vs_triton_repo.write(Path(tmp) / "repo", zinfer_only=True)
         with z.serve(repo) as s:
             if how == ["threads"]:
-                r = z.threads(s, model, int(conc), seconds, 1_000_000, False, z.add_inputs)
+                inputs = z.big_inputs if model == "big" else z.add_inputs  # big: bench_vs_triton's big_c8
+                r = z.threads(s, model, int(conc), seconds, 1_000_000, False, inputs)
             elif conc == "1":
                 r = z.sync_latency(s, model, seconds, 1_000_000)
             else:
