@@ -33,9 +33,34 @@ pytestmark = pytest.mark.integration
 N = 256 * 1024  # FP32 items: 1 MiB, far over the bridge's inline threshold
 
 
+# a Triton-style model.py whose output is its input's array (bench/vs_triton_repo.py's ``big``)
+_PY_ECHO_CONFIG = """name: "pyecho"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+_PY_ECHO_MODEL = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", x)]))
+        return out
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    s = start_server(repository(tmp_path_factory.mktemp("fdc"), ("identity",)))
+    repo = repository(tmp_path_factory.mktemp("fdc"), ("identity",))
+    (repo / "pyecho" / "1").mkdir(parents=True)
+    (repo / "pyecho" / "config.pbtxt").write_text(_PY_ECHO_CONFIG)
+    (repo / "pyecho" / "1" / "model.py").write_text(_PY_ECHO_MODEL)
+    s = start_server(repo)
     try:
         yield s
     finally:
@@ -50,7 +75,9 @@ def _body(region: str, nbytes: int) -> bytes:
     }).encode()  # fmt: skip
 
 
-async def _run(url: str, monkeypatch: pytest.MonkeyPatch, helper: Path | None) -> dict[str, Any]:
+async def _run(
+    url: str, monkeypatch: pytest.MonkeyPatch, helper: Path | None, model: str = "identity"
+) -> dict[str, Any]:
     from zinfer.frontdoor import sysshm
     from zinfer.frontdoor.bridge import Bridge
     from zinfer.frontdoor.door import FrontDoor, FrontDoorOptions
@@ -124,7 +151,7 @@ async def _run(url: str, monkeypatch: pytest.MonkeyPatch, helper: Path | None) -
                 "POST", "/v2/systemsharedmemory/region/fdc/register", {}, register, None, uid))  # fmt: skip
             assert answer.status == 200, answer
             answer = await handler.handle(HttpRequest(
-                "POST", "/v2/models/identity/infer", {}, _body("fdc", nbytes), None, uid))  # fmt: skip
+                "POST", f"/v2/models/{model}/infer", {}, _body("fdc", nbytes), None, uid))  # fmt: skip
             assert answer.status == 200, b"".join(answer.body)
             seen["answer"] = b"".join(answer.body)
             (kept,) = seen["prepared"].keep
@@ -169,3 +196,14 @@ def test_system_shm_crosses_the_door_with_one_copy_each_way(
     assert seen["written_from_input"] == [True]
     if mapped:  # both memcpy calls ran on the door's copy pool, not on its event loop
         assert len(seen["threads"]) >= 1 and seen["loop_thread"] not in seen["threads"]
+
+
+def test_a_python_model_returning_its_input_is_not_copied_in_the_worker(
+    server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = asyncio.run(_run(server.url, monkeypatch, None, "pyecho"))
+    np.testing.assert_array_equal(seen["result"], np.arange(N, dtype=np.float32))
+    (ref,) = seen["prepared"].header.inputs
+    (named,) = seen["reply"].body["outputs"]
+    assert named["shm"] == [ref.shm.region, ref.shm.offset, N * 4]  # the input's own range, not the slot
+    assert seen["written_from_input"] == [True]
