@@ -132,8 +132,9 @@ class Connection:
         )
         waiter = Waiter()
         deadline = time.monotonic() + timeout
-        # alone at the socket, nothing queued: sent now, no trip through the queue (``_send_now``)
-        owned = not self._out and self._io_lock.acquire(blocking=False)
+        # alone at the socket, nothing queued: sent now, no trip through the queue (``_send_now``); a call
+        # with no time at all is never sent (``Unsent``, as from the queue)
+        owned = timeout > 0 and not self._out and self._io_lock.acquire(blocking=False)
         try:
             sent = owned and self._send_now(command, header, frames, waiter, rid)
         except BaseException:  # it could not be encoded: nothing went out, the socket is free again

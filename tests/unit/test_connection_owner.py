@@ -152,3 +152,15 @@ def test_a_message_that_cannot_be_encoded_leaves_the_socket_free(server: EchoSer
         assert "bad" not in conn._waiters
     finally:
         conn.close()
+
+
+def test_a_call_with_no_time_at_all_is_never_sent(server: EchoServer) -> None:
+    conn = Connection(server.url, heartbeat_interval=0)
+    try:
+        _ask(conn, "warm")
+        with pytest.raises(Unsent):
+            _ask(conn, "none", timeout=0.0)
+        assert not conn._out and not conn._waiters
+        assert _ask(conn, "next").request_id == "next"
+    finally:
+        conn.close()
