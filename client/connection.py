@@ -1,6 +1,7 @@
 """One DEALER connection to a server, shared safely by many threads.
 
-Each call registers a waiter under a fresh request id and puts its message in the outgoing queue. One
+Each call registers a waiter under a fresh request id and puts its message in the outgoing queue (a call
+that finds the socket free and the queue empty takes the socket and sends its message itself). One
 thread at a time owns the socket (the I/O lock): it sends the whole queue (runs of several messages go as
 one BUNDLE, each keeping its own id and order), then reads replies for everyone and wakes their owners. A
 thread that finds the socket owned wakes the owner through a pipe the owner polls with the socket, so its
@@ -29,9 +30,9 @@ from .call_waiter import Waiter
 from .curve_keys import CurveKeys
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
-from .protocol import Command, Frame, Reply, is_final
+from .protocol import Command, Frame, InferRequest, Reply, is_final
 from .server_check import ServerCheck
-from .transport import NOBLOCK, recv_frames, send_messages
+from .transport import NOBLOCK, recv_frames, send_frames, send_messages
 
 log = logging.getLogger(__name__)
 
@@ -123,11 +124,27 @@ class Connection:
             raise ClientError("the client is closed")
         if check:  # it polls the link first: a loss reported before this request must not fail it
             self.server_check.check_changed()
-        rid = protocol.stamp_id(header, self.new_id())
+        # an InferRequest carries its id (``Client._track``): no fresh one made for nothing
+        rid = (
+            header.request_id
+            if isinstance(header, InferRequest)
+            else protocol.stamp_id(header, self.new_id())
+        )
         waiter = Waiter()
-        self._queue(command, header, frames, waiter, rid, timeout)
+        deadline = time.monotonic() + timeout
+        # alone at the socket, nothing queued: sent now, no trip through the queue (``_send_now``); a call
+        # with no time at all is never sent (``Unsent``, as from the queue)
+        owned = timeout > 0 and not self._out and self._io_lock.acquire(blocking=False)
         try:
-            self._wait(waiter, time.monotonic() + timeout)
+            sent = owned and self._send_now(command, header, frames, waiter, rid)
+        except BaseException:  # it could not be encoded: nothing went out, the socket is free again
+            self._io_lock.release()
+            self._hand_over()
+            raise
+        if not sent:
+            self._queue(command, header, frames, waiter, rid, timeout)
+        try:
+            self._wait(waiter, deadline, owned)
         except Unsent:
             raise
         except (RequestTimeout, ConnectionFailed):
@@ -201,6 +218,34 @@ class Connection:
             if waiter is not None:
                 self._waiters[rid] = waiter
             self._out.append((command, header, frames, waiter, time.monotonic() + wait))
+
+    def _send_now(
+        self,
+        command: Command,
+        header: protocol.OutHeader,
+        frames: Sequence[Frame],
+        waiter: Waiter,
+        rid: str,
+    ) -> bool:
+        """Send one call's message at once, by the thread that has just taken the socket with nothing in
+        the queue: registered, then sent as ``_flush`` would send it alone. False when it did not go out
+        (no server connected yet, the connection closed, or any ZeroMQ error): then it is queued as any
+        other (``_queue``), and the owner's round sends it, waits for a server or fails it as ``_flush``
+        does."""
+        if self._closed:
+            return False
+        with self._waiters_lock:
+            self._waiters[rid] = waiter
+        try:
+            send_frames(self._sock, protocol.encode(command, header, frames), NOBLOCK)
+        except BaseException as exc:  # EAGAIN: no server connected (IMMEDIATE); a ZeroMQ error: queued, as
+            with self._waiters_lock:  # a flush would meet it; anything else (encoding) is the caller's
+                self._waiters.pop(rid, None)
+            if isinstance(exc, zmq.ZMQError):
+                return False
+            raise
+        waiter.sent = True
+        return True
 
     def _wake_owner(self) -> None:
         """Make the socket's owner look at the queue now (it polls the pipe with the socket)."""
@@ -332,8 +377,13 @@ class Connection:
                     return True
         return False
 
-    def _wait(self, waiter: Waiter, deadline: float) -> None:
+    def _wait(self, waiter: Waiter, deadline: float, owned: bool = False) -> None:
+        """Wait for ``waiter``'s reply until ``deadline``: own the socket when it is free and read replies
+        for everyone, or sleep while another thread does. ``owned``: the caller holds the I/O lock already
+        (``request``): its rounds as the owner come first."""
         next_check = time.monotonic() + _SERVER_CHECK_S
+        if owned:
+            self._rounds(waiter, deadline, next_check)
         while not waiter.done():
             now = time.monotonic()
             remaining = deadline - now
@@ -348,22 +398,27 @@ class Connection:
                 self._wake_owner()
                 waiter.sleep(self._waiters_lock, min(remaining, _WAIT_SLICE_S))
                 continue
-            try:
-                if self._closed:
-                    raise ClientError("the client is closed")
-                fast = True  # a lone caller blocks in recv first (``_own``)
-                while not waiter.done():
-                    now = time.monotonic()
-                    if now >= deadline or now >= next_check:
-                        break
-                    fast = self._own(min(deadline - now, _OWNER_POLL_S), fast)
-                    if not fast:  # nothing came in a recv of its own: look at the link
-                        self._link.poll()
-            finally:
-                self._io_lock.release()
-                self._hand_over()
+            self._rounds(waiter, deadline, next_check)
         if waiter.error is not None and waiter.reply is None:
             raise waiter.error
+
+    def _rounds(self, waiter: Waiter, deadline: float, next_check: float) -> None:
+        """Rounds as the socket's owner (the caller has taken the I/O lock; given back here, however this
+        ends) until ``waiter`` is done, ``deadline`` passes or the server is to be checked again."""
+        try:
+            if self._closed:
+                raise ClientError("the client is closed")
+            fast = True  # a lone caller blocks in recv first (``_own``)
+            while not waiter.done():
+                now = time.monotonic()
+                if now >= deadline or now >= next_check:
+                    break
+                fast = self._own(min(deadline - now, _OWNER_POLL_S), fast)
+                if not fast:  # nothing came in a recv of its own: look at the link
+                    self._link.poll()
+        finally:
+            self._io_lock.release()
+            self._hand_over()
 
     def _dispatch(self, raw: list[Any]) -> None:
         try:
