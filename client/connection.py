@@ -10,6 +10,10 @@ a waiting thread. A thread alone blocks in ``recv`` for its reply (``RCVTIMEO`` 
 no pipe; one that comes meanwhile waits at most that long). A reply nobody waits for any more (its caller
 timed out) goes to ``on_late_reply``, so the caller's resources can be released only then. A message that
 cannot go out (no server connected within ``connect_wait``) fails its call with ``Unsent``.
+
+Over 400 lines on purpose: it is one class, and who owns the socket (a lone call sending its own message,
+the queue, the owner's rounds, the hand-over, the waiters) runs through every method; split apart, no file
+would show which thread may touch the socket when.
 """
 
 from __future__ import annotations
