@@ -514,16 +514,24 @@ def test_a_cpu_worker_says_ready_once(monkeypatch: pytest.MonkeyPatch, tmp_path:
 def test_the_broker_prefers_an_instance_running_nothing_over_a_second_place() -> None:
     """With look-ahead places, a batch goes to an idle instance before it queues behind a busy one."""
     from collections import deque
-    from types import SimpleNamespace
 
     from zinfer.broker.instance_pool import InstancePool
+    from zinfer.broker.model_state import ModelState
+
+    def state_of(name: str) -> ModelState:  # real states: the pool is compiled in a wheel build
+        text = 'platform: "zinfer_builtin"\nmax_batch_size: 8\n'
+        text += 'input [{name: "X", data_type: TYPE_FP32, dims: [1]}]\n'
+        text += 'output [{name: "Y", data_type: TYPE_FP32, dims: [1]}]\n'
+        config = parse_model_config(text, source="config.pbtxt", model_name=name)
+        return ModelState(config, 1, Path("/none"), 2)
 
     pool = InstancePool(liveness_s=5.0)
-    state = SimpleNamespace(idle=deque([b"a", b"a", b"b"]))
-    pool.start_batch(state, b"a", [], 0)  # type: ignore[arg-type]
-    pool.start_batch(SimpleNamespace(), b"b", [], 0)  # type: ignore[arg-type]
-    pool.idle_first(state)  # type: ignore[arg-type]
+    state, other = state_of("m"), state_of("other")
+    state.idle = deque([b"a", b"a", b"b"])
+    pool.start_batch(state, b"a", [], 0)
+    pool.start_batch(other, b"b", [], 0)  # busy with another model: not busy for this one
+    pool.idle_first(state)
     assert list(state.idle) == [b"b", b"a", b"a"]
     pool.take_all_batches()
-    pool.idle_first(state)  # type: ignore[arg-type]
+    pool.idle_first(state)
     assert list(state.idle) == [b"b", b"a", b"a"]  # nothing busy: the order stays
