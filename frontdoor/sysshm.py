@@ -90,6 +90,25 @@ def _owner(uid: int | None) -> int:
     return _UNKNOWN_UID if uid is None else uid
 
 
+def _buffer_view(buf: Any, byte_size: int) -> memoryview:
+    """``buf``'s bytes, which a read of ``byte_size`` bytes fills exactly."""
+    view = _byte_view(buf)
+    if len(view) != byte_size:
+        raise InvalidArgument(f"a buffer of {len(view)} bytes cannot take {byte_size}")
+    return view
+
+
+def _output_view(data: Any, byte_size: int) -> memoryview:
+    """An output's bytes, which must fit in the ``byte_size`` the request gave for it."""
+    view = _byte_view(data)
+    if len(view) > byte_size:
+        raise InvalidArgument(
+            f"shared memory size specified with the request for output is {byte_size} bytes, "
+            f"the output needs {len(view)}"
+        )
+    return view
+
+
 def _byte_view(data: Any) -> memoryview:
     """``data``'s bytes as a flat view (a C-contiguous buffer of any item type)."""
     view = memoryview(data)
@@ -225,9 +244,7 @@ class SystemShm:
         record = self._record(name, uid)
         fd, start = self._checked(record, offset, byte_size)
         buf = np.empty(byte_size, np.uint8) if out is None else out
-        view = _byte_view(buf)
-        if len(view) != byte_size:
-            raise InvalidArgument(f"a buffer of {len(view)} bytes cannot take {byte_size}")
+        view = _buffer_view(buf, byte_size)
         if byte_size and not self._maps.read((record.dev, record.ino), fd, start, view):
             raise InvalidArgument(f"shared memory region '{name}' is smaller than registered")
         return buf
@@ -237,12 +254,7 @@ class SystemShm:
     ) -> None:
         """Write ``data`` at ``offset`` within the region; it must fit in ``byte_size``."""
         record = self._record(name, uid)
-        view = _byte_view(data)
-        if len(view) > byte_size:
-            raise InvalidArgument(
-                f"shared memory size specified with the request for output is {byte_size} bytes, "
-                f"the output needs {len(view)}"
-            )
+        view = _output_view(data, byte_size)
         fd, start = self._checked(record, offset, len(view))
         if len(view) and not self._maps.write((record.dev, record.ino), fd, start, view):
             raise InvalidArgument(f"shared memory region '{name}' is smaller than registered")
@@ -254,9 +266,7 @@ class SystemShm:
         mapping to copy through, ``read`` copies at once)."""
         record = self._record(name, uid)
         fd, start = self._checked(record, offset, byte_size)
-        view = _byte_view(out)
-        if len(view) != byte_size:
-            raise InvalidArgument(f"a buffer of {len(view)} bytes cannot take {byte_size}")
+        view = _buffer_view(out, byte_size)
         copy = self._maps.later_read((record.dev, record.ino), fd, start, view) if byte_size else None
         return None if copy is None else partial(_copied, copy, name)
 
@@ -265,12 +275,7 @@ class SystemShm:
     ) -> Callable[[], None] | None:
         """``write`` checked now and copied by the returned call, on any thread (None: as ``read_later``)."""
         record = self._record(name, uid)
-        view = _byte_view(data)
-        if len(view) > byte_size:
-            raise InvalidArgument(
-                f"shared memory size specified with the request for output is {byte_size} bytes, "
-                f"the output needs {len(view)}"
-            )
+        view = _output_view(data, byte_size)
         fd, start = self._checked(record, offset, len(view))
         copy = self._maps.later_write((record.dev, record.ino), fd, start, view) if len(view) else None
         return None if copy is None else partial(_copied, copy, name)
