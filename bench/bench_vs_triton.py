@@ -34,8 +34,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import baseline  # noqa: E402
 import triton_side  # noqa: E402
@@ -88,27 +86,29 @@ def run_zinfer(repo: Path, p: dict[str, Any]) -> dict[str, Any]:
         out["ensemble_c32_async"] = z.async_closed(s, "text_ensemble", 32, sec, cap)
     with baseline.bare_hop() as ep:
         frames = bare_frames()
-        procs = [psutil.Process(c.pid) for c in mp.active_children()] + [psutil.Process()]
+        pids = [c.pid for c in mp.active_children() if c.pid is not None] + [os.getpid()]
         n, n_rate = int(p["bare_n"]), int(p["bare_rate_n"])
-        c0 = _cpu_s(procs)
-        lats = baseline.bare_latency_us(ep, frames, n)
-        c1 = _cpu_s(procs)
+        c0 = _cpu_s(pids)
+        # as long as zinfer's add0 c1 step (``sec``), so both CPU figures are read over the same span
+        lats = baseline.bare_latency_us(ep, frames, max(n, cap), sec)
+        c1 = _cpu_s(pids)
         rate = baseline.bare_rate(ep, frames, n_rate, 64)
-        c2 = _cpu_s(procs)
+        c2 = _cpu_s(pids)
         out["bare"] = {
             "p50_us": round(pct(lats, 50), 1),
+            "trips": len(lats),
             "rate_64_in_flight_s": round(rate, 1),
             # CPU of the forwarder, the echo worker and this client (its zmq I/O thread too) per round trip;
-            # bare_latency_us makes 50 warm-up trips besides the n it times
-            "cpu_us_per_round_trip": round((c1 - c0) / (n + 50) * 1e6, 1),
+            # bare_latency_us makes 50 warm-up trips besides the ones it times
+            "cpu_us_per_round_trip": round((c1 - c0) / (len(lats) + 50) * 1e6, 1),
             "cpu_us_per_round_trip_64_in_flight": round((c2 - c1) / n_rate * 1e6, 1),
         }
     return out
 
 
-def _cpu_s(procs: list[psutil.Process]) -> float:
-    """User + system seconds of the bare relay's processes so far."""
-    return sum(sum(pr.cpu_times()[:2]) for pr in procs)
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds of the bare relay's processes so far (ns-precise: ``baseline.process_cpu_s``)."""
+    return sum(baseline.process_cpu_s(pid) for pid in pids)
 
 
 def ratios(tr: dict[str, Any] | None, zr: dict[str, Any]) -> dict[str, Any]:

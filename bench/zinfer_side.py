@@ -28,6 +28,7 @@ from zinfer.client import AsyncClient, Client
 from zinfer.client.paths import client_endpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import baseline  # noqa: E402
 from bench_serving import _stop, _wait_ready, pct  # noqa: E402
 from vs_triton_repo import BIG_ELEMENTS, EXPECTED, TEXT  # noqa: E402
 
@@ -69,17 +70,14 @@ class CpuMeter:
         self._t0: dict[str, float] = {}
 
     def _sample(self) -> dict[str, float]:
-        def cpu(p: psutil.Process) -> float:
-            try:
-                t = p.cpu_times()
-                return float(t.user + t.system)
-            except psutil.Error:
-                return 0.0
-
+        try:
+            children = [c.pid for c in self.broker.children(recursive=True)]
+        except psutil.Error:
+            children = []
         return {
-            "broker": cpu(self.broker),
-            "workers": sum(cpu(c) for c in self.broker.children(recursive=True)),
-            "client": cpu(self.me),
+            "broker": baseline.process_cpu_s(self.broker.pid),
+            "workers": sum(baseline.process_cpu_s(c) for c in children),
+            "client": baseline.process_cpu_s(self.me.pid),
         }
 
     def start(self) -> None:
