@@ -19,6 +19,10 @@ __all__ = ["COMPILED", "compiled_here"]
 # The worker's Triton path (triton_model, pb_*) stays interpreted: an earlier all-worker build (main loop,
 # request path and triton_model together) lost on the three-step ensemble at c1 in one compiled run (2903 vs
 # 2453 CPU us per request, workers 1452 vs 1250); its compiled code called the interpreted pb_* classes.
+# triton_model alone, on top of the main loop compiled, did not win either (ab_turns text_ensemble:32, 6
+# rounds in turns, load 13-23: workers 1.17x; ab_worker_loop tokenizer:8:4 1.08x; results in
+# bench/results/worker-compile/), though warm in process it is no slower (``_result`` 175 -> 149 ns): a
+# quieter machine may say otherwise.
 # Compiled: ``workers.batch``, the plain batch path (built-in kernels, ONNX): no pb_* class on it. add0, one
 # EXECUTE in process: 10.4-11.4 -> 8.7-9.5 us in ``run_batch``; the worker alone behind a ROUTER
 # (bench/ab_worker_loop.py add0:1:1, 5 rounds in turns): 59.8 -> 55.5 us of worker CPU per request.
