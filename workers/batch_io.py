@@ -80,7 +80,9 @@ def input_array(ref: TensorRef, frames: Sequence[Frame], regions: RegionCache) -
             if type(frame) is memoryview and frame.itemsize == 1:
                 fast = _over(frame, ref.shape, dtype)
         if fast is not None:
-            fast.flags.writeable = False  # the client's memory: models must not write into their inputs
+            # the client's memory: models must not write into their inputs (``setflags``: one call, where
+            # ``flags.writeable = False`` makes a flags object first, 110 vs 210 ns)
+            fast.setflags(write=False)
             return fast
     if ref.shm is not None:
         raw: Any = regions.bytes(ref.shm)
@@ -96,7 +98,7 @@ def input_array(ref: TensorRef, frames: Sequence[Frame], regions: RegionCache) -
         arr = raw[:0]
     if arr.nbytes != raw.nbytes:  # not exactly the shape's bytes (the broker checked that they are)
         arr = raw.view(dtype).reshape(ref.shape)
-    arr.flags.writeable = False  # the client's memory: models must not write into their inputs
+    arr.setflags(write=False)  # the client's memory: models must not write into their inputs
     return arr
 
 
