@@ -16,11 +16,14 @@ __all__ = ["COMPILED", "compiled_here"]
 # generators (async_client, async_connection: mypyc has none), the worker's model-facing modules (pb_utils
 # and its pb_* parts: their objects are weakly referenced, which compiled classes refuse; model.py: models
 # subclass its classes), model_loop (asyncio runs its coroutines), and the decoupled and GPU paths.
-# Not the worker's modules either: they are compile-safe (their tests use real objects), but compiled they
-# cost more than they save: one compiled run with and without them, same commit (bench_vs_triton --quick
-# --zinfer-only --compiled), three-step ensemble at c1: 2903 vs 2453 CPU us per request (workers 1452 vs
-# 1250); add0 at c1: 687 vs 673. Their compiled code calls the interpreted pb_* classes and msgspec records.
-# Except ``workers.batch``, the plain batch path (built-in kernels, ONNX): no pb_* class on it. add0, one
+# The worker's Triton path (triton_model, pb_*) stays interpreted: an earlier all-worker build (main loop,
+# request path and triton_model together) lost on the three-step ensemble at c1 in one compiled run (2903 vs
+# 2453 CPU us per request, workers 1452 vs 1250); its compiled code called the interpreted pb_* classes.
+# triton_model alone, on top of the main loop compiled, did not win either (ab_turns text_ensemble:32, 6
+# rounds in turns, load 13-23: workers 1.17x; ab_worker_loop tokenizer:8:4 1.08x; results in
+# bench/results/worker-compile/), though warm in process it is no slower (``_result`` 175 -> 149 ns): a
+# quieter machine may say otherwise.
+# Compiled: ``workers.batch``, the plain batch path (built-in kernels, ONNX): no pb_* class on it. add0, one
 # EXECUTE in process: 10.4-11.4 -> 8.7-9.5 us in ``run_batch``; the worker alone behind a ROUTER
 # (bench/ab_worker_loop.py add0:1:1, 5 rounds in turns): 59.8 -> 55.5 us of worker CPU per request.
 # And ``workers.batch_io``, the pieces it calls (input arrays, output checks, emits, results): one add0
@@ -62,6 +65,25 @@ COMPILED = (
     # the worker's plain batch path (gather, run, scatter: built-in kernels, ONNX) and its pieces, see above
     "zinfer.workers.batch",
     "zinfer.workers.batch_io",
+    # the worker's main loop and its request-by-request path (worker, socket calls, regions, cancel flags,
+    # side work, runners, request_batch; not triton_model/pb_*): compiled builds in turns, 5 rounds
+    # (bench/ab_turns.py add0:1,text_ensemble:32): workers' CPU per request add0 c1 112.8 -> 90.7 us,
+    # ensemble c32 152.0 -> 124.1 us (lower in every round); the worker alone (ab_worker_loop, best
+    # windows): add0 42.2 -> 37.8 us, tokenizer 59.5 -> 52.7 us
+    "zinfer.workers.worker",
+    "zinfer.workers.worker_socket",
+    "zinfer.workers.regions",
+    "zinfer.workers.cancel_flags",
+    "zinfer.workers.side_work",
+    "zinfer.workers.runners",
+    "zinfer.workers.request_batch",
+    # the built-in kernels (add0's own execute) and their bases; with BatchOutcome a plain class (a compiled
+    # dataclass keeps the interpreted __init__ dataclasses writes: 470 ns per EXECUTE): the worker alone,
+    # ab_worker_loop add0:1:1, 6 rounds in turns against the build before, best windows lower in each
+    # round (median 45.3 -> 39.0 us), median of the rounds' ratios 0.77
+    "zinfer.workers.kernel_base",
+    "zinfer.workers.kernels",
+    "zinfer.workers.dense",
     # asked per request whether the connection reads its replies (``Outbox.backlog_full``, 1.1 % of the
     # compiled broker at add c32 in perf, interpreted)
     "zinfer.broker.reply_backlog",

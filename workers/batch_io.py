@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -37,18 +36,32 @@ class BatchRequest(NamedTuple):
     @classmethod
     def from_broker(cls, r: ExecuteRequest) -> BatchRequest:
         """Build from an EXECUTE's request; its sequence becomes the mapping model code sees (the wire's)."""
-        sequence = None if r.sequence is None else sequence_to_wire(r.sequence)
-        # every field given: the tuple made directly, without the Python-level ``__new__`` a NamedTuple has
-        return tuple.__new__(cls, (r.id, r.inputs, r.outputs, r.request_id, sequence, r.parameters))
+        return batch_request(r)
 
 
-@dataclass
+def batch_request(r: ExecuteRequest) -> BatchRequest:
+    """``BatchRequest.from_broker`` as a plain function (compiled, a direct call: a NamedTuple's classmethod
+    is reached through its Python class object)."""
+    sequence = None if r.sequence is None else sequence_to_wire(r.sequence)
+    # every field given: the tuple made directly, without the Python-level ``__new__`` a NamedTuple has
+    return tuple.__new__(BatchRequest, (r.id, r.inputs, r.outputs, r.request_id, sequence, r.parameters))
+
+
 class BatchOutcome:
-    results: list[RequestResult] = field(default_factory=list)
-    frames: list[Frame] = field(default_factory=list)
-    input_ns: int = 0
-    infer_ns: int = 0
-    output_ns: int = 0
+    """A result per request, the frames they number, the batch's timings. Not a dataclass: compiled, its
+    ``__init__`` would be the interpreted one ``dataclasses`` writes, and one is made per EXECUTE."""
+
+    __slots__ = ("frames", "infer_ns", "input_ns", "output_ns", "results")
+
+    def __init__(self, results: list[RequestResult] | None = None, frames: list[Frame] | None = None,
+                 input_ns: int = 0, infer_ns: int = 0, output_ns: int = 0) -> None:  # fmt: skip
+        self.results: list[RequestResult] = [] if results is None else results
+        self.frames: list[Frame] = [] if frames is None else frames
+        self.input_ns, self.infer_ns, self.output_ns = input_ns, infer_ns, output_ns
+
+    def __repr__(self) -> str:
+        return (f"BatchOutcome(results={self.results!r}, frames={self.frames!r}, input_ns={self.input_ns}, "
+                f"infer_ns={self.infer_ns}, output_ns={self.output_ns})")  # fmt: skip
 
 
 def input_array(ref: TensorRef, frames: Sequence[Frame], regions: RegionCache) -> Array:
@@ -67,7 +80,9 @@ def input_array(ref: TensorRef, frames: Sequence[Frame], regions: RegionCache) -
             if type(frame) is memoryview and frame.itemsize == 1:
                 fast = _over(frame, ref.shape, dtype)
         if fast is not None:
-            fast.flags.writeable = False  # the client's memory: models must not write into their inputs
+            # the client's memory: models must not write into their inputs (``setflags``: one call, where
+            # ``flags.writeable = False`` makes a flags object first, 110 vs 210 ns)
+            fast.setflags(write=False)
             return fast
     if ref.shm is not None:
         raw: Any = regions.bytes(ref.shm)
@@ -83,7 +98,7 @@ def input_array(ref: TensorRef, frames: Sequence[Frame], regions: RegionCache) -
         arr = raw[:0]
     if arr.nbytes != raw.nbytes:  # not exactly the shape's bytes (the broker checked that they are)
         arr = raw.view(dtype).reshape(ref.shape)
-    arr.flags.writeable = False  # the client's memory: models must not write into their inputs
+    arr.setflags(write=False)  # the client's memory: models must not write into their inputs
     return arr
 
 

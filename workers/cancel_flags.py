@@ -63,7 +63,15 @@ class CancelFlags:
 
     def begin_batch(self, batch: int, ids: Collection[int]) -> None:
         """The requests of the batch now running (the last batch's flags are forgotten). ``ids`` is kept as
-        given, not copied: it is read only when a cancel comes, and a batch is small."""
+        given, not copied: it is read only when a cancel comes, and a batch is small.
+
+        The usual batch (no flag made for the last one, no cancel waiting for a later one) takes no lock:
+        the two stores are each atomic, and what reads them together (``cancel``, ``keep_batch``) runs on
+        the worker's main thread, as this does."""
+        if not self._flags and not self._early:
+            self._batch = batch
+            self._running = ids
+            return
         with self._lock:
             self._batch = batch
             self._running = ids

@@ -48,7 +48,7 @@ from zinfer.modelconfig.autocomplete import complete_config
 from zinfer.modelconfig.repository import read_model_dir_config
 from zinfer.modelconfig.signature import Signature
 
-from .batch_io import BatchRequest, error_result, request_arrays
+from .batch_io import batch_request, error_result, request_arrays
 from .device import CPU, Device, open_device, prefetch_wanted
 from .device_wait import DeviceWait
 from .heartbeat import Heartbeat
@@ -288,7 +288,7 @@ class Worker:
             self.regions.use_table(execute.regions)
             self.regions.begin_batch()  # sizes are checked afresh for the staged batch
             for r in execute.requests:
-                arrays = request_arrays(BatchRequest.from_broker(r), msg.frames, self.regions)
+                arrays = request_arrays(batch_request(r), msg.frames, self.regions)
                 for name, arr in arrays.items():
                     per_name.setdefault(name, []).append(arr)
             nbytes = self.device.stage(batch_id, list(per_name.values()))
@@ -300,7 +300,7 @@ class Worker:
     def _execute(self, runner: Runner, execute: Execute, frames: list[Frame]) -> None:
         """Run one EXECUTE with the model's runner; :class:`Reply` answers it on every way out."""
         batch_id = execute.batch
-        requests = [BatchRequest.from_broker(r) for r in execute.requests]
+        requests = [batch_request(r) for r in execute.requests]
         with Reply(batch_id, requests, self.send_result) as reply:
             if self.prefetch:  # only a worker that looks ahead stages a batch's copies
                 self.device.take_staged(batch_id)

@@ -8,12 +8,19 @@ from typing import Any
 import numpy as np
 import pytest
 
+from zinfer.client.errors import InternalError
 from zinfer.client.protocol import OutputRequest, ShmRef, TensorRef
 from zinfer.client.shm import Segment
-from zinfer.client.worker_protocol import request_result_to_wire
+from zinfer.client.worker_protocol import (
+    ExecuteRequest,
+    SequenceFlags,
+    request_result_to_wire,
+    sequence_to_wire,
+)
 from zinfer.modelconfig.model_config import parse_model_config
 from zinfer.modelconfig.signature import Signature
 from zinfer.workers.batch import BatchRequest, run_batch
+from zinfer.workers.batch_io import BatchOutcome, batch_request, error_result
 from zinfer.workers.kernels import AddKernel
 from zinfer.workers.regions import RegionCache
 
@@ -211,3 +218,28 @@ def test_a_mapping_that_is_not_a_dict_missing_an_output_fails_the_batch() -> Non
     out = run_batch(Fixed(Outputs()), SIG, [_request(1, 1, frames, 1.0)], frames, RegionCache())
     res = request_result_to_wire(out.results[0])
     assert res["status"] != 0 and "no output named 'S'" in res["error"]
+
+
+def test_an_outcome_starts_empty_and_owns_its_lists() -> None:
+    """BatchOutcome is a plain class (a compiled dataclass's ``__init__`` is interpreted): each outcome starts
+    with lists of its own, zero timings, and takes what it is given."""
+    a, b = BatchOutcome(), BatchOutcome()
+    assert (a.results, a.frames, a.input_ns, a.infer_ns, a.output_ns) == ([], [], 0, 0, 0)
+    a.results.append(error_result(1, InternalError("x")))
+    a.frames.append(b"f")
+    assert b.results == [] and b.frames == []
+    frames: list[Any] = [b"y"]
+    c = BatchOutcome(frames=frames, input_ns=1, infer_ns=2, output_ns=3)
+    assert c.frames is frames and (c.input_ns, c.infer_ns, c.output_ns) == (1, 2, 3)
+    assert "input_ns=1" in repr(c) and repr(c).startswith("BatchOutcome(")
+
+
+def test_a_request_from_the_broker_keeps_every_field() -> None:
+    t = TensorRef("A", "FP32", (1, 2), frame=0)
+    seq = SequenceFlags(7, start=True)
+    plain = ExecuteRequest(3, (t,), (OutputRequest("S"),), "rid", None, {"p": 1})
+    r = batch_request(plain)
+    assert type(r) is BatchRequest and r == BatchRequest.from_broker(plain)
+    assert r == BatchRequest(3, (t,), (OutputRequest("S"),), "rid", None, {"p": 1})
+    r = batch_request(ExecuteRequest(4, (t,), (), sequence=seq))
+    assert r.sequence == sequence_to_wire(seq) and r.parameters == {}

@@ -85,3 +85,20 @@ def test_cancels_kept_for_later_batches_are_bounded_and_dropped_once_passed(
     assert cancel_flags.cancel(7, 0)  # room again
     cancel_flags.begin_batch(7, [0])
     assert cancel_flags.flag(0).is_set()
+
+
+def test_batches_begun_without_flags_or_waiting_cancels_still_take_cancels(cancel_flags: CancelFlags) -> None:
+    """``begin_batch`` skips its lock when there is nothing to forget or set: the batch is still the one a
+    cancel names, an older one is refused, and a cancel kept for a later batch is still set when it begins."""
+    cancel_flags.begin_batch(1, [1])
+    cancel_flags.begin_batch(2, [5, 6])  # no flag made, no cancel waiting: the lock-free path
+    assert not cancel_flags.cancel(1, 1)
+    assert cancel_flags.cancel(2, 6)
+    assert cancel_flags.flag(6).is_set() and not cancel_flags.flag(5).is_set()
+    assert cancel_flags.cancel(4, 7)  # a later batch: kept
+    cancel_flags.begin_batch(3, [7])  # flags of batch 2 to forget
+    assert not cancel_flags.flag(7).is_set()
+    cancel_flags.begin_batch(4, [7])  # the kept cancel is set now
+    assert cancel_flags.flag(7).is_set()
+    cancel_flags.begin_batch(5, [7])
+    assert not cancel_flags.flag(7).is_set()

@@ -23,6 +23,7 @@ from zinfer.client.errors import ProtocolError, Status
 from zinfer.client.protocol import InferRequest, OutputRequest, Reply, ShmRef, TensorRef
 from zinfer.client.shm import Segment
 from zinfer.frontdoor.door_client import DoorClient
+from zinfer.modelconfig.model_config import parse_model_config
 from zinfer.workers.batch_io import emit
 from zinfer.workers.kernels import IdentityKernel
 from zinfer.workers.regions import RegionCache
@@ -110,8 +111,17 @@ def test_without_the_clients_leave_the_input_is_copied(region: tuple[Segment, Re
 
 
 def test_the_identity_kernel_returns_its_inputs_themselves() -> None:
-    kernel = IdentityKernel.__new__(IdentityKernel)
-    kernel.in_names, kernel.out_names = ["A", "B"], ["X", "Y"]
+    config = parse_model_config(
+        'name: "i" backend: "zinfer" max_batch_size: 4\n'
+        'input [ { name: "A" data_type: TYPE_INT64 dims: [ -1 ] }, '
+        '{ name: "B" data_type: TYPE_INT64 dims: [ -1 ] } ]\n'
+        'output [ { name: "X" data_type: TYPE_INT64 dims: [ -1 ] }, '
+        '{ name: "Y" data_type: TYPE_INT64 dims: [ -1 ] } ]\n'
+        'parameters { key: "kernel" value: { string_value: "identity" } }',
+        source="test",
+        model_name="i",
+    )
+    kernel = IdentityKernel(config, None)  # a real one (compiled, a native class: no bare __new__)
     a, b = np.arange(4), np.arange(3)
     out = kernel.execute({"A": a, "B": b}, lambda *_: np.zeros(4))  # an offered slot is not used
     assert out["X"] is a and out["Y"] is b

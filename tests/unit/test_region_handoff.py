@@ -169,11 +169,12 @@ def test_no_server_is_connection_failed(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------- worker side
 
 
-def _wire(seg: Segment) -> tuple[int, list[int]]:
-    """The broker's view: its own descriptor of the segment, and ``[fd, dev, ino]``."""
+def _wire(seg: Segment) -> tuple[int, tuple[int, int, int]]:
+    """The broker's view: its own descriptor of the segment, and ``(fd, dev, ino)`` (as
+    ``execute_from_wire`` gives the worker its table: tuples, which a compiled RegionCache insists on)."""
     fd = os.dup(seg.fd)
     st = os.fstat(fd)
-    return fd, [fd, st.st_dev, st.st_ino]
+    return fd, (fd, st.st_dev, st.st_ino)
 
 
 def test_worker_maps_only_what_the_table_names_with_matching_identity() -> None:
@@ -195,13 +196,13 @@ def test_worker_maps_only_what_the_table_names_with_matching_identity() -> None:
         fds.append(fd2)
         regions.use_table({seg_name: wire2})
         assert regions.bytes(ShmRef(seg_name, 0, 4)).view(np.float32)[0] == 2.0
-        regions.use_table({seg_name: [fd2, wire2[1], wire2[2] + 1]})  # a descriptor of another file
+        regions.use_table({seg_name: (fd2, wire2[1], wire2[2] + 1)})  # a descriptor of another file
         with pytest.raises(InvalidArgument, match="no longer registered"):
             regions.bytes(ShmRef(seg_name, 0, 4))
         regions.use_table({seg_name: wire2})
         with pytest.raises(InvalidArgument, match="outside"):
             regions.bytes(ShmRef(seg_name, 4090, 8))
-        regions.use_table({seg_name: [1 << 20, 0, 0]})  # no such descriptor in the broker
+        regions.use_table({seg_name: (1 << 20, 0, 0)})  # no such descriptor in the broker
         with pytest.raises(InvalidArgument, match="no longer registered"):
             regions.bytes(ShmRef(seg_name, 0, 4))
     finally:

@@ -365,10 +365,11 @@ class _Pins:
         self.unpinned.append(seg)
 
 
-def _wire(seg: Segment) -> tuple[int, list[int]]:
+def _wire(seg: Segment) -> tuple[int, tuple[int, int, int]]:
+    """A descriptor and the region's ``(fd, dev, ino)``, a tuple as ``execute_from_wire`` gives it."""
     fd = os.dup(seg.fd)
     st = os.fstat(fd)
-    return fd, [fd, st.st_dev, st.st_ino]
+    return fd, (fd, st.st_dev, st.st_ino)
 
 
 def test_a_mapping_is_reused_while_its_identity_holds_and_dropped_when_it_changes() -> None:
@@ -423,7 +424,7 @@ def test_worker_bounds_are_exact(offset: int, nbytes: int, ok: bool) -> None:
 def test_a_worker_without_the_brokers_pid_maps_no_client_region() -> None:
     regions = RegionCache()
     try:
-        regions.use_table({"zinfer-x": [3, 1, 1]})
+        regions.use_table({"zinfer-x": (3, 1, 1)})
         with pytest.raises(InvalidArgument, match="not available to this worker"):
             regions.bytes(ShmRef("zinfer-x", 0, 4))
     finally:
