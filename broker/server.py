@@ -346,16 +346,16 @@ class Broker:
                 body = self.controls.handle(identity, msg.command, msg.header)
             if body is LATER:
                 return
-        except ProtocolError as exc:
-            self.outbox.send_client(identity, Reply(rid, Status.INVALID_ARGUMENT, f"InvalidArgument: {exc}"))
+        except ProtocolError as bad:  # (one name per handler: see scheduler.Batching.add)
+            self.outbox.send_client(identity, Reply(rid, Status.INVALID_ARGUMENT, f"InvalidArgument: {bad}"))
             return
-        except ServerError as exc:
-            self.outbox.send_client(identity, Reply(rid, exc.status, exc.wire_text()))
+        except ServerError as error:
+            self.outbox.send_client(identity, Reply(rid, error.status, error.wire_text()))
             return
-        except Exception as exc:  # a handler bug must never take the broker down
+        except Exception as bug:  # a handler bug must never take the broker down
             log.exception("event=handler_failed command=%s", msg.command.name)
             self.outbox.send_client(
-                identity, Reply(rid, Status.INTERNAL, f"InternalError: {type(exc).__name__}")
+                identity, Reply(rid, Status.INTERNAL, f"InternalError: {type(bug).__name__}")
             )
             return
         self.outbox.send_client(identity, Reply(rid, Status.OK, body=body))
