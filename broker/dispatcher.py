@@ -119,13 +119,18 @@ class Dispatcher:
     ) -> None:
         """The figures of batches that just left: queue times, batch sizes and reasons, the queue's length."""
         debug = log.isEnabledFor(logging.DEBUG)
+        stats = state.stats
         for batch in batches:
             oldest = now
+            queued_ns = 0  # each request's queue time, added to the statistics at once (the same sums)
             for p in batch.items:
-                state.stats.queue.add(int((now - p.arrival) * 1e9))
-                oldest = min(oldest, p.arrival)
-            state.stats.record_batch(batch.size, batch.reason.value)
-            state.metrics.batch(batch.size, batch.reason.value, (now - oldest) * 1e6)
+                queued_ns += int((now - p.arrival) * 1e9)
+                if p.arrival < oldest:
+                    oldest = p.arrival
+            stats.queue.add(queued_ns, len(batch.items))
+            reason = batch.reason.value  # an enum's ``value`` is interpreted code: asked once
+            stats.record_batch(batch.size, reason)
+            state.metrics.batch(batch.size, reason, (now - oldest) * 1e6)
             state.window.batch(now, batch.size)
             if debug:
                 log.debug("event=batch model=%s size=%d requests=%d reason=%s worker=%s", state.name,

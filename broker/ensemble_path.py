@@ -155,16 +155,16 @@ class EnsemblePath:
             try:
                 if not self.queues.enqueue(target, sp, checked.shape_key, now):
                     self.start(target, sp, now)  # a nested ensemble: its own steps start
-            except BaseException as exc:
+            except BaseException as refused:  # (one name per handler: see scheduler.Batching.add)
                 run.outstanding.pop(i, None)
                 if sp.trace is not None:  # the step was refused: its trace ends here
-                    self.tracer.refused(sp.trace, getattr(exc, "status", Status.INTERNAL))
+                    self.tracer.refused(sp.trace, getattr(refused, "status", Status.INTERNAL))
                 raise
-        except ServerError as exc:
-            self._fail(run, step, exc.status, exc.wire_text())
-        except Exception as exc:  # a plan or config the checks missed: fail the request, not the broker
+        except ServerError as error:
+            self._fail(run, step, error.status, error.wire_text())
+        except Exception as bug:  # a plan or config the checks missed: fail the request, not the broker
             log.exception("event=ensemble_step_failed ensemble=%s step=%d", run.state.name, step.index)
-            self._fail(run, step, Status.INTERNAL, f"InternalError: {type(exc).__name__}: {exc}")
+            self._fail(run, step, Status.INTERNAL, f"InternalError: {type(bug).__name__}: {bug}")
 
     def _input_ref(self, run: Run, model_input: str, tensor: str, frames: list[Frame]) -> TensorRef:
         v = run.tensors[tensor]

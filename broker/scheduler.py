@@ -156,17 +156,19 @@ class Batching(Scheduler):
         return self.batcher.needs_busy
 
     def add(self, p: Pending, shape_key: Hashable, now: float, busy: bool) -> None:
+        # one name per handler: compiled, a name bound by an ``except`` is typed as its first handler's
+        # (native) class, and binding another class's error to it raised TypeError (InternalError replies)
         try:  # QueuedRequest checks the types (InvalidPriority), add the ranges
             queued = QueuedRequest(
                 p, p.batch_size, shape_key, now, p.request.priority, p.request.timeout_us, p.input_bytes
             )
             self.batcher.add(queued, now, busy)
-        except QueueFull as exc:
-            raise Unavailable(str(exc)) from None
-        except InvalidPriority as exc:
-            raise InvalidArgument(str(exc)) from None
-        except BatchTooLarge as exc:
-            raise ResourceExhausted(str(exc)) from None
+        except QueueFull as full:
+            raise Unavailable(str(full)) from None
+        except InvalidPriority as bad:
+            raise InvalidArgument(str(bad)) from None
+        except BatchTooLarge as large:
+            raise ResourceExhausted(str(large)) from None
 
     def ready_now(self, rows: int) -> bool:
         return self.batcher.reached_preferred(rows)

@@ -55,13 +55,13 @@ class Sequences(Scheduler):
         try:
             self.batcher.add(SequenceRequest(p, p.sequence.id, p.sequence.start, p.sequence.end, now),
                              now, sorted(self.instances))  # fmt: skip
-        except NotStarted as exc:  # Triton's text, which clients match on
+        except NotStarted as unstarted:  # Triton's text, which clients match on
             raise InvalidArgument(
-                f"inference request for sequence {exc.sequence_id} to model '{self.name}' must specify "
+                f"inference request for sequence {unstarted.sequence_id} to model '{self.name}' must specify "
                 "the START flag on the first request of the sequence"
             ) from None
-        except SequenceError as exc:
-            raise InvalidArgument(str(exc)) from None
+        except SequenceError as broken:  # (one name per handler: see scheduler.Batching.add)
+            raise InvalidArgument(str(broken)) from None
 
     def _flags(self, p: Pending) -> SequenceFlags:
         """The request's sequence id and flags, checked against the model's controls."""

@@ -244,14 +244,17 @@ class Broker:
             intake.watch(lambda fd, on: waiter.register(fd) if on else waiter.unregister(fd))
         if not tighten_timer_slack():
             log.info("event=timer_slack_unchanged")
+        # the handlers drain calls, as callables made once (a bound method made per pass is freed per pass)
+        on_worker: Callable[[bytes, list[Frame]], None] = self.worker_inbox.on_message
+        on_client: Callable[[bytes, list[Frame]], None] = self._on_client
         while not self._should_exit(stop_requests()):
             events = waiter.poll(self.dispatcher.poll_timeout_ms())
             self.outbox.hold()  # replies of this turn to one connection go in one message
-            if self.backend in events and drain(self.backend, self.worker_inbox.on_message, b""):
+            if self.backend in events and drain(self.backend, on_worker, b""):
                 waiter.touch(self.backend)
-            if self.frontend in events and drain(self.frontend, self._on_client, IPC_TAG):
+            if self.frontend in events and drain(self.frontend, on_client, IPC_TAG):
                 waiter.touch(self.frontend)
-            if tcp is not None and tcp in events and drain(tcp, self._on_client, TCP_TAG):
+            if tcp is not None and tcp in events and drain(tcp, on_client, TCP_TAG):
                 waiter.touch(tcp)
             if intake is not None and len(events) > (self.backend in events) + (self.frontend in events):
                 for fd in intake.fds() & events.keys():  # raw descriptors woke it: the hand-off's
@@ -343,16 +346,16 @@ class Broker:
                 body = self.controls.handle(identity, msg.command, msg.header)
             if body is LATER:
                 return
-        except ProtocolError as exc:
-            self.outbox.send_client(identity, Reply(rid, Status.INVALID_ARGUMENT, f"InvalidArgument: {exc}"))
+        except ProtocolError as bad:  # (one name per handler: see scheduler.Batching.add)
+            self.outbox.send_client(identity, Reply(rid, Status.INVALID_ARGUMENT, f"InvalidArgument: {bad}"))
             return
-        except ServerError as exc:
-            self.outbox.send_client(identity, Reply(rid, exc.status, exc.wire_text()))
+        except ServerError as error:
+            self.outbox.send_client(identity, Reply(rid, error.status, error.wire_text()))
             return
-        except Exception as exc:  # a handler bug must never take the broker down
+        except Exception as bug:  # a handler bug must never take the broker down
             log.exception("event=handler_failed command=%s", msg.command.name)
             self.outbox.send_client(
-                identity, Reply(rid, Status.INTERNAL, f"InternalError: {type(exc).__name__}")
+                identity, Reply(rid, Status.INTERNAL, f"InternalError: {type(bug).__name__}")
             )
             return
         self.outbox.send_client(identity, Reply(rid, Status.OK, body=body))

@@ -102,8 +102,8 @@ class WorkerInbox:
         """One message from the worker socket (``identity`` as the ROUTER names the sender)."""
         try:
             msg = decode_result(frames) or protocol.decode(frames, protocol.WORKER_COMMANDS)
-        except ProtocolError as exc:
-            log.warning("event=bad_worker_message worker=%s error=%r", identity, str(exc))
+        except ProtocolError as bad:  # (one name per handler: see scheduler.Batching.add)
+            log.warning("event=bad_worker_message worker=%s error=%r", identity, str(bad))
             return
         if msg.command == Command.W_HEARTBEAT and identity.endswith(protocol.HEARTBEAT_SUFFIX):
             worker = identity[: -len(protocol.HEARTBEAT_SUFFIX)]

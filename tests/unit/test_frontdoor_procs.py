@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
+from zinfer.broker.cli import DOOR_POLL_INTERVAL_S, _with_frontdoors
 from zinfer.broker.frontdoor_procs import FrontDoorConfig, FrontDoorProcs
 from zinfer.broker.supervisor import RESTART_BACKOFF_S
 from zinfer.client.addresses import listen_problem
@@ -124,3 +125,39 @@ def test_non_loopback_needs_tls_or_insecure_remote(
     address: str, tls: bool, insecure: bool, refused: bool
 ) -> None:
     assert (listen_problem(address, tls, insecure) is not None) == refused
+
+
+class _Doors:
+    """What the loop's check calls of ``FrontDoorProcs``, counted."""
+
+    def __init__(self) -> None:
+        self.config = _config(Path("unused"))
+        self.polls = self.terminates = 0
+
+    def poll(self) -> None:
+        self.polls += 1
+
+    def terminate(self) -> None:
+        self.terminates += 1
+
+
+def test_the_loop_looks_at_the_front_doors_every_interval_and_stops_them_at_once() -> None:
+    clock, doors, stop = _Clock(), _Doors(), {"count": 0}
+    check = _with_frontdoors(lambda: stop["count"], doors, clock)  # type: ignore[arg-type]
+    assert check() == 0 and doors.polls == 1  # the first pass looks
+    for _ in range(100):  # passes within the interval do not
+        clock.now += DOOR_POLL_INTERVAL_S / 200
+        assert check() == 0
+    assert doors.polls == 1
+    clock.now += DOOR_POLL_INTERVAL_S / 2
+    check()
+    assert doors.polls == 2  # an exit is noticed within the interval
+    stop["count"] = 1
+    assert check() == 1 and doors.terminates == 1  # a stop request stops them on the next pass, not later
+    assert check() == 1 and doors.terminates == 2 and doors.polls == 2
+
+
+def test_without_front_doors_the_loop_calls_only_the_stop_check(tmp_path: Path) -> None:
+    stop = lambda: 0  # noqa: E731
+    config = FrontDoorConfig(workers=1, broker_url="ipc:///x/zinfer.sock", runtime_dir=tmp_path)
+    assert _with_frontdoors(stop, FrontDoorProcs(config)) is stop

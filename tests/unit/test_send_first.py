@@ -105,3 +105,24 @@ def test_every_reply_leaves_before_the_requests_are_counted() -> None:
     assert (stats.success.count, stats.fail.count, stats.inference_count) == (1, 1, 1)
     assert (stats.compute_input.ns, stats.compute_infer.ns, stats.compute_output.ns) == (10, 20, 30)
     assert list(state.idle) == [b"w0"]
+
+
+def _arrived(seq: int, arrival: float) -> Pending:
+    return Pending(seq, b"client", InferRequest(f"r{seq}", "m", 1, ()), [], (), 1, arrival)
+
+
+def test_a_runs_queue_times_are_each_requests_and_its_delay_the_oldests() -> None:
+    path, _, state, pool, _ = _setup()
+    worker = pool.take_next(state)
+    arrivals = (0.25, 0.125, 0.75, 0.5, 0.0625)
+    first = Batch(items=tuple(_arrived(i, a) for i, a in enumerate(arrivals[:3])), size=3,
+                  reason=BatchReason.PREFERRED)  # fmt: skip
+    second = Batch(items=tuple(_arrived(i + 3, a) for i, a in enumerate(arrivals[3:])), size=2,
+                   reason=BatchReason.DELAY_EXPIRED)  # fmt: skip
+    path.send(state, worker, [first, second], 1.0)
+    assert state.stats.queue.count == 5
+    assert state.stats.queue.ns == sum(int((1.0 - a) * 1e9) for a in arrivals)
+    assert state.stats.batch_sizes == {3: 1, 2: 1}
+    assert state.stats.batch_reasons == {"preferred": 1, "delay_expired": 1}
+    assert state.metrics._delay_us == (1.0 - 0.125) * 1e6 + (1.0 - 0.0625) * 1e6  # each batch's oldest
+    assert state.metrics._reasons["preferred"] == 1 and state.metrics._reasons["delay_expired"] == 1
