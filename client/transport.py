@@ -7,6 +7,8 @@ of 64 KiB or more go without a copy.
 pyzmq's ``recv_multipart`` asks the socket ``RCVMORE`` after every frame (a Python-level ``getsockopt``);
 ``recv_frames`` reads ``Frame.more`` of each frame received without copying instead (the message itself
 says whether more follow). With the envelope in one frame most messages are one or two frames.
+``recv_buffers`` gives their buffers (what the decoders read), through pyzmq's Cython ``recv`` called
+directly (``zmq_calls``) on a socket of pyzmq's plain class.
 """
 
 from __future__ import annotations
@@ -61,6 +63,19 @@ def send_messages(
     except zmq.Again:
         pass
     return sent
+
+
+def recv_buffers(sock: zmq.Socket[Any], flags: int = 0) -> list[memoryview]:
+    """The buffers of the next message's frames on ``sock`` (as ``recv_frames``; each keeps its frame)."""
+    if not zmq_calls.fast(sock):
+        return [f.buffer for f in recv_frames(sock, flags)]
+    recv = zmq_calls.recv
+    frame = recv(sock, flags, False)
+    out = [frame.buffer]
+    while frame.more:
+        frame = recv(sock, 0, False)
+        out.append(frame.buffer)
+    return out
 
 
 def recv_frames(sock: zmq.Socket[Any], flags: int = 0) -> list[zmq.Frame]:
