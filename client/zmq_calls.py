@@ -22,12 +22,14 @@ from typing import Any
 
 import zmq
 
-__all__ = ["EVENTS", "POLLIN", "fast", "recv", "send"]
+__all__ = ["EVENTS", "PLAIN", "POLLIN", "fast", "recv", "send"]
 
 EVENTS = int(zmq.EVENTS)
 POLLIN = int(zmq.POLLIN)
 
 _PLAIN: type = zmq.Socket
+PLAIN = _PLAIN
+"""pyzmq's plain socket class: ``fast(sock)`` is ``type(sock) is PLAIN`` (compiled callers test it inline)."""
 # pyzmq's Cython socket class; pyzmq's own class where the sugar is not built on it (then nothing is skipped)
 _BASE: Any = zmq.backend.Socket if issubclass(_PLAIN, zmq.backend.Socket) else _PLAIN
 
