@@ -18,7 +18,7 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -45,6 +45,16 @@ from .shm import Segment
 from .triton_compat import InputsArg, OutputsArg, input_arrays, output_names
 
 _NO_SEQUENCE = (0, False, False)  # a request outside any sequence: no sequence parameters
+# Per request, read here rather than through the interpreted modules that define them (a call into
+# ``dtypes``, or an enum member looked up on its class, runs interpreted code each time): what they hold
+# is the same, and what these do not hold (a dtype of no wire type, an unknown wire type) still goes there.
+_BYTES: Final = dtypes.BYTES
+_DTYPE_BY_WIRE: Final[dict[str, np.dtype[Any]]] = {
+    name: dtypes.wire_to_numpy(name) for name in sorted(dtypes.WIRE_TYPES) if name != dtypes.BYTES
+}
+_WIRE_BY_DTYPE: Final[dict[Any, str]] = {dt: name for name, dt in _DTYPE_BY_WIRE.items()}
+_OK: Final = Status.OK
+_INVALID_ARGUMENT: Final = Status.INVALID_ARGUMENT
 # Failures after which the server may still hold the request: its slots wait for the late reply.
 _IN_DOUBT = (RequestTimeout, ConnectionFailed, asyncio.CancelledError)
 
@@ -248,14 +258,16 @@ class _ClientBase:
         timeout: int | None,
         sequence: tuple[int | str, bool, bool] = (0, False, False),
         parameters: Mapping[str, Any] | None = None,
+        wire_id: str = "",
     ) -> _Prepared:
         """The header, inline frames and slots of one infer request (inputs copied into the arena);
         ``sequence`` is ``(sequence_id, sequence_start, sequence_end)``, sent when the id is set;
         ``parameters`` the request's own (Triton's request parameters, which model code reads). The header
-        is the ``InferRequest`` record, which msgspec encodes as it is (no map is built)."""
+        is the ``InferRequest`` record, which msgspec encodes as it is (no map is built); its id is
+        ``wire_id`` when the caller has the one it will send it as (``_track`` then keeps the record)."""
         params = user_parameters(parameters) if parameters else {}
-        named = input_arrays(inputs)
-        names = output_names(outputs)
+        named = inputs if type(inputs) is dict else input_arrays(inputs)  # a dict: as input_arrays has it
+        names = None if outputs is None else output_names(outputs)
         slots: list[Slot] = []
         frames: list[Frame] = []
         keep: list[Any] = []
@@ -269,7 +281,7 @@ class _ClientBase:
         rid = request_id or ""
         seq = sequence_parameters(*sequence) if sequence != _NO_SEQUENCE else {}
         header = InferRequest(
-            rid,
+            wire_id or rid,
             info.name,
             info.version,
             tuple(wire_inputs),
@@ -292,18 +304,18 @@ class _ClientBase:
         use_shm = self._use_shm
         for i, (name, value) in enumerate(inputs.items()):
             arr = value if type(value) is np.ndarray else np.asarray(value)
-            wire = dtypes.numpy_to_wire(arr.dtype)
+            wire = _WIRE_BY_DTYPE.get(arr.dtype) or dtypes.numpy_to_wire(arr.dtype)
             shape = arr.shape
             if i == 0 and arr.ndim > 0:
                 batch = shape[0]
-            owned = self._owned_ref(arr) if use_shm and self._owned and wire != dtypes.BYTES else None
+            owned = self._owned_ref(arr) if use_shm and self._owned and wire != _BYTES else None
             if owned is not None:  # already in shared memory: send where it is, no copy
                 wire_inputs.append(TensorRef(name, wire, shape, owned))
                 shm_bytes += owned.nbytes
                 keep.append(arr)
                 continue
             data: bytes | npt.NDArray[Any]
-            if wire == dtypes.BYTES:
+            if wire == _BYTES:
                 data = dtypes.serialize_bytes(arr)
                 nbytes = len(data)
             else:
@@ -362,14 +374,17 @@ class _ClientBase:
     # ------------------------------------------------------------------------------------ in flight
 
     def _track(self, p: _Prepared, rid: str) -> None:
-        """``p`` goes out as ``rid`` (its header's ``request_id``): its slots now wait for its reply."""
-        p.header = replace(p.header, request_id=rid)
+        """``p`` goes out as ``rid`` (its header's ``request_id``): its slots now wait for its reply. (A
+        request with no slots, no arrays of its own and no caller's id leaves nothing to look up.)"""
+        if p.header.request_id != rid:
+            p.header = replace(p.header, request_id=rid)
         p.rid = rid
-        with self._orphans_lock:
-            if p.slots or p.keep:
-                self._orphans[rid] = (p.slots, p.keep)
-            if p.request_id:
-                self._active[p.request_id] = rid
+        if p.slots or p.keep or p.request_id:
+            with self._orphans_lock:
+                if p.slots or p.keep:
+                    self._orphans[rid] = (p.slots, p.keep)
+                if p.request_id:
+                    self._active[p.request_id] = rid
 
     def _untrack_caller(self, p: _Prepared) -> None:
         if p.request_id:
@@ -378,9 +393,10 @@ class _ClientBase:
                     del self._active[p.request_id]
 
     def _settle(self, p: _Prepared) -> None:
-        """The reply came: the slots are the caller's again."""
-        with self._orphans_lock:
-            self._orphans.pop(p.rid, None)
+        """The reply came: the slots are the caller's again (none were tracked without slots or arrays)."""
+        if p.slots or p.keep:
+            with self._orphans_lock:
+                self._orphans.pop(p.rid, None)
         p.rid = ""
 
     def _abandon(self, p: _Prepared, exc: BaseException) -> None:
@@ -401,7 +417,7 @@ class _ClientBase:
     @staticmethod
     def _unknown_region(reply: Reply) -> bool:
         """Whether the server forgot our regions (it restarted): register them again and retry once."""
-        return reply.status == Status.INVALID_ARGUMENT and reply.error.startswith(UnknownRegion.__name__)
+        return reply.status == _INVALID_ARGUMENT and reply.error.startswith(UnknownRegion.__name__)
 
     # ------------------------------------------------------------------------------------ streams
 
@@ -410,7 +426,7 @@ class _ClientBase:
         final = is_final(reply)
         if final:
             self._settle(p)
-            if reply.status != Status.OK:
+            if reply.status != _OK:
                 raise from_status(reply.status, reply.error)
         result = self._read_outputs(reply, frames, {}, p.request_id)
         result.final = final
@@ -429,7 +445,7 @@ class _ClientBase:
 
     def _finish(self, p: _Prepared, reply: Reply, frames: list[Frame]) -> InferResult:
         """The result of a reply to ``p``; frees the input slots (output slots go with the arrays)."""
-        if reply.status != Status.OK:
+        if reply.status != _OK:
             self._free(p.slots)
             raise from_status(reply.status, reply.error)
         try:
@@ -473,13 +489,17 @@ class _ClientBase:
         slot when gone), or, where the request let outputs name its inputs (``aliases``: each such input's
         range and its array), over the range of that input's array that the reply names."""
         count = math.prod(ref.shape)
-        if ref.frame is not None:
-            if ref.frame >= len(frames):
+        frame = ref.frame
+        if frame is not None:
+            if frame >= len(frames):
                 raise ProtocolError("reply names a missing frame")
-            buf = memoryview(frames[ref.frame])
-            if ref.datatype == dtypes.BYTES:
+            raw = frames[frame]
+            buf = raw if type(raw) is memoryview else memoryview(raw)
+            datatype = ref.datatype
+            if datatype == _BYTES:
                 return dtypes.deserialize_bytes(buf, ref.shape)
-            dtype = dtypes.wire_to_numpy(ref.datatype)
+            known = _DTYPE_BY_WIRE.get(datatype)  # (not ``or``: a dtype's truth is its field count, 0)
+            dtype = dtypes.wire_to_numpy(datatype) if known is None else known
             if buf.nbytes == count * dtype.itemsize and buf.itemsize == 1:
                 # exactly the shape's bytes (the usual): the array made over them in one call (a view, then
                 # a reshape, cost twice as much: 0.36 against 1.0 us for a [1,1] FP32 output)

@@ -227,17 +227,20 @@ class Client(_ClientBase):
         ``trace_context`` is a W3C ``traceparent``: where the server traces this request (``--trace-config``),
         its trace record carries that trace id and parent span id.
         """
-        info = self._model_info(model, _version(model_version))
+        # an int is as ``model_version`` has it: no call into that interpreted module per request
+        version = model_version if type(model_version) is int else _version(model_version)
+        info = self._model_info(model, version)
         sequence = (sequence_id, sequence_start, sequence_end)
         # a W3C traceparent (given, or the active OpenTelemetry span's): the server's trace continues it
         parameters = with_trace_context(parameters, trace_context)
-        p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence, parameters)
+        rid = self._conn.new_id()  # the wire id, in the header as it is built (``_track`` keeps it)
+        p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence, parameters, rid)
         try:
             self._conn.server_check.check_changed()  # nothing sent yet: a missing server frees the slots
-            reply, rframes = self._exchange(p, client_timeout)
+            reply, rframes = self._exchange(p, client_timeout, rid)
             if self._unknown_region(reply):
                 self._register_all()
-                reply, rframes = self._exchange(p, client_timeout)
+                reply, rframes = self._exchange(p, client_timeout, self._conn.new_id())
         except BaseException as exc:
             self._abandon(p, exc)
             raise
@@ -268,8 +271,8 @@ class Client(_ClientBase):
         finally:
             self._stream_closed(p, self._conn.send_only)
 
-    def _exchange(self, p: _Prepared, timeout: float | None) -> tuple[Reply, list[Frame]]:
-        rid = self._conn.new_id()
+    def _exchange(self, p: _Prepared, timeout: float | None, rid: str) -> tuple[Reply, list[Frame]]:
+        """``p`` sent as ``rid`` (a fresh wire id) and its reply."""
         self._track(p, rid)  # until the reply comes the server may read or write the slots
         try:
             reply, rframes = self._conn.request(

@@ -36,7 +36,7 @@ from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
 from .protocol import Command, Frame, InferRequest, Reply, is_final
 from .server_check import ServerCheck
-from .transport import NOBLOCK, recv_frames, send_frames, send_messages
+from .transport import NOBLOCK, recv_buffers, send_frames, send_messages
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class Connection:
         deadline = time.monotonic() + timeout
         # alone at the socket, nothing queued: sent now, no trip through the queue (``_send_now``); a call
         # with no time at all is never sent (``Unsent``, as from the queue)
-        owned = timeout > 0 and not self._out and self._io_lock.acquire(blocking=False)
+        owned = timeout > 0 and not self._out and self._io_lock.acquire(False)
         try:
             sent = owned and self._send_now(command, header, frames, waiter, rid)
         except BaseException:  # it could not be encoded: nothing went out, the socket is free again
@@ -328,13 +328,13 @@ class Connection:
                 os.read(self._wake_r, 4096)
             except OSError:
                 pass
-        got: list[list[zmq.Frame]] = []
+        got: list[list[memoryview]] = []
         sock = self._sock
         while len(got) < 1024 and int(sock.getsockopt(_EVENTS)) & _POLLIN:
-            got.append(recv_frames(sock, NOBLOCK))
+            got.append(recv_buffers(sock, NOBLOCK))
         self._flush()  # what came in meanwhile goes out before this thread reads replies
         for raw in got:
-            self._dispatch([f.buffer for f in raw])
+            self._dispatch(raw)
         return False
 
     def _recv_alone(self, wait_s: float) -> bool:
@@ -344,11 +344,11 @@ class Connection:
             self._rcvtimeo = timeout
             self._sock.setsockopt(zmq.RCVTIMEO, timeout)
         try:
-            raw = recv_frames(self._sock)
+            raw = recv_buffers(self._sock)
         except zmq.Again:
             return False
         self._flush()  # a thread that came meanwhile: its message goes out before replies are read
-        self._dispatch([f.buffer for f in raw])
+        self._dispatch(raw)
         return True
 
     def _hand_over(self) -> None:

@@ -370,10 +370,14 @@ def decode_replies(frames: Sequence[Frame]) -> list[tuple[Reply, list[Frame]]]:
         if len(envelope) >= ENVELOPE_HEAD and envelope[4] == _REPLY_BYTE and envelope[:4] == PROTOCOL:
             if len(frames) - 1 > MAX_TENSORS:
                 raise ProtocolError("too many inline frames")
-            head = memoryview(envelope)[ENVELOPE_HEAD - 1 :]
+            # (a receiver's frames are memoryviews and come as a list already: neither is made again)
+            view = envelope if type(envelope) is memoryview else memoryview(envelope)
+            head = view[ENVELOPE_HEAD - 1 :]
             r = _typed_reply(head)
             if r is not None:
-                return [(Reply(r.request_id, r.status, r.error, r.body), list(frames[1:]))]
+                inline: Any = frames[1:]
+                reply = Reply(r.request_id, r.status, r.error, r.body)
+                return [(reply, inline if type(inline) is list else list(inline))]
             header = _unpack(head)
             if not isinstance(header, dict):
                 raise ProtocolError("header must be a map")

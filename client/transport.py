@@ -7,12 +7,14 @@ of 64 KiB or more go without a copy.
 pyzmq's ``recv_multipart`` asks the socket ``RCVMORE`` after every frame (a Python-level ``getsockopt``);
 ``recv_frames`` reads ``Frame.more`` of each frame received without copying instead (the message itself
 says whether more follow). With the envelope in one frame most messages are one or two frames.
+``recv_buffers`` gives their buffers (what the decoders read), through pyzmq's Cython ``recv`` called
+directly (``zmq_calls``) on a socket of pyzmq's plain class.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import zmq
 
@@ -21,13 +23,18 @@ from .protocol import COPY_THRESHOLD, MAX_BUNDLE, MAX_BUNDLE_FRAMES, Command, Fr
 
 SNDMORE = int(zmq.SNDMORE)
 NOBLOCK = int(zmq.NOBLOCK)
+# ``zmq_calls``' class test and calls, held here: that module is interpreted, so asking it per message
+# (``zmq_calls.fast(sock)``, ``zmq_calls.send``) ran its Python each time. ``type(sock) is _PLAIN``: ``fast``
+_PLAIN: Final = zmq_calls.PLAIN
+_SEND: Final = zmq_calls.send
+_RECV: Final = zmq_calls.recv
 
 
 def send_frames(sock: zmq.Socket[Any], frames: Sequence[Frame], flags: int = 0) -> None:
     more = SNDMORE | flags
     last = len(frames) - 1
-    if zmq_calls.fast(sock):  # pyzmq's Cython send, without its Python wrapper (``zmq_calls``)
-        send = zmq_calls.send
+    if type(sock) is _PLAIN:  # pyzmq's Cython send, without its Python wrapper (``zmq_calls.fast``)
+        send = _SEND
         for i, frame in enumerate(frames):
             send(sock, frame, more if i < last else flags, len(frame) < COPY_THRESHOLD)
         return
@@ -61,6 +68,19 @@ def send_messages(
     except zmq.Again:
         pass
     return sent
+
+
+def recv_buffers(sock: zmq.Socket[Any], flags: int = 0) -> list[memoryview]:
+    """The buffers of the next message's frames on ``sock`` (as ``recv_frames``; each keeps its frame)."""
+    if type(sock) is not _PLAIN:  # (``zmq_calls.fast``)
+        return [f.buffer for f in recv_frames(sock, flags)]
+    recv = _RECV
+    frame = recv(sock, flags, False)
+    out = [frame.buffer]
+    while frame.more:
+        frame = recv(sock, 0, False)
+        out.append(frame.buffer)
+    return out
 
 
 def recv_frames(sock: zmq.Socket[Any], flags: int = 0) -> list[zmq.Frame]:

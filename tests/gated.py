@@ -15,10 +15,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pytest
 
 from tests.conftest import MODELS, ServerProcess, wait_for
-from zinfer.client import protocol
 from zinfer.client.base import _ClientBase as ClientBase
 
 GATED_ADD = """
@@ -142,23 +140,3 @@ def in_arena(client: ClientBase, arr: npt.NDArray[Any]) -> bool:
         if base <= start and end <= base + seg.size:
             return True
     return False
-
-
-class SentRequests:
-    """Every INFER a client builds, read back from its header as the broker reads it (installed with
-    ``monkeypatch`` on the request building both clients share)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.sent: list[protocol.InferRequest] = []
-        prepare = ClientBase._prepare
-
-        def spy(client: ClientBase, *args: Any, **kwargs: Any) -> Any:
-            p = prepare(client, *args, **kwargs)
-            self.sent.append(protocol.infer_from_wire(p.header))
-            return p
-
-        monkeypatch.setattr(ClientBase, "_prepare", spy)
-
-    def input(self, name: str) -> protocol.TensorRef:
-        """The last request's input ``name``."""
-        return next(t for t in self.sent[-1].inputs if t.name == name)

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import MODELS, TRITON_TIMING, ServerProcess, start_server, wait_for
-from tests.gated import SentRequests, address, in_arena, shm_address
+from tests.gated import address, in_arena, shm_address
+from tests.wire_spy import WireSpy
 from zinfer.client import (
     AsyncClient,
     Client,
@@ -186,13 +187,12 @@ def test_survives_a_server_restart(server_factory: Callable[..., ServerProcess])
 # ---------------------------------------------------------------------------------------------- zero copy
 
 
-def test_zero_copy_empty_arrays(bundled_server: ServerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``empty()``/``zeros()`` arrays go as descriptors of their own bytes (addresses compared), outputs come
-    back as views of the arena."""
-    sent = SentRequests(monkeypatch)
+def test_zero_copy_empty_arrays(bundled_server: ServerProcess) -> None:
+    """``empty()``/``zeros()`` arrays go as descriptors of their own bytes (addresses compared, as the wire
+    named them: ``WireSpy``), outputs come back as views of the arena."""
 
-    async def main() -> None:
-        async with AsyncClient(bundled_server.url, timeout=60) as c:
+    async def main(sent: WireSpy) -> None:
+        async with AsyncClient(sent.url, timeout=60) as c:
             x = c.empty((1, 1 << 18))  # no await: its segment is registered before the next send
             x[:] = np.arange(1 << 18, dtype=np.float32)
             out = (await c.infer("identity", {"INPUT0": x})).as_numpy("OUTPUT0")
@@ -210,7 +210,8 @@ def test_zero_copy_empty_arrays(bundled_server: ServerProcess, monkeypatch: pyte
             assert in_arena(c, out)
             assert not c._unregistered
 
-    run(main())
+    with WireSpy(bundled_server.url) as spy:
+        run(main(spy))
 
 
 # ---------------------------------------------------------------------------------------------- cancel

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import MODELS, ServerProcess, wait_for
-from tests.gated import SentRequests, address, in_arena, shm_address
+from tests.gated import address, in_arena, shm_address
+from tests.wire_spy import WireSpy
 from zinfer.client.client import Client
 
 pytestmark = pytest.mark.integration
@@ -92,24 +93,26 @@ def test_requested_output_subset_and_ids(bundled_server: ServerProcess) -> None:
         np.testing.assert_array_equal(res.as_numpy("OUTPUT_SUM"), 2 * a)
 
 
-def test_zero_copy_inputs_and_output_views(
-    bundled_server: ServerProcess, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_zero_copy_inputs_and_output_views(bundled_server: ServerProcess) -> None:
     """An ``empty()`` array is sent as a descriptor of its own bytes (no copy into another slot) and the
-    output is a view of the client's arena, which stays intact while it is referenced."""
-    sent = SentRequests(monkeypatch)
-    with Client(bundled_server.url, timeout=30) as client:
+    output is a view of the client's arena where the reply put it, which stays intact while it is
+    referenced. What was sent and replied is read off the wire (``WireSpy``), so this holds for a compiled
+    client too."""
+    with WireSpy(bundled_server.url) as spy, Client(spy.url, timeout=30) as client:
         x = client.empty((2, 1000), np.float32)
         x[:] = np.arange(2000, dtype=np.float32).reshape(2, 1000)
         first = client.infer("identity", {"INPUT0": x}).as_numpy("OUTPUT0")
-        ref = sent.input("INPUT0")
+        ref = spy.input("INPUT0")
         assert ref.shm is not None and ref.frame is None
         assert shm_address(client, ref.shm.region, ref.shm.offset) == address(x)
         assert ref.shm.nbytes == x.nbytes
+        out_ref = spy.output("OUTPUT0")  # the server wrote the output into the client's slot: no frame
+        assert out_ref.shm is not None and out_ref.frame is None and out_ref.shm.nbytes == first.nbytes
+        assert shm_address(client, out_ref.shm.region, out_ref.shm.offset) == address(first)
         half = x[1:]  # a contiguous slice of it is sent where it lies, too
         out = client.infer("identity", {"INPUT0": half}).as_numpy("OUTPUT0")
         np.testing.assert_array_equal(out, half)
-        ref = sent.input("INPUT0")
+        ref = spy.input("INPUT0")
         assert ref.shm is not None and shm_address(client, ref.shm.region, ref.shm.offset) == address(half)
         assert in_arena(client, first) and not first.flags.owndata
         snapshot = first.copy()
@@ -118,6 +121,7 @@ def test_zero_copy_inputs_and_output_views(
             second = client.infer("identity", {"INPUT0": x * (k + 2)}).as_numpy("OUTPUT0")
             np.testing.assert_array_equal(second, x * (k + 2))
         np.testing.assert_array_equal(first, snapshot)
+        assert len(spy.sent) == 7 and len(spy.replied) == 7
 
 
 def test_health_metadata_config_and_index(bundled_server: ServerProcess) -> None:

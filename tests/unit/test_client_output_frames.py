@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from zinfer.client import dtypes
 from zinfer.client.base import _ClientBase
+from zinfer.client.errors import InvalidArgument
 from zinfer.client.protocol import Reply, Status
 
 
@@ -54,3 +56,27 @@ def test_int64_and_fp16_outputs() -> None:
         got = _read(memoryview(want.tobytes()), [2, 2], datatype)
         assert got.dtype == dtype
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("datatype", sorted(dtypes.WIRE_TYPES - {dtypes.BYTES}))
+def test_every_wire_type_reads_as_its_dtype(datatype: str) -> None:
+    """The client's table of wire types (read per reply without calling ``dtypes``) gives what
+    ``dtypes.wire_to_numpy`` gives, for frames as memoryviews and as bytes."""
+    dtype = dtypes.wire_to_numpy(datatype)
+    want = np.arange(6).astype(dtype).reshape(2, 3)
+    for frame in (memoryview(want.tobytes()), want.tobytes()):
+        got = _read(frame, [2, 3], datatype)
+        assert got.dtype == dtype and got.shape == (2, 3)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_memoryview_frame_is_read_where_it_lies() -> None:
+    blob = bytearray(np.arange(4, dtype=np.float32).tobytes())
+    got = _read(memoryview(blob), [2, 2])
+    blob[:4] = np.float32(9).tobytes()  # the array is a view of the reply's bytes, not a copy
+    assert got[0, 0] == 9.0
+
+
+def test_an_unknown_output_type_is_refused_by_name() -> None:
+    with pytest.raises(InvalidArgument, match="unknown data type 'FP8'"):
+        _read(memoryview(b"\0" * 4), [1, 1], "FP8")

@@ -18,7 +18,7 @@ from zinfer.client import paths, zmq_calls
 from zinfer.client.connection import Connection
 from zinfer.client.errors import ConnectionFailed
 from zinfer.client.link_watch import LinkWatch
-from zinfer.client.transport import recv_frames, send_frames
+from zinfer.client.transport import recv_buffers, recv_frames, send_frames
 
 
 @pytest.fixture
@@ -49,6 +49,42 @@ def test_the_fast_send_delivers_every_kind_of_frame(
     got = recv_frames(router)
     assert [bytes(f.buffer) for f in got[1:]] == [b"", b"small", b"view", b"mutable", big, b"frame"]
     assert not got[-1].more
+
+
+class _OwnSocket(zmq.Socket[bytes]):
+    """A socket class of its own: ``recv_buffers`` leaves its ``recv`` to it."""
+
+
+def test_recv_buffers_gives_every_frame_and_fails_as_pyzmq(
+    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]], tmp_path: Path
+) -> None:
+    router, dealer = pair
+    assert type(dealer) is zmq_calls.PLAIN and zmq_calls.fast(dealer)  # the test transport makes inline
+    big = bytes(range(256)) * 1024
+    dealer.send(b"hello")
+    who = router.recv_multipart()[0]
+    router.send_multipart([who, b"env", b"", big, b"last"])
+    got = recv_buffers(dealer)
+    assert all(type(b) is memoryview for b in got)
+    assert [bytes(b) for b in got] == [b"env", b"", big, b"last"]
+    router.send_multipart([who, b"one"])
+    assert [bytes(b) for b in recv_buffers(dealer)] == [b"one"]
+    with pytest.raises(zmq.Again):  # nothing there: NOBLOCK fails as pyzmq's recv fails
+        recv_buffers(dealer, int(zmq.NOBLOCK))
+    ctx = zmq.Context()
+    own = _OwnSocket(ctx, zmq.DEALER)
+    try:
+        assert not zmq_calls.fast(own) and type(own) is not zmq_calls.PLAIN
+        own.setsockopt(zmq.LINGER, 0)
+        own.connect(f"ipc://{tmp_path / 'r.sock'}")
+        own.send(b"hi")
+        peer = router.recv_multipart()[0]
+        router.send_multipart([peer, b"a", b"b"])
+        own.setsockopt(zmq.RCVTIMEO, 10_000)
+        assert [bytes(b) for b in recv_buffers(own)] == [b"a", b"b"]
+    finally:
+        own.close(linger=0)
+        ctx.term()
 
 
 def test_the_fast_send_fails_as_pyzmqs_own(pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]) -> None:
