@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import math
@@ -142,6 +143,43 @@ class AsyncConnection:
         finally:
             if handle is not None:
                 handle.cancel()
+
+    def send_watched(
+        self,
+        command: Command,
+        header: protocol.OutHeader,
+        frames: Sequence[Frame],
+        timeout: float,
+        done: Callable[[str, asyncio.Future[tuple[Reply, list[Frame]]]], None],
+    ) -> None:
+        """``send`` (``header``'s id set) then ``wait`` without a coroutine: ``done(id, future)`` is called
+        by the loop once the future is resolved (its reply, or the error ``wait`` raises: a timeout after
+        ``timeout`` seconds, ``Unsent``, a lost connection). As with ``wait``, the reply to a request that
+        failed so goes to ``on_late_reply`` if it ever comes."""
+        if self._closed:
+            raise ClientError("the client is closed")
+        loop = self._start()
+        rid = protocol.header_id(header)
+        fut: asyncio.Future[tuple[Reply, list[Frame]]] = loop.create_future()
+        self._waiters[rid] = fut
+        self._queue(command, header, frames, rid, timeout)
+        handle = self._deadlines_of(fut).add(fut, timeout)
+        fut.add_done_callback(functools.partial(self._watched, rid, handle, done))
+
+    def _watched(
+        self,
+        rid: str,
+        handle: asyncio.TimerHandle | None,
+        done: Callable[[str, asyncio.Future[tuple[Reply, list[Frame]]]], None],
+        fut: asyncio.Future[tuple[Reply, list[Frame]]],
+    ) -> None:
+        """``wait``'s ending for a ``send_watched`` request, then its ``done``."""
+        if handle is not None:
+            handle.cancel()
+        if fut.cancelled() or (fut.exception() is not None and not isinstance(fut.exception(), Unsent)):
+            if self._waiters.pop(rid, None) is not None:  # a timeout, a lost connection: a late reply
+                self._late.add(rid)
+        done(rid, fut)
 
     def _deadlines_of(self, fut: asyncio.Future[Any]) -> Deadlines:
         if self._deadlines is None:  # made on the loop of the first request

@@ -10,7 +10,8 @@ held for a late reply, cancel on timeout, registering regions again after a brok
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -93,6 +94,30 @@ class DoorClient(AsyncClient):
         except (RequestTimeout, asyncio.CancelledError):
             conn.send_only(Command.CANCEL, protocol.cancel_command_to_wire(CancelCommand(rid)))
             raise
+
+    def send_raw(
+        self,
+        plan: RawPlan,
+        frames: list[Frame],
+        done: Callable[[asyncio.Future[tuple[Reply, list[Frame]]]], None],
+    ) -> bool:
+        """``infer_raw`` without a coroutine: ``done(future)`` is called by the loop once its reply is in (or
+        the error ``infer_raw`` raises; a request that timed out is cancelled in the broker first). False
+        (nothing sent) when the model's information changed since the plan was made."""
+        if not plan.direct or self._models.get(plan.key) is not plan.info:
+            return False
+        conn = self._conn
+        header = plan.header._replace(request_id=conn.new_id())
+        conn.send_watched(Command.INFER, header, frames, plan.wait, functools.partial(self._raw_done, done))
+        return True
+
+    def _raw_done(
+        self, done: Callable[[asyncio.Future[tuple[Reply, list[Frame]]]], None], rid: str,
+        fut: asyncio.Future[tuple[Reply, list[Frame]]],
+    ) -> None:  # fmt: skip
+        if fut.cancelled() or isinstance(fut.exception(), RequestTimeout):
+            self._conn.send_only(Command.CANCEL, protocol.cancel_command_to_wire(CancelCommand(rid)))
+        done(fut)
 
     def read_raw(self, plan: RawPlan, reply: Reply, frames: list[Frame]) -> InferReply:
         """A reply to ``infer_raw`` read the usual way (``infer_call``'s reading)."""
