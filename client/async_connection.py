@@ -26,7 +26,7 @@ from typing import Any
 
 import zmq
 
-from . import protocol
+from . import async_stream, protocol
 from .connection import Unsent
 from .curve_keys import CurveKeys
 from .deadlines import Deadlines
@@ -186,33 +186,34 @@ class AsyncConnection:
             self._deadlines = Deadlines(fut.get_loop(), self._time_out)
         return self._deadlines
 
-    async def stream(
+    def stream(
         self, command: Command, header: protocol.OutHeader, frames: Sequence[Frame], timeout: float
     ) -> AsyncIterator[tuple[Reply, list[Frame]]]:
-        """Send one message and yield its replies until the final one; ``timeout`` bounds each wait."""
+        """Send one message and yield its replies until the final one; ``timeout`` bounds each wait (the
+        async generator is ``async_stream.replies``: a module of its own, so this one can be compiled)."""
+        return async_stream.replies(self, command, header, frames, timeout)
+
+    def open_stream(self, header: protocol.OutHeader) -> tuple[str, asyncio.Queue[_Item | ClientError]]:
+        """A stream's id (``header``'s, stamped) and the queue its replies go to (``stream``'s first step)."""
         if self._closed:
             raise ClientError("the client is closed")
         self._start()
         rid: str = protocol.stamp_id(header, self.new_id())
         queue: asyncio.Queue[_Item | ClientError] = asyncio.Queue()
         self._streams[rid] = queue
-        done = False
-        try:
-            self._queue(command, header, frames, rid, timeout)
-            while not done:
-                try:
-                    item = await asyncio.wait_for(queue.get(), timeout)
-                except asyncio.TimeoutError:
-                    raise RequestTimeout("no response from the server within the timeout") from None
-                if isinstance(item, ClientError):
-                    raise item
-                reply, rframes = item
-                done = is_final(reply)
-                yield reply, rframes
-        finally:
-            self._streams.pop(rid, None)
-            if not done:
-                self._late.add(rid)
+        return rid, queue
+
+    def send_stream(
+        self, command: Command, header: protocol.OutHeader, frames: Sequence[Frame], rid: str, timeout: float
+    ) -> None:
+        """Queue a stream's message (opened by ``open_stream``) for this turn's send."""
+        self._queue(command, header, frames, rid, timeout)
+
+    def close_stream(self, rid: str, done: bool) -> None:
+        """A stream is over (``done``: its final reply came; else its replies are left to come late)."""
+        self._streams.pop(rid, None)
+        if not done:
+            self._late.add(rid)
 
     def send_only(self, command: Command, header: protocol.OutHeader) -> None:
         """Send without waiting for the answer (which is then dropped); never blocks, never raises (dropped

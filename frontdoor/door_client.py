@@ -10,8 +10,7 @@ held for a late reply, cancel on timeout, registering regions again after a brok
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ import numpy.typing as npt
 
 from zinfer.client import AsyncClient, dtypes, protocol
 from zinfer.client.arena import Slot
+from zinfer.client.async_connection import AsyncConnection
 from zinfer.client.base import _ModelInfo, _Prepared
 from zinfer.client.errors import ProtocolError, RequestTimeout, Status, from_status
 from zinfer.client.protocol import (
@@ -95,29 +95,10 @@ class DoorClient(AsyncClient):
             conn.send_only(Command.CANCEL, protocol.cancel_command_to_wire(CancelCommand(rid)))
             raise
 
-    def send_raw(
-        self,
-        plan: RawPlan,
-        frames: list[Frame],
-        done: Callable[[asyncio.Future[tuple[Reply, list[Frame]]]], None],
-    ) -> bool:
-        """``infer_raw`` without a coroutine: ``done(future)`` is called by the loop once its reply is in (or
-        the error ``infer_raw`` raises; a request that timed out is cancelled in the broker first). False
-        (nothing sent) when the model's information changed since the plan was made."""
-        if not plan.direct or self._models.get(plan.key) is not plan.info:
-            return False
-        conn = self._conn
-        header = plan.header._replace(request_id=conn.new_id())
-        conn.send_watched(Command.INFER, header, frames, plan.wait, functools.partial(self._raw_done, done))
-        return True
-
-    def _raw_done(
-        self, done: Callable[[asyncio.Future[tuple[Reply, list[Frame]]]], None], rid: str,
-        fut: asyncio.Future[tuple[Reply, list[Frame]]],
-    ) -> None:  # fmt: skip
-        if fut.cancelled() or isinstance(fut.exception(), RequestTimeout):
-            self._conn.send_only(Command.CANCEL, protocol.cancel_command_to_wire(CancelCommand(rid)))
-        done(fut)
+    @property
+    def connection(self) -> AsyncConnection:
+        """The connection to the broker (one for the client's life)."""
+        return self._conn
 
     def read_raw(self, plan: RawPlan, reply: Reply, frames: list[Frame]) -> InferReply:
         """A reply to ``infer_raw`` read the usual way (``infer_call``'s reading)."""

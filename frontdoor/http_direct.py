@@ -13,8 +13,8 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from zinfer.client.errors import ClientError, InvalidArgument
-from zinfer.client.protocol import Frame, Reply
+from zinfer.client.errors import ClientError, InvalidArgument, RequestTimeout
+from zinfer.client.protocol import CancelCommand, Command, Frame, Reply, cancel_command_to_wire
 
 from .bridge_records import InferCall, InferReply
 from .door_trace import DoorStamps
@@ -55,6 +55,7 @@ class DirectPath:
     def __init__(self, bridge: Bridge, replies: KnownReplies) -> None:
         self.bridge = bridge
         self.client = bridge.door_client
+        self.conn = self.client.connection
         self.replies = replies
 
     async def answer(
@@ -92,17 +93,26 @@ class DirectPath:
             frames = cut(plan, body, len(body) if header_length is None else header_length, model)
         except InvalidArgument:  # refused the usual way, with the same text
             return False
+        if not self.client.holds(plan):  # the model's information changed: ``answer`` drops the plan
+            return False
+        conn = self.conn
+        header = plan.header._replace(request_id=conn.new_id())  # as ``DoorClient.infer_raw`` sends it
         replied = functools.partial(self._replied, known, plan, request, done)
         try:
-            return self.client.send_raw(plan, frames, replied)
+            conn.send_watched(Command.INFER, header, frames, plan.wait, replied)
         except ClientError:  # closed: nothing sent, and the usual way says so
             return False
+        return True
 
     def _replied(
         self, known: KeptHeader, plan: RawPlan, request: HttpRequest,
-        done: Callable[[HttpResponse | BaseException], None], fut: asyncio.Future[tuple[Reply, list[Frame]]],
+        done: Callable[[HttpResponse | BaseException], None], rid: str,
+        fut: asyncio.Future[tuple[Reply, list[Frame]]],
     ) -> None:  # fmt: skip
-        if fut.cancelled():
+        cancelled = fut.cancelled()
+        if cancelled or isinstance(fut.exception(), RequestTimeout):  # as ``infer_raw``: the broker drops it
+            self.conn.send_only(Command.CANCEL, cancel_command_to_wire(CancelCommand(rid)))
+        if cancelled:
             done(asyncio.CancelledError())
             return
         try:
