@@ -413,9 +413,10 @@ class AsyncConnection:
             self._flush_handle.cancel()
         if self._deadlines is not None:
             self._deadlines.close()
-        if self._loop is not None and not self._loop.is_closed():
+        loop: Any = self._loop  # uvloop's remove_reader returns None, not asyncio's bool (mypyc checks it)
+        if loop is not None and not loop.is_closed():
             for fd in self._fds:
-                self._loop.remove_reader(fd)
+                loop.remove_reader(fd)
         self._link.close()
         for task in self._tasks:
             task.cancel()
