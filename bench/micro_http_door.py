@@ -116,7 +116,10 @@ async def drive(url: str, model: str, concurrency: int, requests: int) -> dict[s
         wires = []
 
         def connection() -> None:
-            wire = HttpWire(handler.handle, handler.body_limit, lambda w: None)
+            # a tree whose handler takes requests without a coroutine (``HttpFrontDoor.start``) is given it,
+            # as ``serve_http`` does
+            start = {"start": handler.start} if hasattr(handler, "start") else {}
+            wire = HttpWire(handler.handle, handler.body_limit, lambda w: None, **start)
 
             def answered() -> None:
                 nonlocal issued, counted, t0, c0

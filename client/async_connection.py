@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import math
@@ -25,7 +26,7 @@ from typing import Any
 
 import zmq
 
-from . import protocol
+from . import async_stream, protocol
 from .connection import Unsent
 from .curve_keys import CurveKeys
 from .deadlines import Deadlines
@@ -143,38 +144,76 @@ class AsyncConnection:
             if handle is not None:
                 handle.cancel()
 
+    def send_watched(
+        self,
+        command: Command,
+        header: protocol.OutHeader,
+        frames: Sequence[Frame],
+        timeout: float,
+        done: Callable[[str, asyncio.Future[tuple[Reply, list[Frame]]]], None],
+    ) -> None:
+        """``send`` (``header``'s id set) then ``wait`` without a coroutine: ``done(id, future)`` is called
+        by the loop once the future is resolved (its reply, or the error ``wait`` raises: a timeout after
+        ``timeout`` seconds, ``Unsent``, a lost connection). As with ``wait``, the reply to a request that
+        failed so goes to ``on_late_reply`` if it ever comes."""
+        if self._closed:
+            raise ClientError("the client is closed")
+        loop = self._start()
+        rid = protocol.header_id(header)
+        fut: asyncio.Future[tuple[Reply, list[Frame]]] = loop.create_future()
+        self._waiters[rid] = fut
+        self._queue(command, header, frames, rid, timeout)
+        handle = self._deadlines_of(fut).add(fut, timeout)
+        fut.add_done_callback(functools.partial(self._watched, rid, handle, done))
+
+    def _watched(
+        self,
+        rid: str,
+        handle: asyncio.TimerHandle | None,
+        done: Callable[[str, asyncio.Future[tuple[Reply, list[Frame]]]], None],
+        fut: asyncio.Future[tuple[Reply, list[Frame]]],
+    ) -> None:
+        """``wait``'s ending for a ``send_watched`` request, then its ``done``."""
+        if handle is not None:
+            handle.cancel()
+        if fut.cancelled() or (fut.exception() is not None and not isinstance(fut.exception(), Unsent)):
+            if self._waiters.pop(rid, None) is not None:  # a timeout, a lost connection: a late reply
+                self._late.add(rid)
+        done(rid, fut)
+
     def _deadlines_of(self, fut: asyncio.Future[Any]) -> Deadlines:
         if self._deadlines is None:  # made on the loop of the first request
             self._deadlines = Deadlines(fut.get_loop(), self._time_out)
         return self._deadlines
 
-    async def stream(
+    def stream(
         self, command: Command, header: protocol.OutHeader, frames: Sequence[Frame], timeout: float
     ) -> AsyncIterator[tuple[Reply, list[Frame]]]:
-        """Send one message and yield its replies until the final one; ``timeout`` bounds each wait."""
+        """Send one message and yield its replies until the final one; ``timeout`` bounds each wait (the
+        async generator is ``async_stream.replies``: a module of its own, so this one can be compiled)."""
+        return async_stream.replies(self, command, header, frames, timeout)
+
+    def open_stream(self, header: protocol.OutHeader) -> tuple[str, asyncio.Queue[_Item | ClientError]]:
+        """A stream's id (``header``'s, stamped) and the queue its replies go to (``stream``'s first step)."""
         if self._closed:
             raise ClientError("the client is closed")
         self._start()
         rid: str = protocol.stamp_id(header, self.new_id())
         queue: asyncio.Queue[_Item | ClientError] = asyncio.Queue()
         self._streams[rid] = queue
-        done = False
-        try:
-            self._queue(command, header, frames, rid, timeout)
-            while not done:
-                try:
-                    item = await asyncio.wait_for(queue.get(), timeout)
-                except asyncio.TimeoutError:
-                    raise RequestTimeout("no response from the server within the timeout") from None
-                if isinstance(item, ClientError):
-                    raise item
-                reply, rframes = item
-                done = is_final(reply)
-                yield reply, rframes
-        finally:
-            self._streams.pop(rid, None)
-            if not done:
-                self._late.add(rid)
+        return rid, queue
+
+    def send_stream(
+        self, command: Command, header: protocol.OutHeader, frames: Sequence[Frame], rid: str, timeout: float
+    ) -> None:
+        """Queue a stream's message (opened by ``open_stream``) for this turn's send."""
+        self._queue(command, header, frames, rid, timeout)
+
+    def close_stream(self, rid: str, done: bool) -> None:
+        """A stream is over (``done``: its final reply came; else its replies are left to come late)."""
+        self._streams.pop(rid, None)
+        if not done:
+            self._late.add(rid)
 
     def send_only(self, command: Command, header: protocol.OutHeader) -> None:
         """Send without waiting for the answer (which is then dropped); never blocks, never raises (dropped
@@ -374,9 +413,10 @@ class AsyncConnection:
             self._flush_handle.cancel()
         if self._deadlines is not None:
             self._deadlines.close()
-        if self._loop is not None and not self._loop.is_closed():
+        loop: Any = self._loop  # uvloop's remove_reader returns None, not asyncio's bool (mypyc checks it)
+        if loop is not None and not loop.is_closed():
             for fd in self._fds:
-                self._loop.remove_reader(fd)
+                loop.remove_reader(fd)
         self._link.close()
         for task in self._tasks:
             task.cancel()

@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from zinfer.client import AsyncClient, dtypes, protocol
 from zinfer.client.arena import Slot
+from zinfer.client.async_connection import AsyncConnection
 from zinfer.client.base import _ModelInfo, _Prepared
 from zinfer.client.errors import ProtocolError, RequestTimeout, Status, from_status
 from zinfer.client.protocol import (
@@ -93,6 +94,11 @@ class DoorClient(AsyncClient):
         except (RequestTimeout, asyncio.CancelledError):
             conn.send_only(Command.CANCEL, protocol.cancel_command_to_wire(CancelCommand(rid)))
             raise
+
+    @property
+    def connection(self) -> AsyncConnection:
+        """The connection to the broker (one for the client's life)."""
+        return self._conn
 
     def read_raw(self, plan: RawPlan, reply: Reply, frames: list[Frame]) -> InferReply:
         """A reply to ``infer_raw`` read the usual way (``infer_call``'s reading)."""

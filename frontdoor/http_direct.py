@@ -8,11 +8,13 @@ of the plan's kept kind, else the reply read the usual way (and its kind kept fo
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from zinfer.client.protocol import Frame, Reply
+from zinfer.client.errors import ClientError, InvalidArgument, RequestTimeout
+from zinfer.client.protocol import CancelCommand, Command, Frame, Reply, cancel_command_to_wire
 
 from .bridge_records import InferCall, InferReply
 from .door_trace import DoorStamps
@@ -53,6 +55,7 @@ class DirectPath:
     def __init__(self, bridge: Bridge, replies: KnownReplies) -> None:
         self.bridge = bridge
         self.client = bridge.door_client
+        self.conn = self.client.connection
         self.replies = replies
 
     async def answer(
@@ -73,7 +76,57 @@ class DirectPath:
         if sent is None:  # the model's information changed: made again by the usual way
             known.plans.pop(key, None)
             return None
-        raw, rframes = sent
+        return self._answer_of(known, plan, request, sent[0], sent[1])
+
+    def start(
+        self, known: KeptHeader, request: HttpRequest, header_length: int | None, model: str, version: str,
+        done: Callable[[HttpResponse | BaseException], None],
+    ) -> bool:  # fmt: skip
+        """``answer`` without a coroutine, for a request the plan sends as it is: sent now, ``done`` is called
+        by the loop with its answer (or the error ``answer`` would raise). False (nothing sent): no plan that
+        goes direct, or one that no longer holds, or a body the usual way refuses: ``answer`` takes it."""
+        plan: RawPlan | None = known.plans.get((model, version))
+        if plan is None or not plan.direct:
+            return False
+        body = request.body
+        try:
+            frames = cut(plan, body, len(body) if header_length is None else header_length, model)
+        except InvalidArgument:  # refused the usual way, with the same text
+            return False
+        if not self.client.holds(plan):  # the model's information changed: ``answer`` drops the plan
+            return False
+        conn = self.conn
+        header = plan.header._replace(request_id=conn.new_id())  # as ``DoorClient.infer_raw`` sends it
+        replied = functools.partial(self._replied, known, plan, request, done)
+        try:
+            conn.send_watched(Command.INFER, header, frames, plan.wait, replied)
+        except ClientError:  # closed: nothing sent, and the usual way says so
+            return False
+        return True
+
+    def _replied(
+        self, known: KeptHeader, plan: RawPlan, request: HttpRequest,
+        done: Callable[[HttpResponse | BaseException], None], rid: str,
+        fut: asyncio.Future[tuple[Reply, list[Frame]]],
+    ) -> None:  # fmt: skip
+        cancelled = fut.cancelled()
+        if cancelled or isinstance(fut.exception(), RequestTimeout):  # as ``infer_raw``: the broker drops it
+            self.conn.send_only(Command.CANCEL, cancel_command_to_wire(CancelCommand(rid)))
+        if cancelled:
+            done(asyncio.CancelledError())
+            return
+        try:
+            raw, rframes = fut.result()
+            answer = self._answer_of(known, plan, request, raw, rframes)
+        except Exception as exc:  # noqa: BLE001 - answered as the handler answers it
+            done(exc)
+            return
+        done(answer)
+
+    def _answer_of(
+        self, known: KeptHeader, plan: RawPlan, request: HttpRequest, raw: Reply, rframes: list[Frame]
+    ) -> HttpResponse:
+        """The answer to a direct request's reply (an error reply raises)."""
         kind = kind_of(plan, raw, rframes)
         if kind is not None:  # the answer is the kept JSON and head, and the frames
             if not kind.parts:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import re
 from collections.abc import Callable
@@ -133,12 +134,40 @@ class HttpFrontDoor:
             else:
                 response = await self._route(request)
         except Exception as exc:  # noqa: BLE001 - every failure becomes Triton's answer, never a 500 page
-            answer = triton_error(exc)
-            if answer.grpc_code == "INTERNAL" and not isinstance(exc, FrontDoorError):
-                log.exception("event=http_internal_error path=%r", request.target[:200])
-            response = _error(http_status(answer.grpc_code), answer.message)
+            response = _failed(request, exc)
         self.door.counters.record("http", response.status < 400)
         return response
+
+    def start(self, request: HttpRequest, done: Callable[[HttpResponse], None]) -> bool:
+        """``handle`` without a coroutine for a request the direct path sends at once (``http_direct``):
+        ``done`` is called by the loop with its answer. False (nothing done): ``handle`` answers it."""
+        if request.method != "POST":
+            return False
+        found = self.targets.get(request.target)
+        if found is None:
+            return False
+        model, version = found
+        headers = request.headers
+        if self.bridge.known_decoupled(model, version) is not False or _TRACEPARENT in headers:
+            return False
+        body = request.body
+        try:
+            header_length = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
+        except InvalidArgument:  # answered by ``handle``
+            return False
+        known = self.requests.header(body, header_length)
+        if known is None or not known.plans:
+            return False
+        finish = functools.partial(self._finish, request, done)
+        return self.direct.start(known, request, header_length, model, version, finish)
+
+    def _finish(
+        self, request: HttpRequest, done: Callable[[HttpResponse], None], answer: HttpResponse | BaseException
+    ) -> None:
+        """A direct request's answer, as ``handle`` gives it."""
+        response = answer if isinstance(answer, HttpResponse) else _failed(request, answer)
+        self.door.counters.record("http", response.status < 400)
+        done(response)
 
     async def _route(self, request: HttpRequest) -> HttpResponse:
         path = request.path
@@ -319,6 +348,14 @@ class HttpFrontDoor:
         return frozenset(refs)
 
 
+def _failed(request: HttpRequest, exc: BaseException) -> HttpResponse:
+    """Triton's answer for a failed request."""
+    answer = triton_error(exc)
+    if answer.grpc_code == "INTERNAL" and not isinstance(exc, FrontDoorError):
+        log.error("event=http_internal_error path=%r", request.target[:200], exc_info=exc)
+    return _error(http_status(answer.grpc_code), answer.message)
+
+
 def _no_shm(*args: Any) -> Any:
     raise AssertionError("a request without shared memory read from it")  # pragma: no cover
 
@@ -367,7 +404,7 @@ async def serve_http(door: FrontDoor, stop: asyncio.Event) -> None:
             return _Refuse()
         wire = HttpWire(
             handler.handle, handler.body_limit, closed,
-            header_timeout=door.options.http_header_timeout_s, admit=admit,
+            header_timeout=door.options.http_header_timeout_s, admit=admit, start=handler.start,
         )  # fmt: skip
         connections.add(wire)
         return wire

@@ -101,6 +101,9 @@ class HttpResponse(NamedTuple):
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+# the handler without a coroutine, for a request it can send on at once: True when it took the request (it
+# calls the callback with the answer later, from the loop); False: the handler answers it
+Start = Callable[[HttpRequest, Callable[[HttpResponse], None]], bool]
 BodyLimit = Callable[[str, str], int]  # (method, target) -> the most body bytes accepted
 Admit = Callable[["HttpWire"], bool]  # whether a connection just made may stay (its peer is known)
 
@@ -146,8 +149,10 @@ class HttpWire(asyncio.Protocol):
         *,
         header_timeout: float = HEADER_TIMEOUT_S,
         admit: Admit | None = None,
+        start: Start | None = None,
     ) -> None:
         self._handler = handler
+        self._start = start
         self._body_limit = body_limit
         self._on_close = on_close
         self._header_timeout = header_timeout
@@ -173,6 +178,8 @@ class HttpWire(asyncio.Protocol):
         # requests parsed in full, waiting to be answered in order
         self._ready: collections.deque[tuple[HttpRequest, bool]] = collections.deque()
         self._task: asyncio.Task[None] | None = None
+        self._busy = False  # a request is being answered (by ``_task``, or taken by ``start``)
+        self._keep_alive = False  # whether the request ``start`` took may keep the connection
         self._timer: asyncio.TimerHandle | None = None  # due no later than the deadline (see ``_arm``)
         self._deadline: float | None = None  # the loop's time the current step must be done by
         self._closing = False  # no more requests are read: answer what is queued, then close
@@ -202,7 +209,7 @@ class HttpWire(asyncio.Protocol):
     def eof_received(self) -> bool:
         self._eof = True
         self._closing = True
-        if self._task is None and not self._ready:
+        if not self._busy and not self._ready:
             return False  # nothing to answer: asyncio closes the transport
         return True  # answer what was sent, then close (a half-closed peer still reads)
 
@@ -272,17 +279,66 @@ class HttpWire(asyncio.Protocol):
             self._recv_start, time.monotonic_ns(),
         )  # fmt: skip
         self._chunks, self._partial = [], False
-        self._ready.append((request, bool(self._parser.should_keep_alive())))
+        keep_alive = bool(self._parser.should_keep_alive())
         self._disarm()
+        if not self._busy:
+            start = self._start
+            if start is not None and self._taken(start, request):  # no task: answered in a callback
+                self._busy, self._keep_alive = True, keep_alive
+                return
+            self._busy = True
+            self._ready.append((request, keep_alive))
+            self._task = self._loop.create_task(self._answer_all())
+            return
+        self._ready.append((request, keep_alive))
         if len(self._ready) >= MAX_PIPELINED and self._transport is not None and self._transport.is_reading():
             self._transport.pause_reading()
-        if self._task is None:
-            self._task = self._loop.create_task(self._answer_all())
 
     # -------------------------------------------------------------------------------------- answers
 
-    async def _answer_all(self) -> None:
+    def _taken(self, start: Start, request: HttpRequest) -> bool:
         try:
+            return start(request, self._started_done)
+        except Exception:  # noqa: BLE001 - a bug there: the handler answers it the usual way
+            log.exception("event=http_start_failed path=%r", request.path[:200])
+            return False
+
+    def _started_done(self, answer: HttpResponse) -> None:
+        """The answer to the request ``start`` took, written as ``_answer_all`` writes; then the next ones."""
+        keep_alive = self._keep_alive and not answer.close and not (self._closing and not self._ready)
+        sent = answer.on_sent
+        send_start = time.monotonic_ns() if sent is not None else 0
+        self._write(answer, keep_alive)
+        if self._writable is None:
+            if sent is not None:
+                sent(send_start, time.monotonic_ns())
+            if not keep_alive:
+                self._busy = False
+                self._close()
+                return
+            if not self._ready:
+                self._busy = False
+                self._idle()
+                return
+            sent = None
+        # the rest in a task: the wait for the write (reading is paused), and the requests behind this one
+        self._task = self._loop.create_task(self._answer_all(True, sent, send_start, keep_alive))
+
+    async def _answer_all(
+        self, written: bool = False, sent: Callable[[int, int], None] | None = None, send_start: int = 0,
+        keep_alive: bool = True,
+    ) -> None:  # fmt: skip
+        """Answer the requests waiting, in order. ``written``: after a ``start`` answer's write (``sent``
+        told once it is done; the connection closed after it unless ``keep_alive``)."""
+        try:
+            if written:
+                if self._writable is not None:
+                    await self._writable
+                if sent is not None:
+                    sent(send_start, time.monotonic_ns())
+                if not keep_alive:
+                    self._close()
+                    return
             while self._ready and self._transport is not None and not self._transport.is_closing():
                 request, keep_alive = self._ready.popleft()
                 if len(self._ready) < MAX_PIPELINED // 2 and not self._transport.is_reading():
@@ -305,6 +361,11 @@ class HttpWire(asyncio.Protocol):
                     return
         finally:
             self._task = None
+            self._busy = False
+        self._idle()
+
+    def _idle(self) -> None:
+        """Every request answered: close if the peer is gone, else wait for the next one."""
         if self._eof:
             self._close()
         elif self._transport is not None and not self._transport.is_closing() and not self._ready:
@@ -343,7 +404,7 @@ class HttpWire(asyncio.Protocol):
     def close(self) -> None:
         """Stop reading; close once the request being answered (if any) has its answer."""
         self._closing = True
-        if self._task is None:
+        if not self._busy:
             self._close()
 
     # ---------------------------------------------------------------------------------------- timers
@@ -381,7 +442,7 @@ class HttpWire(asyncio.Protocol):
             self._timer = self._loop.call_at(min(deadline, now + self._header_timeout), self._expired)
             return
         self._deadline = None
-        if self._task is not None:  # answering: the handler bounds its own time; look again later
+        if self._busy:  # answering: the handler bounds its own time; look again later
             self._arm(REQUEST_TIMEOUT_S)
             return
         if self._in_head:

@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import ServerProcess, start_server, stop_all
 from tests.frontdoor_helpers import repository
+from zinfer.client import AsyncClient
 from zinfer.frontdoor.bridge import Bridge
 from zinfer.frontdoor.door import FrontDoor, FrontDoorOptions
 from zinfer.frontdoor.http_server import HttpFrontDoor
@@ -179,5 +180,61 @@ def test_traced_direct_requests_stamp_their_trace(broker: tuple[ServerProcess, P
             assert (await handler.handle(_request(HEADER, 1, 2, 3, 4, traceparent=parent))).status == 200
         finally:
             await door.bridge.trace_settings("", {"trace_level": ["OFF"]})
+
+    _run(*broker, body)
+
+
+async def _started(handler: HttpFrontDoor, request: HttpRequest) -> HttpResponse | None:
+    """``handler.start``'s answer to ``request`` (None: it did not take it)."""
+    answered: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
+    if not handler.start(request, answered.set_result):
+        return None
+    return await asyncio.wait_for(answered, 10)
+
+
+def test_started_answers_are_the_usual_answers(broker: tuple[ServerProcess, Path]) -> None:
+    """``HttpFrontDoor.start`` (no coroutine: what ``HttpWire`` asks first) takes a request only once its
+    header has a plan that goes direct, and answers as ``handle`` does, byte for byte, errors included."""
+
+    async def body(door: FrontDoor) -> None:
+        handler = HttpFrontDoor(door)
+        for header in (HEADER, JSON_OUT):
+            first = _request(header, 1, 2, 3, 4)
+            assert await _started(handler, first) is None  # nothing planned yet
+            assert (await handler.handle(first)).status == 200
+            for i in range(4):
+                request = _request(header, i, 2.5, -i, 0.25 * i)
+                ok = door.counters.counts["http"]["ok"]
+                got = await _started(handler, request)
+                assert got is not None, (header, i)
+                assert door.counters.counts["http"]["ok"] == ok + 1  # counted as ``handle`` counts
+                usual = await HttpFrontDoor(door).handle(request)
+                assert _shown(got) == _shown(usual), (header, i)
+        # what ``handle`` refuses, ``start`` leaves to it: bad sizes, a traceparent, other routes, GETs
+        parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        for other in (
+            _request(HEADER, 1, 2, 3),
+            _request(HEADER, 1, 2, 3, 4, extra=b"\x00"),
+            _request(HEADER, 1, 2, 3, 4, traceparent=parent),
+            _request(HEADER, 1, 2, 3, 4, model="identity"),
+            _request(HEADER, 1, 2, 3, 4)._replace(method="GET"),
+            _request(HEADER, 1, 2, 3, 4)._replace(headers={"inference-header-content-length": "x"}),
+        ):
+            assert await _started(handler, other) is None
+        # an error the broker answers is answered as ``handle`` answers it: the model unloaded behind the
+        # door's back (by another client: the door still holds its information, so the plan holds)
+        other = AsyncClient(door.options.broker_url)
+        try:
+            await other.unload_model("add")
+            request = _request(HEADER, 1, 2, 3, 4)
+            ok, failed = door.counters.counts["http"]["ok"], door.counters.counts["http"].get("failed", 0)
+            got = await _started(handler, request)
+            assert got is not None and got.status >= 400
+            assert door.counters.counts["http"] == {"ok": ok, "failed": failed + 1}
+            usual = await handler.handle(request)
+            assert _shown(got) == _shown(usual)
+        finally:
+            await other.load_model("add")
+            await other.close()
 
     _run(*broker, body)

@@ -1,0 +1,106 @@
+"""``AsyncConnection.send_watched`` (the HTTP door's direct path: ``send`` and ``wait`` without a coroutine):
+``done`` gets the reply, or the error ``wait`` raises (a timeout, ``Unsent``), and the reply to a request that
+timed out goes to ``on_late_reply`` as it does after ``wait``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from zinfer.client import protocol
+from zinfer.client.async_connection import AsyncConnection
+from zinfer.client.connection import Unsent
+from zinfer.client.errors import RequestTimeout, Status
+from zinfer.client.protocol import Command, Reply
+
+
+class _SlowServer:
+    """A ROUTER that answers each request after the delay its header names (``delay_ms``), on a thread."""
+
+    def __init__(self, url: str) -> None:
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(url)
+        self._stop = False
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        due: list[tuple[float, bytes, str]] = []
+        while not self._stop:
+            if self._sock.poll(1):
+                who, *frames = self._sock.recv_multipart()
+                for msg in protocol.decode_many(frames, protocol.CLIENT_COMMANDS):
+                    delay = float(msg.header.get("parameters", {}).get("delay_ms", 0)) / 1000
+                    due.append((time.monotonic() + delay, who, str(msg.header["id"])))
+            now = time.monotonic()
+            for item in [d for d in due if d[0] <= now]:
+                due.remove(item)
+                reply = protocol.reply_to_wire(Reply(item[2], Status.OK, body={"ok": item[2]}))
+                self._sock.send_multipart([item[1], *protocol.encode(Command.REPLY, reply, ())])
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join(10)
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+
+def _watched(conn: AsyncConnection, delay_ms: float, timeout: float) -> asyncio.Future[Any]:
+    """Send one request answered after ``delay_ms``; a future of (id, the future ``done`` was given)."""
+    got: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    rid = conn.new_id()
+    header = {"id": rid, "model": "m", "parameters": {"delay_ms": delay_ms}}
+    conn.send_watched(Command.INFER, header, (), timeout, lambda r, fut: got.set_result((r, rid, fut)))
+    return got
+
+
+def test_done_gets_the_reply_or_the_timeout_and_a_late_reply_is_told(tmp_path: Path) -> None:
+    url = f"ipc://{tmp_path / 's.sock'}"
+    server = _SlowServer(url)
+    late: list[str] = []
+
+    async def go() -> None:
+        conn = AsyncConnection(url, late.append)
+        try:
+            given, rid, fut = await asyncio.wait_for(_watched(conn, 0, 10.0), 10)
+            assert given == rid and fut.result()[0].body == {"ok": rid} and conn.in_flight == 0
+            given, rid, fut = await asyncio.wait_for(_watched(conn, 300, 0.05), 10)
+            assert given == rid and isinstance(fut.exception(), RequestTimeout) and late == []
+            for _ in range(100):  # its reply comes after all: told as a late reply
+                if late:
+                    break
+                await asyncio.sleep(0.02)
+            assert late == [rid] and conn.in_flight == 0
+            # many at once, answered in any order: each its own
+            many = [_watched(conn, (7 * i) % 5, 10.0) for i in range(20)]
+            for given, rid, fut in await asyncio.wait_for(asyncio.gather(*many), 10):
+                assert given == rid and fut.result()[0].body == {"ok": rid}
+        finally:
+            await conn.aclose()
+
+    try:
+        asyncio.run(go())
+    finally:
+        server.close()
+
+
+def test_done_gets_unsent_when_no_server_is_there(tmp_path: Path) -> None:
+    late: list[str] = []
+
+    async def go() -> None:
+        conn = AsyncConnection(f"ipc://{tmp_path / 'none.sock'}", late.append)
+        try:
+            _, _, fut = await asyncio.wait_for(_watched(conn, 0, 10.0), 10)
+            assert isinstance(fut.exception(), Unsent) and conn.in_flight == 0
+        finally:
+            await conn.aclose()
+
+    asyncio.run(go())
+    assert late == []
