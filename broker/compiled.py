@@ -13,7 +13,7 @@ import importlib.util
 __all__ = ["COMPILED", "compiled_here"]
 
 # On the path of every request in the client, the broker, the worker or all. Not here: modules with async
-# generators (async_client, async_connection: mypyc has none), the worker's model-facing modules (pb_utils
+# generators (async_client, async_stream: mypyc has none), the worker's model-facing modules (pb_utils
 # and its pb_* parts: their objects are weakly referenced, which compiled classes refuse; model.py: models
 # subclass its classes), model_loop (asyncio runs its coroutines), and the decoupled and GPU paths.
 # The worker's Triton path (triton_model, pb_*) stays interpreted: an earlier all-worker build (main loop,
@@ -35,6 +35,7 @@ COMPILED = (
     "zinfer.client.transport",
     "zinfer.client.base",
     "zinfer.client.connection",
+    "zinfer.client.async_connection",
     "zinfer.client.server_check",
     "zinfer.client.call_waiter",
     "zinfer.client.client",
