@@ -111,6 +111,7 @@ COMPILED = (
     "zinfer.frontdoor.http_reply",
     "zinfer.frontdoor.http_views",
     "zinfer.frontdoor.http_known",
+    "zinfer.frontdoor.http_messages",
     "zinfer.frontdoor.http_wire",
     "zinfer.frontdoor.http_server",
     # the HTTP door's direct path (a request of a kept header as its body's byte ranges, a reply of a kept

@@ -9,6 +9,10 @@ A reply whose caller gave up (timeout or cancellation) goes to ``on_late_reply``
 released only then, as in the sync ``Connection``; a request that never went out fails with ``Unsent`` (a
 ``ConnectionFailed``), and nothing waits for its reply. Not thread-safe: one connection serves one event
 loop.
+
+Over 400 lines on purpose: sending, reading, deadlines and streams all move the same four private tables
+(waiters, streams, unsent queue, late ids) of one compiled class; split, those tables would become an
+interface of their own.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from .bridge_records import InferCall, InferReply
 from .door_trace import DoorStamps
 from .http_codec import HEADER_LENGTH, HttpInferRequest
 from .http_known import KeptHeader, KnownReplies, Written
+from .http_messages import HttpRequest, HttpResponse
 from .http_raw import MAX_PLANS, RawPlan, cut, kind_of, reply_kind
-from .http_wire import HttpRequest, HttpResponse
 
 if TYPE_CHECKING:
     from .bridge import Bridge

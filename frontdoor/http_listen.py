@@ -1,14 +1,21 @@
-"""Where the HTTP door listens and whose share a connection counts against: its listening socket
-(SO_REUSEPORT, so every front-door process binds it), its TLS context, and a connection's per-peer key."""
+"""Where the HTTP door listens and which connections it keeps: its listening socket (SO_REUSEPORT, so
+every front-door process binds it), its TLS context, and ``Connections``, the open connections counted in
+all and per peer (a connection past either bound is closed as it is made)."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import ipaddress
+import logging
 import socket
 import ssl
+from collections.abc import Callable
 
 from .door import FrontDoor
 from .http_wire import HttpWire
+
+log = logging.getLogger(__name__)
 
 
 def peer_key(wire: HttpWire) -> str:
@@ -27,6 +34,51 @@ def peer_key(wire: HttpWire) -> str:
         pass
     return f"address:{host}"
 
+
+class _Refuse(asyncio.Protocol):
+    """Closes a connection past the limit at once."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+class Connections:
+    """The open connections of one door process: at most ``most`` in all and ``share`` per peer
+    (``peer_key``), so one peer opening many cannot hold the door."""
+
+    def __init__(self, share: int, most: int) -> None:
+        self.open: set[HttpWire] = set()
+        self.per_peer: collections.Counter[str] = collections.Counter()
+        self.share, self.most = share, most
+
+    def made(self, new: Callable[[], HttpWire]) -> asyncio.Protocol:
+        """The protocol for a connection just accepted: a new wire, or one that closes it at once."""
+        if len(self.open) >= self.most:
+            log.warning("event=http_connection_refused open=%d", len(self.open))
+            return _Refuse()
+        wire = new()
+        self.open.add(wire)
+        return wire
+
+    def admit(self, wire: HttpWire) -> bool:
+        """Whether ``wire``, its peer now known, is within its peer's share (counted if so)."""
+        key = peer_key(wire)
+        if self.per_peer[key] >= self.share:
+            open_now = self.per_peer[key]
+            log.warning("event=http_connection_refused reason=peer_share peer=%s open=%d", key, open_now)
+            return False
+        self.per_peer[key] += 1
+        wire.admitted = True
+        return True
+
+    def closed(self, wire: HttpWire) -> None:
+        self.open.discard(wire)
+        if wire.admitted:
+            wire.admitted = False
+            key = peer_key(wire)
+            self.per_peer[key] -= 1
+            if self.per_peer[key] <= 0:
+                del self.per_peer[key]
 
 
 def listen_socket(address: str) -> socket.socket:

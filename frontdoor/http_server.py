@@ -24,7 +24,6 @@ address otherwise), so one peer trickling bytes into many connections cannot hol
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
 import re
@@ -52,7 +51,8 @@ from .http_codec import (
 from .http_direct import DirectPath, written_response
 from .http_known import MODEL_ROUTE as _MODEL
 from .http_known import InferTargets, KnownReplies, KnownRequests
-from .http_listen import listen_socket, peer_key, tls_context
+from .http_listen import Connections, listen_socket, tls_context
+from .http_messages import HttpRequest, HttpResponse
 from .http_reply import tensor_to_bytes
 from .http_views import (
     dumps,
@@ -66,7 +66,7 @@ from .http_views import (
     shm_status,
     statistics,
 )
-from .http_wire import HttpRequest, HttpResponse, HttpWire
+from .http_wire import HttpWire
 from .sysshm import CallerShm
 
 __all__ = ["CONTROL_BODY_BYTES", "MAX_CONNECTIONS", "HttpFrontDoor", "http_status", "serve_http"]
@@ -363,51 +363,19 @@ def _no_shm(*args: Any) -> Any:
 # ------------------------------------------------------------------------------------------ serving
 
 
-class _Refuse(asyncio.Protocol):
-    """Closes a connection past the limit at once."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.close()
-
-
 async def serve_http(door: FrontDoor, stop: asyncio.Event) -> None:
     """Serve HTTP on ``door.options.http`` until ``stop`` is set."""
     address = door.options.http
     if not address:
         raise FrontDoorError("INVALID_ARGUMENT", 400, "no HTTP address")
     handler = HttpFrontDoor(door)
-    connections: set[HttpWire] = set()
-    per_peer: collections.Counter[str] = collections.Counter()
-    share = door.options.http_peer_connections
-
-    def admit(wire: HttpWire) -> bool:
-        key = peer_key(wire)
-        if per_peer[key] >= share:
-            log.warning("event=http_connection_refused reason=peer_share peer=%s open=%d", key, per_peer[key])
-            return False
-        per_peer[key] += 1
-        wire.admitted = True
-        return True
-
-    def closed(wire: HttpWire) -> None:
-        connections.discard(wire)
-        if wire.admitted:
-            wire.admitted = False
-            key = peer_key(wire)
-            per_peer[key] -= 1
-            if per_peer[key] <= 0:
-                del per_peer[key]
+    connections = Connections(door.options.http_peer_connections, MAX_CONNECTIONS)
 
     def connect() -> asyncio.Protocol:
-        if len(connections) >= MAX_CONNECTIONS:
-            log.warning("event=http_connection_refused open=%d", len(connections))
-            return _Refuse()
-        wire = HttpWire(
-            handler.handle, handler.body_limit, closed,
-            header_timeout=door.options.http_header_timeout_s, admit=admit, start=handler.start,
-        )  # fmt: skip
-        connections.add(wire)
-        return wire
+        return connections.made(lambda: HttpWire(
+            handler.handle, handler.body_limit, connections.closed,
+            header_timeout=door.options.http_header_timeout_s, admit=connections.admit, start=handler.start,
+        ))  # fmt: skip
 
     sock = listen_socket(address)
     loop = asyncio.get_running_loop()
@@ -422,10 +390,10 @@ async def serve_http(door: FrontDoor, stop: asyncio.Event) -> None:
         await stop.wait()
     finally:
         server.close()
-        for wire in list(connections):
+        for wire in list(connections.open):
             wire.close()  # idle ones now; one answering once its answer is written
         deadline = loop.time() + STOP_GRACE_S
-        while connections and loop.time() < deadline:
+        while connections.open and loop.time() < deadline:
             await asyncio.sleep(0.02)
         await server.wait_closed()
         log.info("event=http_frontdoor_stopped address=%s", address)
