@@ -31,6 +31,7 @@ class WireSpy:
         self.url = f"ipc://{Path(server_url[6:]).parent / 'spy.sock'}"
         self.sent: list[InferRequest] = []
         self.replied: list[list[TensorRef]] = []  # each INFER reply's outputs, as the wire named them
+        self.cancelled: list[str] = []  # the ids the client's CANCELs named
         self._infers: set[str] = set()  # wire ids of the INFERs sent, whose replies are read
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -90,6 +91,9 @@ class WireSpy:
 
     def _record(self, frames: list[Any], command: Command) -> None:
         for m in protocol.decode_many(frames):
+            if command == Command.INFER and m.command == Command.CANCEL:
+                self.cancelled.append(protocol.cancel_command_from_wire(m.header).target)
+                continue
             if m.command != command:
                 continue
             if command == Command.INFER:
