@@ -262,8 +262,8 @@ class AsyncConnection:
         self._link.poll()  # a loss reported before these requests must not fail them
         try:
             sent = send_messages(self._sock, [(c, h, f) for c, h, f, _, _ in out])
-        except zmq.ZMQError as exc:
-            self._fail_unsent(len(out), ConnectionFailed(f"send failed: {exc}"))
+        except zmq.ZMQError as zmq_exc:
+            self._fail_unsent(len(out), ConnectionFailed(f"send failed: {zmq_exc}"))
             return
         self._done_sending(sent)
         if self._out:

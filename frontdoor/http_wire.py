@@ -163,8 +163,8 @@ class HttpWire(asyncio.Protocol):
             self._refuse(refused.answer)
         except httptools.HttpParserUpgrade:
             pass  # an upgrade (h2c, websocket) is not taken: the request was answered as plain HTTP/1.1
-        except httptools.HttpParserError as exc:
-            self._refuse(plain(400, f"malformed HTTP request: {str(exc)[:120]}"))
+        except httptools.HttpParserError as parse_exc:
+            self._refuse(plain(400, f"malformed HTTP request: {str(parse_exc)[:120]}"))
 
     # ------------------------------------------------------------------------------ parser callbacks
 

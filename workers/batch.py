@@ -196,8 +196,8 @@ def run_batch(
         device.synchronize()
         if states is not None:
             states.update(requests, kept, device)
-    except ServerError as exc:
-        fail_all(requests, exc, out)
+    except ServerError as refused:
+        fail_all(requests, refused, out)
         return out
     except Exception as exc:  # the model's own failure fails this batch only
         log.warning("event=model_failed model=%s error=%r", sig.name, exc, exc_info=True)
@@ -206,8 +206,8 @@ def run_batch(
     t2 = time.perf_counter_ns()
     try:
         scatter(requests, rows, outputs, sig, regions, out, device)
-    except ServerError as exc:
-        fail_all(requests, exc, out)
+    except ServerError as refused:
+        fail_all(requests, refused, out)
     except Exception as exc:
         log.warning("event=scatter_failed model=%s error=%r", sig.name, exc)
         fail_all(requests, InternalError(f"could not write the outputs: {type(exc).__name__}: {exc}"), out)

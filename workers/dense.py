@@ -79,8 +79,8 @@ def load_arrays(path: Path) -> dict[str, Array]:
     with loaded:
         try:
             return {key: loaded[key] for key in loaded.files}
-        except (OSError, ValueError, zipfile.BadZipFile) as exc:
-            raise ConfigError(f"{path}: cannot read weights ({type(exc).__name__}: {exc})") from None
+        except (OSError, ValueError, zipfile.BadZipFile) as bad:
+            raise ConfigError(f"{path}: cannot read weights ({type(bad).__name__}: {bad})") from None
 
 
 def _npy_files(version_dir: Path, count_from: int | None) -> dict[str, Array]:

@@ -109,8 +109,8 @@ class RegionCache:
                 raise InvalidArgument("tensor names a shared-memory region that is not registered")
         except ShmError as exc:
             raise InvalidArgument(f"shared-memory region is not available: {exc}") from None
-        except OSError as exc:  # a mapping the kernel refuses (EPERM under a write seal, ENOMEM, ...)
-            raise InvalidArgument(f"shared-memory region cannot be mapped: {exc.strerror}") from None
+        except OSError as os_exc:  # a mapping the kernel refuses (EPERM under a write seal, ENOMEM, ...)
+            raise InvalidArgument(f"shared-memory region cannot be mapped: {os_exc.strerror}") from None
         self._segments[name] = seg
         if self.pinner is not None:
             self.pinner.pin(seg)

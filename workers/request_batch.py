@@ -120,8 +120,8 @@ def answer_all(
         if states is not None and isinstance(result, Mapping):
             try:
                 states.update([req], result, device)
-            except ServerError as exc:
-                result = exc
+            except ServerError as refused:
+                result = refused
         try:
             out.results.append(_answer(req, rows, result, sig, regions, out.frames, device))
         except Exception as exc:  # a device copy that failed
