@@ -9,7 +9,8 @@ the order reversed every other round. Per step it prints and keeps:
   ``Network+Server Send/Recv`` (everything outside the server's own queue and compute: the client, HTTP,
   for zinfer the front door and its hop to the broker and back), ``Server Queue`` and ``Server Compute
   Input/Infer/Output`` (what the server reports: for zinfer the broker's queue and the worker's batch);
-* the machine's idle share over the step (``/proc/stat``);
+* the machine's idle share over the step (``/proc/stat``), and the machine's busy CPU per request (every
+  process, perf_analyzer's included: what the rate would be on these cores with no idle time);
 * per process, CPU and run-queue wait (``/proc/PID/task/*/schedstat``: time runnable but not running) in
   ms per second of the step: zinfer's front door, broker and ``add`` worker; tritonserver and its Python
   backend stubs.
@@ -28,6 +29,7 @@ import argparse
 import contextlib
 import csv
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -98,7 +100,15 @@ def step(
                "runqueue_wait_ms_per_s": round((s1[name][1] - s0[name][1]) / 1e6 / wall, 1)}
         for name in procs
     }  # fmt: skip
-    return {"perf_analyzer": fig, "idle_pct": round(100 * (i1 - i0) / max(1, t1 - t0), 1), "sched": sched}
+    idle = (i1 - i0) / max(1, t1 - t0)
+    rate = fig.get("Inferences/Second", 0.0) or float("nan")
+    for s in sched.values():
+        s["cpu_us_per_request"] = round(s["cpu_ms_per_s"] * 1e3 / rate, 1)
+    busy = (1 - idle) * (os.cpu_count() or 1) * 1e6 / rate  # every process's CPU, perf_analyzer's included
+    return {
+        "perf_analyzer": fig, "idle_pct": round(100 * idle, 1),
+        "machine_cpu_us_per_request": round(busy, 1), "sched": sched,
+    }  # fmt: skip
 
 
 def main() -> int:
@@ -144,7 +154,8 @@ def main() -> int:
                 print(f"round {r} {name:6} {json.dumps(row)}", flush=True)
     medians = {
         name: {k: statistics.median(r["perf_analyzer"].get(k, 0.0) for r in runs) for k in FIELDS}
-        | {"idle_pct": statistics.median(r["idle_pct"] for r in runs)}
+        | {"idle_pct": statistics.median(r["idle_pct"] for r in runs),
+           "machine_cpu_us_per_request": statistics.median(r["machine_cpu_us_per_request"] for r in runs)}
         for name, runs in rows.items()
     }
     for name, m in medians.items():
