@@ -11,7 +11,7 @@ import numpy as np
 
 from zinfer.client import dtypes
 from zinfer.client.errors import InternalError, ServerError
-from zinfer.client.protocol import Frame, OutputRequest, ShmRef, TensorRef
+from zinfer.client.protocol import COPY_THRESHOLD, Frame, OutputRequest, ShmRef, TensorRef
 from zinfer.client.worker_protocol import NO_PARAMETERS, ExecuteRequest, RequestResult, sequence_to_wire
 from zinfer.modelconfig.sequence_batching import control_value
 from zinfer.modelconfig.signature import Signature, TensorSpec
@@ -346,9 +346,9 @@ def emit(
         device.copy_to_host(piece, dst)  # a no-op when the kernel wrote it there
         return TensorRef(name, wire, shape, shm=ref)
     host = np.ascontiguousarray(piece) if device is CPU else device.to_host(piece)  # C-contiguous
-    try:  # its bytes as one flat view (a dtype without a buffer format, bfloat16, or a size-0 array: below)
-        frames.append(host.data.cast("B"))
-    except (TypeError, ValueError, NotImplementedError):
+    try:  # small: its bytes (copied on the way out anyway; a view costs 4x), else one flat view of them
+        frames.append(host.tobytes() if nbytes < COPY_THRESHOLD else host.data.cast("B"))
+    except (TypeError, ValueError, NotImplementedError):  # no buffer format (bfloat16), or size 0
         frames.append(host.reshape(-1).view(np.uint8).data)
     return TensorRef(name, wire, shape, frame=len(frames) - 1)
 

@@ -129,8 +129,9 @@ class Worker:
         connection) fails its requests instead, with ResourceExhausted."""
         limit = self.args.max_frame_bytes
         big = 0
-        for f in frames if limit >= 0 else ():  # the largest (a memoryview as it is: no list, no new view)
-            big = max(big, f.nbytes if type(f) is memoryview else memoryview(f).nbytes)
+        for f in frames if limit >= 0 else ():  # the largest (no list of sizes, no view made of a view)
+            n = len(f) if type(f) is bytes else f.nbytes if type(f) is memoryview else memoryview(f).nbytes
+            big = max(big, n)
         if 0 <= limit < big:
             error = ResourceExhausted(
                 f"an output of {big} bytes is over the {limit} byte frame limit; raise --max-tensor-bytes, "

@@ -193,3 +193,19 @@ def test_the_traceparent_a_request_carries(
     assert plain == {} and keyed == {"k": 1}
     assert with_given == {protocol.TRACEPARENT: given} and named == {protocol.TRACEPARENT: given}
     assert active == {"k": 1, protocol.TRACEPARENT: f"00-{0xAB:032x}-{0xCD:016x}-01"}
+
+
+def test_inline_inputs_go_as_their_bytes_and_large_ones_as_views_of_them(url: str) -> None:
+    """A small inline input's frame is its bytes (copied on its way out anyway); one of ``COPY_THRESHOLD``
+    bytes or more is a flat view of the caller's array (sent without a copy)."""
+    small = np.arange(6, dtype=np.float32).reshape(2, 3)
+    strided = np.arange(12, dtype=np.float32).reshape(3, 4).T  # not C-contiguous: made so first
+    large = np.arange(protocol.COPY_THRESHOLD, dtype=np.uint8)
+    with Client(url, timeout=10, shm=False) as c:
+        frames: list[Any] = []
+        refs, _, _ = c._put_inputs({"S": small, "T": strided, "L": large}, [], frames, [])
+    assert [r.frame for r in refs] == [0, 1, 2] and [r.shape for r in refs] == [(2, 3), (4, 3), large.shape]
+    assert type(frames[0]) is bytes and frames[0] == small.tobytes()
+    assert type(frames[1]) is bytes and frames[1] == np.ascontiguousarray(strided).tobytes()
+    assert isinstance(frames[2], memoryview) and len(frames[2]) == large.nbytes
+    assert np.shares_memory(np.frombuffer(frames[2], np.uint8), large)
