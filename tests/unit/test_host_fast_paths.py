@@ -139,3 +139,33 @@ def test_slots_are_offered_only_to_a_request_that_has_them() -> None:
     assert slot_alloc(plain, RegionCache()) is no_alloc
     slotted = BatchRequest(1, (), (OutputRequest("S", ShmRef("r", 0, 8)),))
     assert slot_alloc(slotted, RegionCache()) is not no_alloc
+
+
+def test_the_add_kernel_writes_into_an_offered_slot_and_keeps_its_input_order() -> None:
+    config = parse_model_config(
+        """
+        name: "k"
+        backend: "zinfer"
+        input [ { name: "B" data_type: TYPE_FP32 dims: [ 2 ] },
+                { name: "A" data_type: TYPE_FP32 dims: [ 2 ] } ]
+        output [ { name: "S" data_type: TYPE_FP32 dims: [ 2 ] },
+                 { name: "D" data_type: TYPE_FP32 dims: [ 2 ] } ]
+        parameters { key: "kernel" value: { string_value: "add" } }
+        """,
+        source="test",
+        model_name="k",
+    )
+    kernel = AddKernel(config, None, CPU)
+    a, b = np.array([5.0, 7.0], np.float32), np.array([1.0, 2.0], np.float32)
+    plain = kernel.execute({"A": a, "B": b})  # no slots: new arrays; the config's first input comes first
+    assert np.array_equal(plain["S"], b + a) and np.array_equal(plain["D"], b - a)
+    slot = np.zeros(2, np.float32)
+    asked: list[str] = []
+
+    def alloc(name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        asked.append(name)
+        return slot if name == "S" else None
+
+    out = kernel.execute({"A": a, "B": b}, alloc)
+    assert asked == ["S", "D"] and out["S"] is slot and np.array_equal(slot, b + a)
+    assert np.array_equal(out["D"], b - a)
