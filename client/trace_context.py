@@ -13,10 +13,13 @@ from typing import Any
 
 from .protocol import TRACEPARENT
 
+OTEL_MODULE = "opentelemetry.trace"
+"""The module whose presence in ``sys.modules`` says the program uses OpenTelemetry."""
+
 
 def active_traceparent() -> str | None:
     """The ``traceparent`` of the active OpenTelemetry span, or None (no OpenTelemetry, no valid span)."""
-    otel = sys.modules.get("opentelemetry.trace")
+    otel = sys.modules.get(OTEL_MODULE)
     if otel is None:
         return None
     try:

@@ -56,7 +56,9 @@ def gather(
     if len(requests) == 1:  # a lone request (concurrency 1): its arrays are the batch, no lists per name
         arrays = request_arrays(requests[0], frames, regions)
         rows = [request_rows(arrays, batching)]
-        batch = {n: device.batch([a]) for n, a in arrays.items()}
+        # on the host a lone piece is its own batch (``CpuDevice.batch``): the fresh dict itself, no call
+        # into the interpreted device per input
+        batch = arrays if device is CPU else {n: device.batch([a]) for n, a in arrays.items()}
     else:
         per_name: dict[str, list[Array]] = {}
         rows = []
@@ -87,7 +89,7 @@ def scatter(
     """Each request's rows of the outputs into its slots (or inline frames); a request whose slot cannot be
     written fails alone."""
     start = 0
-    batching = sig.batching
+    batching = sig.max_batch_size > 0  # ``sig.batching``, without the interpreted property
     for req, n in zip(requests, rows, strict=True):
         tensors = []
         own: list[Frame] = []
@@ -104,7 +106,8 @@ def scatter(
             out.results.append(ok_result(req.id, tensors, len(out.frames)))
             out.frames.extend(own)
         start += n
-    device.synchronize()  # the copies into the slots are done before the reply says so
+    if device is not CPU:  # the copies into the slots are done before the reply says so (none on the host)
+        device.synchronize()
 
 
 def _reshape(
@@ -167,8 +170,9 @@ def run_batch(
             _merge(out, run_batch(model, sig, rest, frames, regions, device, states))
         return out
     t0 = time.perf_counter_ns()
+    batching = sig.max_batch_size > 0  # ``sig.batching``, without the interpreted property
     try:
-        batch, rows = gather(requests, frames, regions, sig.batching, device, states)
+        batch, rows = gather(requests, frames, regions, batching, device, states)
     except ServerError:
         # one request's bad input must not fail the others: run them one by one to find it
         return _run_singly(model, sig, requests, frames, regions, device, states)
@@ -178,7 +182,7 @@ def run_batch(
         return out
     t1 = time.perf_counter_ns()
     try:
-        batch = _reshape(batch, sig.inputs, sig.batching, to_model=True)
+        batch = _reshape(batch, sig.inputs, batching, to_model=True)
         if len(requests) == 1 and getattr(model, "writes_into_slots", False):
             raw = model.execute(batch, slot_alloc(requests[0], regions))  # type: ignore[call-arg]
         else:
@@ -190,10 +194,11 @@ def run_batch(
             missing = sorted(wanted - set(raw))
             raise InternalError(f"model returned no output named {', '.join(repr(m) for m in missing)}")
         kept = raw
-        raw = _reshape({n: raw[n] for n in wanted}, sig.outputs, sig.batching, to_model=False)
+        raw = _reshape({n: raw[n] for n in wanted}, sig.outputs, batching, to_model=False)
         total = rows[0] if len(rows) == 1 else sum(rows)
         outputs = {n: check_output(n, raw[n], sig, total, device) for n in wanted}
-        device.synchronize()
+        if device is not CPU:  # the host's synchronize does nothing
+            device.synchronize()
         if states is not None:
             states.update(requests, kept, device)
     except ServerError as refused:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 
 from zinfer.client import dtypes
 from zinfer.client.errors import InternalError, ServerError
-from zinfer.client.protocol import Frame, OutputRequest, ShmRef, TensorRef
+from zinfer.client.protocol import COPY_THRESHOLD, Frame, OutputRequest, ShmRef, TensorRef
 from zinfer.client.worker_protocol import NO_PARAMETERS, ExecuteRequest, RequestResult, sequence_to_wire
 from zinfer.modelconfig.sequence_batching import control_value
 from zinfer.modelconfig.signature import Signature, TensorSpec
@@ -40,8 +40,7 @@ class BatchRequest(NamedTuple):
 
 
 def batch_request(r: ExecuteRequest) -> BatchRequest:
-    """``BatchRequest.from_broker`` as a plain function (compiled, a direct call: a NamedTuple's classmethod
-    is reached through its Python class object)."""
+    """``BatchRequest.from_broker`` as a plain function (compiled: a direct call, not through the class)."""
     sequence = None if r.sequence is None else sequence_to_wire(r.sequence)
     # every field given: the tuple made directly, without the Python-level ``__new__`` a NamedTuple has
     return tuple.__new__(BatchRequest, (r.id, r.inputs, r.outputs, r.request_id, sequence, r.parameters))
@@ -64,12 +63,16 @@ class BatchOutcome:
                 f"infer_ns={self.infer_ns}, output_ns={self.output_ns})")  # fmt: skip
 
 
+_WIRE_DTYPES: Final = {w: dtypes.wire_to_numpy(w) for w in dtypes.WIRE_TYPES if w != dtypes.BYTES}
+
+
 def input_array(ref: TensorRef, frames: Sequence[Frame], regions: RegionCache) -> Array:
     """One input as a host array over the client's memory (or the inline frame), read-only."""
     if ref.datatype != dtypes.BYTES:
         # the usual: one array straight over the region's range or the frame (a uint8 array first, then
         # this one, cost twice as much); None when the bytes are not exactly the shape's (below says why)
-        dtype = dtypes.wire_to_numpy(ref.datatype)
+        known = _WIRE_DTYPES.get(ref.datatype)  # (not ``or``: a dtype's truth is its field count, 0)
+        dtype = dtypes.wire_to_numpy(ref.datatype) if known is None else known
         if ref.shm is not None:
             fast = regions.array(ref.shm, ref.shape, dtype)
         else:
@@ -208,7 +211,7 @@ def check_output(
     a TYPE_INT32 output), so no check refuses it here: :func:`passed_output` does that one, and says once
     per model and output what differs from the config."""
     try:
-        arr = device.as_output(value)
+        arr = value if device is CPU and type(value) is np.ndarray else device.as_output(value)
     except Exception as exc:
         raise InternalError(f"output {name!r} is not an array ({type(value).__name__}: {exc})") from None
     spec = sig.outputs[name]
@@ -256,8 +259,7 @@ def dtypes_of_output(arr: Array) -> str | None:
 
 
 def output_wire(name: str, arr: Array, sig: Signature) -> str:
-    """The wire type an output goes out as: the config's, or the array's own when it differs (a Triton
-    python model's output passed on as it is)."""
+    """The wire type an output goes out as: the config's, or a Triton python model's array's own."""
     wire = sig.outputs[name].wire
     if wire == dtypes.BYTES:
         return wire if arr.dtype.kind in "OSU" else dtypes_of_output(arr) or wire
@@ -343,10 +345,10 @@ def emit(
             dst = regions.bytes(ref).view(piece.dtype).reshape(piece.shape)
         device.copy_to_host(piece, dst)  # a no-op when the kernel wrote it there
         return TensorRef(name, wire, shape, shm=ref)
-    host = device.to_host(piece)  # C-contiguous
-    try:  # its bytes as one flat view (a dtype without a buffer format, bfloat16, or a size-0 array: below)
-        frames.append(host.data.cast("B"))
-    except (TypeError, ValueError, NotImplementedError):
+    host = np.ascontiguousarray(piece) if device is CPU else device.to_host(piece)  # C-contiguous
+    try:  # small: its bytes (copied on the way out anyway; a view costs 4x), else one flat view of them
+        frames.append(host.tobytes() if nbytes < COPY_THRESHOLD else host.data.cast("B"))
+    except (TypeError, ValueError, NotImplementedError):  # no buffer format (bfloat16), or size 0
         frames.append(host.reshape(-1).view(np.uint8).data)
     return TensorRef(name, wire, shape, frame=len(frames) - 1)
 

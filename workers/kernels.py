@@ -48,12 +48,13 @@ class AddKernel(Kernel):
             raise ConfigError(f"model {config.name!r}: kernel 'add' needs 2 inputs and 1 or 2 outputs")
 
     def execute(self, inputs: Mapping[str, Array], alloc: Alloc = no_alloc) -> Mapping[str, Array]:
-        a, b = (inputs[n] for n in self.in_names)
+        a, b = inputs[self.in_names[0]], inputs[self.in_names[1]]  # (two: checked when built)
         shape = a.shape if a.shape == b.shape else np.broadcast_shapes(a.shape, b.shape)
-        xp = self.device.module_of(a)
+        xp = np if self.device is CPU else self.device.module_of(a)  # no interpreted call on the host
         out = {}
         for name, dtype, op in zip(self.out_names, self.out_dtypes, (xp.add, xp.subtract), strict=False):
-            dst = alloc(name, shape, dtype)
+            # no slots offered (``no_alloc``, interpreted): nothing asked of it
+            dst = None if alloc is no_alloc else alloc(name, shape, dtype)
             out[name] = op(a, b, dtype=dtype) if dst is None else op(a, b, out=dst, dtype=dtype)
         return out
 

@@ -128,7 +128,10 @@ class Worker:
         """A RESULT; one whose inline outputs pass the broker's frame limit (which would drop this worker's
         connection) fails its requests instead, with ResourceExhausted."""
         limit = self.args.max_frame_bytes
-        big = max([memoryview(f).nbytes for f in frames]) if frames and limit >= 0 else 0
+        big = 0
+        for f in frames if limit >= 0 else ():  # the largest (no list of sizes, no view made of a view)
+            n = len(f) if type(f) is bytes else f.nbytes if type(f) is memoryview else memoryview(f).nbytes
+            big = max(big, n)
         if 0 <= limit < big:
             error = ResourceExhausted(
                 f"an output of {big} bytes is over the {limit} byte frame limit; raise --max-tensor-bytes, "

@@ -5,8 +5,10 @@ holds no shared memory, and nothing of a finished request stays tracked."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from zinfer.client import protocol
 from zinfer.client.client import Client
 from zinfer.client.errors import Cancelled, Status
 from zinfer.client.protocol import Command, InferRequest
+from zinfer.client.trace_context import OTEL_MODULE
 
 _META = {
     "name": "add", "versions": ["1"], "platform": "python", "max_batch_size": 8,
@@ -161,3 +164,48 @@ def test_a_callers_id_without_shared_memory_can_be_cancelled(server: StubServer,
         assert server.cancels == [server.infers[-1].request_id]  # the wire id, not the caller's
         assert not c._orphans and not c._active
         assert not c.cancel("slow")
+
+
+class _Span:
+    """What ``trace_context.active_traceparent`` reads of an OpenTelemetry span."""
+
+    def get_span_context(self) -> Any:
+        return types.SimpleNamespace(is_valid=True, trace_id=0xAB, span_id=0xCD, trace_flags=1)
+
+
+def test_the_traceparent_a_request_carries(
+    server: StubServer, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """None without ``trace_context`` or OpenTelemetry (the parameters untouched); the one given; one the
+    parameters name already; the active OpenTelemetry span's once ``opentelemetry.trace`` is imported."""
+    monkeypatch.delitem(sys.modules, OTEL_MODULE, raising=False)
+    given = f"00-{'1' * 32}-{'2' * 16}-01"
+    with Client(url, timeout=10, shm=False) as c:
+        c.infer("add", _x(1.0))
+        c.infer("add", _x(1.0), parameters={"k": 1})
+        c.infer("add", _x(1.0), trace_context=given)
+        c.infer("add", _x(1.0), parameters={protocol.TRACEPARENT: given})
+        otel = types.ModuleType(OTEL_MODULE)
+        otel.get_current_span = _Span  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, OTEL_MODULE, otel)
+        c.infer("add", _x(1.0), parameters={"k": 1})
+    plain, keyed, with_given, named, active = (r.parameters for r in server.infers)
+    assert plain == {} and keyed == {"k": 1}
+    assert with_given == {protocol.TRACEPARENT: given} and named == {protocol.TRACEPARENT: given}
+    assert active == {"k": 1, protocol.TRACEPARENT: f"00-{0xAB:032x}-{0xCD:016x}-01"}
+
+
+def test_inline_inputs_go_as_their_bytes_and_large_ones_as_views_of_them(url: str) -> None:
+    """A small inline input's frame is its bytes (copied on its way out anyway); one of ``COPY_THRESHOLD``
+    bytes or more is a flat view of the caller's array (sent without a copy)."""
+    small = np.arange(6, dtype=np.float32).reshape(2, 3)
+    strided = np.arange(12, dtype=np.float32).reshape(3, 4).T  # not C-contiguous: made so first
+    large = np.arange(protocol.COPY_THRESHOLD, dtype=np.uint8)
+    with Client(url, timeout=10, shm=False) as c:
+        frames: list[Any] = []
+        refs, _, _ = c._put_inputs({"S": small, "T": strided, "L": large}, [], frames, [])
+    assert [r.frame for r in refs] == [0, 1, 2] and [r.shape for r in refs] == [(2, 3), (4, 3), large.shape]
+    assert type(frames[0]) is bytes and frames[0] == small.tobytes()
+    assert type(frames[1]) is bytes and frames[1] == np.ascontiguousarray(strided).tobytes()
+    assert isinstance(frames[2], memoryview) and len(frames[2]) == large.nbytes
+    assert np.shares_memory(np.frombuffer(frames[2], np.uint8), large)

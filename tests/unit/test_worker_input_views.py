@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from zinfer.client.protocol import ShmRef, TensorRef
+from zinfer.client.protocol import COPY_THRESHOLD, ShmRef, TensorRef
 from zinfer.client.shm import Segment
 from zinfer.workers.batch_io import emit, input_array
 from zinfer.workers.regions import RegionCache
@@ -71,10 +71,18 @@ def test_a_region_input_is_one_read_only_array_over_its_range() -> None:
     ],
 )
 def test_an_output_frame_is_its_arrays_bytes_as_one_flat_byte_view(arr: np.ndarray) -> None:
-    frames: list[bytes | memoryview] = []
-    ref = emit("Y", arr, None, "FP32", RegionCache(), frames)
-    assert ref.frame == 0 and ref.shape == arr.shape
-    frame = frames[0]
-    assert isinstance(frame, memoryview) and frame.ndim == 1 and frame.format == "B"
-    assert len(frame) == frame.nbytes == arr.nbytes
-    assert bytes(frame) == np.ascontiguousarray(arr).tobytes()
+    """A small output's frame is its bytes (it is copied on its way out anyway); a large one's
+    (``COPY_THRESHOLD`` or more) is one flat byte view of the array, not a copy."""
+    big = np.ascontiguousarray(np.broadcast_to(arr.reshape(-1)[:1], (COPY_THRESHOLD,))) if arr.size else None
+    for value in (arr, big) if big is not None else (arr,):
+        frames: list[bytes | memoryview] = []
+        ref = emit("Y", value, None, "FP32", RegionCache(), frames)
+        assert ref.frame == 0 and ref.shape == value.shape
+        frame = frames[0]
+        if value.nbytes < COPY_THRESHOLD:
+            assert type(frame) is bytes
+        else:
+            assert isinstance(frame, memoryview) and frame.ndim == 1 and frame.format == "B"
+            assert np.shares_memory(np.frombuffer(frame, np.uint8), value.view(np.uint8))
+        assert len(frame) == memoryview(frame).nbytes == value.nbytes
+        assert bytes(frame) == np.ascontiguousarray(value).tobytes()
