@@ -82,6 +82,7 @@ class AsyncConnection:
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: dict[str, asyncio.Future[tuple[Reply, list[Frame]]]] = {}
         self._streams: dict[str, asyncio.Queue[_Item | ClientError]] = {}  # decoupled models
+        self._watchers: dict[str, Callable[[asyncio.Future[Any]], None]] = {}  # ``send_watched``'s endings
         self._out: list[_Out] = []  # messages for the next flush
         self._flush_handle: asyncio.Handle | None = None
         self._deadlines: Deadlines | None = None  # the requests' timeouts, on one timer
@@ -157,9 +158,9 @@ class AsyncConnection:
         done: Callable[[str, asyncio.Future[tuple[Reply, list[Frame]]]], None],
     ) -> None:
         """``send`` (``header``'s id set) then ``wait`` without a coroutine: ``done(id, future)`` is called
-        by the loop once the future is resolved (its reply, or the error ``wait`` raises: a timeout after
-        ``timeout`` seconds, ``Unsent``, a lost connection). As with ``wait``, the reply to a request that
-        failed so goes to ``on_late_reply`` if it ever comes."""
+        once the future is resolved: by the reader as the reply is read (in the same turn), or by the loop
+        for the error ``wait`` raises (a timeout after ``timeout`` seconds, ``Unsent``, a lost connection).
+        As with ``wait``, the reply to a request that failed so goes to ``on_late_reply`` if it ever comes."""
         if self._closed:
             raise ClientError("the client is closed")
         loop = self._start()
@@ -168,7 +169,9 @@ class AsyncConnection:
         self._waiters[rid] = fut
         self._queue(command, header, frames, rid, timeout)
         handle = self._deadlines_of(fut).add(fut, timeout)
-        fut.add_done_callback(functools.partial(self._watched, rid, handle, done))
+        watched = functools.partial(self._watched, rid, handle, done)
+        fut.add_done_callback(watched)  # every ending but a reply, which calls it at once (``_dispatch_one``)
+        self._watchers[rid] = watched
 
     def _watched(
         self,
@@ -178,6 +181,7 @@ class AsyncConnection:
         fut: asyncio.Future[tuple[Reply, list[Frame]]],
     ) -> None:
         """``wait``'s ending for a ``send_watched`` request, then its ``done``."""
+        self._watchers.pop(rid, None)
         if handle is not None:
             handle.cancel()
         if fut.cancelled() or (fut.exception() is not None and not isinstance(fut.exception(), Unsent)):
@@ -385,7 +389,17 @@ class AsyncConnection:
             return  # an abandoned stream: only its last response releases what it held
         fut = self._waiters.pop(rid, None)
         if fut is not None and not fut.done():
+            watched = self._watchers.pop(rid, None)
+            if watched is None:
+                fut.set_result((reply, frames))
+                return
+            # a ``send_watched`` request: answered now, in this turn, not in a callback of the next one
+            fut.remove_done_callback(watched)
             fut.set_result((reply, frames))
+            try:
+                watched(fut)
+            except Exception:  # the other replies of this message still go to their callers
+                log.exception("event=reply_callback_failed")
         elif fut is not None or rid in self._late:  # its caller gave up already
             self._late.discard(rid)
             if self._on_late is not None:

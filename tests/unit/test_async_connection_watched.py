@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import zmq
 
 from zinfer.client import protocol
@@ -104,3 +105,75 @@ def test_done_gets_unsent_when_no_server_is_there(tmp_path: Path) -> None:
 
     asyncio.run(go())
     assert late == []
+
+
+class _BundleServer:
+    """A ROUTER that answers every request of a message together, in one BUNDLE of replies, on a thread."""
+
+    def __init__(self, url: str) -> None:
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(url)
+        self._stop = False
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop:
+            if not self._sock.poll(1):
+                continue
+            who, *frames = self._sock.recv_multipart()
+            ids = [str(m.header["id"]) for m in protocol.decode_many(frames, protocol.CLIENT_COMMANDS)]
+            replies = [
+                (Command.REPLY, protocol.reply_to_wire(Reply(rid, Status.OK, body={"ok": rid})), ())
+                for rid in ids
+            ]
+            out = protocol.encode_bundle(replies) if len(replies) > 1 else protocol.encode(*replies[0])
+            self._sock.send_multipart([who, *out])
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join(10)
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+
+def test_done_is_called_once_as_the_reply_is_read_and_a_failing_done_spares_the_others(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The replies of one message (a BUNDLE) each call their ``done`` once, as the reader reads them (the
+    future is resolved by then); a ``done`` that raises is logged and the message's other replies still
+    reach theirs."""
+    url = f"ipc://{tmp_path / 'b.sock'}"
+    server = _BundleServer(url)
+    calls: dict[str, int] = {}
+
+    async def go() -> None:
+        conn = AsyncConnection(url)
+        try:
+            done_all: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            rids = [conn.new_id() for _ in range(8)]
+
+            def done(rid: str, fut: asyncio.Future[Any]) -> None:
+                calls[rid] = calls.get(rid, 0) + 1
+                assert fut.done() and fut.result()[0].body == {"ok": rid}
+                if len(calls) == len(rids) and not done_all.done():
+                    done_all.set_result(None)
+                if rid == rids[2]:
+                    raise RuntimeError("a failing done")
+
+            for rid in rids:  # queued in one turn: one BUNDLE out, one BUNDLE of replies back
+                conn.send_watched(Command.INFER, {"id": rid, "model": "m"}, (), 10.0, done)
+            await asyncio.wait_for(done_all, 10)
+            for _ in range(5):  # a second call, had there been one, comes from the loop's callbacks
+                await asyncio.sleep(0)
+            assert calls == dict.fromkeys(rids, 1) and conn.in_flight == 0
+        finally:
+            await conn.aclose()
+
+    try:
+        asyncio.run(go())
+    finally:
+        server.close()
+    assert "event=reply_callback_failed" in caplog.text  # the reader's own log, not the loop's
