@@ -37,6 +37,7 @@ COMPILED = (
     "zinfer.client.connection",
     "zinfer.client.async_connection",
     "zinfer.client.server_check",
+    "zinfer.client.trace_context",  # with_trace_context: once per request, sync and async clients
     "zinfer.client.link_watch",  # LinkWatch.poll: once per request (ab_turns add0:1, 5 rounds: client 0.97x)
     "zinfer.client.call_waiter",
     "zinfer.client.client",

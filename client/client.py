@@ -8,7 +8,6 @@ and result reading live in ``base._ClientBase``, shared with ``AsyncClient``; th
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -30,7 +29,7 @@ from .protocol import (
 )
 from .result import InferResult
 from .shm import Segment
-from .trace_context import OTEL_MODULE, with_trace_context
+from .trace_context import with_trace_context
 from .triton_compat import InputsArg, OutputsArg
 from .triton_compat import model_version as _version
 
@@ -232,11 +231,8 @@ class Client(_ClientBase):
         version = model_version if type(model_version) is int else _version(model_version)
         info = self._model_info(model, version)
         sequence = (sequence_id, sequence_start, sequence_end)
-        # a W3C traceparent (given, or the active OpenTelemetry span's): the server's trace continues it.
-        # Neither given nor OpenTelemetry imported: the parameters as they are (what ``with_trace_context``
-        # returns then), without a call into that interpreted module per request
-        if trace_context is not None or OTEL_MODULE in sys.modules:
-            parameters = with_trace_context(parameters, trace_context)
+        # a W3C traceparent (given, or the active OpenTelemetry span's): the server's trace continues it
+        parameters = with_trace_context(parameters, trace_context)
         rid = self._conn.new_id()  # the wire id, in the header as it is built (``_track`` keeps it)
         p = self._prepare(info, inputs, outputs, request_id, priority, timeout, sequence, parameters, rid)
         try:
