@@ -26,7 +26,6 @@ bench/results/door_trace_parts.json (an entry per ``--label``).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import shutil
@@ -45,7 +44,7 @@ import triton_side  # noqa: E402
 import vs_triton_repo  # noqa: E402
 from bench_frontdoor import _free_port  # noqa: E402
 from bench_serving import ROOT, machine  # noqa: E402
-from pa_latency_parts import FIELDS, _machine_ticks  # noqa: E402
+from pa_latency_parts import _machine_ticks, _pa  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "door_trace_parts.json"
 SEGMENTS = (
@@ -138,26 +137,14 @@ def main() -> int:
         http, trace = f"127.0.0.1:{_free_port()}", tmp / "trace.json"
         proc = _serve(repo, tmp, http, trace, args.rate)
         try:
-            out = tmp / "pa.csv"
-            cmd = [
-                str(pa), "-m", "add", "-i", "http", "-u", http, "--concurrency-range", "32",
-                "--measurement-interval", str(args.interval_ms), "--stability-percentage", "1000",
-                "--max-trials", "3", "-b", "1", "-f", str(out),
-                "--shape", "INPUT_A:1", "--shape", "INPUT_B:1",
-            ]  # fmt: skip
             t0, i0 = _machine_ticks()
-            run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=False)
+            fig = _pa(pa, env, http, args.interval_ms, tmp)
             t1, i1 = _machine_ticks()
-            if not out.exists():
-                raise RuntimeError(f"perf_analyzer failed ({run.returncode}): {run.stderr[-800:]}")
-            with open(out) as f:
-                row = next(csv.DictReader(f))
         finally:
             _stop(proc)
         parts = split(json.loads(trace.read_text()))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    fig = {k: float(row[k]) for k in FIELDS if row.get(k)}
     idle = round(100 * (i1 - i0) / max(1, t1 - t0), 1)
     print(f"perf_analyzer {json.dumps(fig)}; idle {idle}%")
     print(f"traces {parts['traces']}, complete {parts['complete']}, mean batch {parts.get('mean_batch')}")

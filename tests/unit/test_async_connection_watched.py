@@ -107,17 +107,8 @@ def test_done_gets_unsent_when_no_server_is_there(tmp_path: Path) -> None:
     assert late == []
 
 
-class _BundleServer:
+class _BundleServer(_SlowServer):
     """A ROUTER that answers every request of a message together, in one BUNDLE of replies, on a thread."""
-
-    def __init__(self, url: str) -> None:
-        self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(url)
-        self._stop = False
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
 
     def _serve(self) -> None:
         while not self._stop:
@@ -131,12 +122,6 @@ class _BundleServer:
             ]
             out = protocol.encode_bundle(replies) if len(replies) > 1 else protocol.encode(*replies[0])
             self._sock.send_multipart([who, *out])
-
-    def close(self) -> None:
-        self._stop = True
-        self._thread.join(10)
-        self._sock.close(linger=0)
-        self._ctx.term()
 
 
 def test_done_is_called_once_as_the_reply_is_read_and_a_failing_done_spares_the_others(
