@@ -62,7 +62,10 @@ def build_compiled(work: Path) -> Path:
     (path / "zinfer").mkdir(parents=True)
     for pkg in PACKAGES:
         (path / "zinfer" / pkg).symlink_to(src / pkg, target_is_directory=True)
-    for lib in src.glob("zinfer__mypyc*"):
+    libs = list(src.glob("zinfer__mypyc*"))
+    if not libs:  # setup.py builds pure Python when mypyc refuses the code: no build to measure
+        raise SystemExit(f"compiling failed: mypyc built nothing\n{done.stdout[-3000:]}")
+    for lib in libs:
         (path / lib.name).symlink_to(lib)
     return path
 
