@@ -36,8 +36,8 @@ from .curve_keys import CurveKeys
 from .deadlines import Deadlines
 from .errors import ClientError, ConnectionFailed, ProtocolError, RequestTimeout
 from .link_watch import HEARTBEAT_INTERVAL_S, LinkWatch, apply_heartbeats, connect_wait
-from .paths import SocketIdentity, check_server_socket
 from .protocol import Command, Frame, Reply, is_final
+from .server_check import ServerCheck
 from .transport import NOBLOCK, recv_frames, send_messages
 
 log = logging.getLogger(__name__)
@@ -63,8 +63,6 @@ class AsyncConnection:
     ) -> None:
         self.url = url
         self.server_uid = server_uid
-        self._ipc_path = url[6:] if url.startswith("ipc://") else ""
-        self._socket_seen: SocketIdentity | None = None  # the server socket last found trustworthy
         self.heartbeat_interval = heartbeat_interval
         self._on_late = on_late_reply
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -76,6 +74,8 @@ class AsyncConnection:
         if curve is not None:
             curve.apply(self._sock)
         self._link = LinkWatch(self._sock, url, self._lost)
+        # the socket file looked at again only once a connection was made or lost (``ServerCheck``)
+        self.server_check = ServerCheck(url[6:] if url.startswith("ipc://") else "", server_uid, self._link)
         self._fds: list[int] = []  # watched by the event loop once one runs this connection
         self._sock.connect(url)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -102,8 +102,7 @@ class AsyncConnection:
     def check_server(self) -> None:
         """A local server's socket file is gone when the server is: say so at once instead of timing out.
         A socket made by a user we do not trust, or a symbolic link, is refused (``check_server_socket``)."""
-        if self._ipc_path:
-            self._socket_seen = check_server_socket(self._ipc_path, self.server_uid, self._socket_seen)
+        self.server_check.check()
 
     # ------------------------------------------------------------------------------------ requests
 
@@ -258,12 +257,11 @@ class AsyncConnection:
         out = self._out
         if not out or self._closed:
             return
-        try:
-            self.check_server()  # once per turn, not per request
+        try:  # the link polled first: a loss reported before these requests must not fail them
+            self.server_check.check_changed()
         except ConnectionFailed as exc:
             self._fail_unsent(len(out), exc)
             return
-        self._link.poll()  # a loss reported before these requests must not fail them
         try:
             sent = send_messages(self._sock, [(c, h, f) for c, h, f, _, _ in out])
         except zmq.ZMQError as zmq_exc:
