@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import json
 import os
 import statistics
@@ -46,6 +45,7 @@ from bench_frontdoor import Target, zinfer_front_door  # noqa: E402
 from bench_frontdoor_ensemble import _role, _tree  # noqa: E402
 from bench_serving import ROOT, machine  # noqa: E402
 from door_ens_shape import COUNTER, _counts  # noqa: E402
+from pa_latency_parts import _pa  # noqa: E402
 
 from zinfer.client import Client  # noqa: E402
 
@@ -88,19 +88,9 @@ asyncio.run(main())
 
 def _perf_analyzer(pa: Path, env: dict[str, str], target: Target, protocol: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="zdhs-pa-") as tmp:
-        out = Path(tmp) / "pa.csv"
         url = target.grpc if protocol == "grpc" else target.http
-        cmd = [
-            str(pa), "-m", "add", "-i", protocol, "-u", url, "--concurrency-range", str(IN_FLIGHT),
-            "--measurement-interval", "2500", "--stability-percentage", "1000", "--max-trials", "3",
-            "-b", "1", "-f", str(out), "--shape", "INPUT_A:1", "--shape", "INPUT_B:1",
-        ]  # fmt: skip
-        run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, check=False)
-        if not out.exists():
-            raise RuntimeError(f"perf_analyzer failed ({run.returncode}): {run.stderr[-800:]}")
-        with open(out) as f:
-            row = next(csv.DictReader(f))
-        return {"throughput_s": float(row["Inferences/Second"]), "p50_us": float(row["p50 latency"])}
+        row = _pa(pa, env, url, 2500, Path(tmp), protocol)
+    return {"throughput_s": row["Inferences/Second"], "p50_us": row["p50 latency"]}
 
 
 def _stats(url: str) -> tuple[int, int, dict[str, int]]:

@@ -70,15 +70,20 @@ def _sched_ns(pids: list[int]) -> tuple[int, int]:
     return cpu, wait
 
 
-def _pa(pa: Path, env: dict[str, str], url: str, interval_ms: int, tmp: Path) -> dict[str, float]:
+def _pa(
+    pa: Path, env: dict[str, str], url: str, interval_ms: int, tmp: Path, protocol: str = "http"
+) -> dict[str, float]:
+    """perf_analyzer on ``add`` at concurrency 32 over ``protocol`` with fixed windows (a loaded machine
+    never fails the step): the figures of its csv row (``FIELDS``). door_trace_parts and door_hop_shape run
+    it too."""
     out = tmp / "pa.csv"
     out.unlink(missing_ok=True)
     cmd = [
-        str(pa), "-m", "add", "-i", "http", "-u", url, "--concurrency-range", "32",
+        str(pa), "-m", "add", "-i", protocol, "-u", url, "--concurrency-range", "32",
         "--measurement-interval", str(interval_ms), "--stability-percentage", "1000", "--max-trials", "3",
         "-b", "1", "-f", str(out), "--shape", "INPUT_A:1", "--shape", "INPUT_B:1",
     ]  # fmt: skip
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=False)
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, check=False)
     if not out.exists():
         raise RuntimeError(f"perf_analyzer failed ({run.returncode}): {run.stderr[-800:]}")
     with open(out) as f:
