@@ -66,7 +66,6 @@ class Connection:
         heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
     ) -> None:
         self.url = url
-        self.server_uid = server_uid
         self.heartbeat_interval = heartbeat_interval
         self._on_late = on_late_reply
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()

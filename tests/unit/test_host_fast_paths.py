@@ -11,31 +11,17 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.unit.test_batch_runner import CONFIG, SIG  # the same two-input add model
 from zinfer.client import dtypes
 from zinfer.client.errors import InvalidArgument
 from zinfer.client.protocol import OutputRequest, ShmRef, TensorRef
 from zinfer.modelconfig.model_config import parse_model_config
-from zinfer.modelconfig.signature import Signature
 from zinfer.workers.batch import BatchRequest, run_batch
 from zinfer.workers.batch_io import check_output, input_array, slot_alloc
 from zinfer.workers.device import CPU, CpuDevice
 from zinfer.workers.kernels import AddKernel
 from zinfer.workers.model import no_alloc
 from zinfer.workers.regions import RegionCache
-
-CONFIG = parse_model_config(
-    """
-    name: "m"
-    backend: "zinfer"
-    max_batch_size: 8
-    input [ { name: "A" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 2 ] } ]
-    output [ { name: "S" data_type: TYPE_FP32 dims: [ 2 ] } ]
-    parameters { key: "kernel" value: { string_value: "add" } }
-    """,
-    source="test",
-    model_name="m",
-)
-SIG = Signature.of(CONFIG)
 
 
 class CountingDevice(CpuDevice):
