@@ -342,6 +342,22 @@ def machine() -> dict[str, Any]:
     }
 
 
+def record_run(results: Path, label: str, command: str, entry: dict[str, Any]) -> None:
+    """Write ``entry`` as run ``label`` of a results file that keeps one entry per label
+    (``{"runs": {...}}``), after its date, the command that made it and the machine; the other labels'
+    entries stay."""
+    doc: dict[str, Any] = json.loads(results.read_text()) if results.exists() else {}
+    doc.setdefault("runs", {})[label] = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": command,
+        "machine": machine(),
+        **entry,
+    }
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"written: {results.relative_to(ROOT)} (label {label})")
+
+
 def run(p: dict[str, Any]) -> dict[str, Any]:
     frames = bare_frames()
     with baseline.bare_hop() as ep:

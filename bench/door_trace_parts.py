@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton_side  # noqa: E402
 import vs_triton_repo  # noqa: E402
 from bench_frontdoor import _free_port  # noqa: E402
-from bench_serving import ROOT, machine  # noqa: E402
+from bench_serving import ROOT, record_run  # noqa: E402
 from pa_latency_parts import _machine_ticks, _pa  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "door_trace_parts.json"
@@ -152,19 +152,9 @@ def main() -> int:
         if name in parts:
             med, mean, p90 = parts[name]["median_us"], parts[name]["mean_us"], parts[name]["p90_us"]
             print(f"  {name:20} median {med:8.1f} us  mean {mean:8.1f}  p90 {p90:8.1f}")
-    doc: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    doc.setdefault("runs", {})[args.label] = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": f"bench/door_trace_parts.py --triton-venv DIR --rate {args.rate} "
-        f"--interval-ms {args.interval_ms} --label {args.label}",
-        "machine": machine(),
-        "perf_analyzer": fig,
-        "idle_pct": idle,
-        "parts": parts,
-    }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"written: {RESULTS}")
+    command = (f"bench/door_trace_parts.py --triton-venv DIR --rate {args.rate} "
+               f"--interval-ms {args.interval_ms} --label {args.label}")  # fmt: skip
+    record_run(RESULTS, args.label, command, {"perf_analyzer": fig, "idle_pct": idle, "parts": parts})
     return 0
 
 

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton_side  # noqa: E402
 import vs_triton_repo  # noqa: E402
 from bench_frontdoor import MODELS, zinfer_front_door  # noqa: E402
-from bench_serving import ROOT, machine  # noqa: E402
+from bench_serving import ROOT, record_run  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "pa_latency_parts.json"
 FIELDS = ("Inferences/Second", "p50 latency", "Client Send", "Network+Server Send/Recv", "Server Queue",
@@ -159,24 +159,17 @@ def main() -> int:
                 print(f"round {r} {name:6} {json.dumps(row)}", flush=True)
     medians = {
         name: {k: statistics.median(r["perf_analyzer"].get(k, 0.0) for r in runs) for k in FIELDS}
-        | {"idle_pct": statistics.median(r["idle_pct"] for r in runs),
-           "machine_cpu_us_per_request": statistics.median(r["machine_cpu_us_per_request"] for r in runs)}
+        | {
+            "idle_pct": statistics.median(r["idle_pct"] for r in runs),
+            "machine_cpu_us_per_request": statistics.median(r["machine_cpu_us_per_request"] for r in runs),
+        }
         for name, runs in rows.items()
     }
     for name, m in medians.items():
         print(f"median {name:6} {json.dumps(m)}")
-    doc: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    doc.setdefault("runs", {})[args.label] = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": f"bench/pa_latency_parts.py --triton-venv DIR --rounds {args.rounds} "
-        f"--interval-ms {args.interval_ms} --label {args.label}",
-        "machine": machine(),
-        "medians": medians,
-        "rows": rows,
-    }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"written: {RESULTS}")
+    command = (f"bench/pa_latency_parts.py --triton-venv DIR --rounds {args.rounds} "
+               f"--interval-ms {args.interval_ms} --label {args.label}")  # fmt: skip
+    record_run(RESULTS, args.label, command, {"medians": medians, "rows": rows})
     return 0
 
 

@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import floor_procs as fp  # noqa: E402
 import zmq  # noqa: E402
-from bench_serving import machine  # noqa: E402
+from bench_serving import record_run  # noqa: E402
 
 from zinfer.broker.compiled import compiled_here  # noqa: E402
 from zinfer.client import protocol  # noqa: E402
@@ -48,20 +48,19 @@ WARM_N = 20_000
 STEPS = ("worker decode", "worker arrays", "worker encode", "client encode", "client read")
 
 
-def _worker_steps(msg: list[Any]) -> tuple[list[Any], Any]:
-    """The floor worker's work on one EXECUTE, as its loop does it (``floor_procs.worker``)."""
-    got = decode_execute(msg)
-    assert got is not None
-    ex: Execute = got.record
-    reqs = ex.requests
-    a = fp._array(reqs[0].inputs[0], got.frames)
-    b = fp._array(reqs[0].inputs[1], got.frames)
-    out = [(a + b).tobytes()]
+def _sum(ex: Execute, frames: list[Any]) -> list[Any]:
+    """The worker's array work (as ``floor_procs.worker``): the two inputs as arrays, their sum's bytes."""
+    r = ex.requests[0]
+    return [(fp._array(r.inputs[0], frames) + fp._array(r.inputs[1], frames)).tobytes()]
+
+
+def _result(ex: Execute, out: list[Any]) -> list[Any]:
+    """The RESULT's frames: its records built and encoded (as ``floor_procs.worker``)."""
     results = tuple(
         RequestResult(r.id, outputs=(TensorRef(r.outputs[0].name, "FP32", (1, 1), None, i),))
-        for i, r in enumerate(reqs)
+        for i, r in enumerate(ex.requests)
     )
-    return out, WorkerResult(ex.batch, results, timings=(1, 2, 3))
+    return protocol.encode(Command.W_RESULT, WorkerResult(ex.batch, results, timings=(1, 2, 3)), out)
 
 
 def timed_worker(back_ep: str, out_path: str) -> None:
@@ -81,17 +80,9 @@ def timed_worker(back_ep: str, out_path: str) -> None:
         decode_execute(msg)
         t2 = ns()
         assert got is not None
-        ex: Execute = got.record
-        reqs = ex.requests
-        a = fp._array(reqs[0].inputs[0], got.frames)
-        b = fp._array(reqs[0].inputs[1], got.frames)
-        out = [(a + b).tobytes()]
+        out = _sum(got.record, got.frames)
         t3 = ns()
-        results = tuple(
-            RequestResult(r.id, outputs=(TensorRef(r.outputs[0].name, "FP32", (1, 1), None, i),))
-            for i, r in enumerate(reqs)
-        )
-        frames = protocol.encode(Command.W_RESULT, WorkerResult(ex.batch, results, timings=(1, 2, 3)), out)
+        frames = _result(got.record, out)
         t4 = ns()
         sock.send_multipart(frames)
         t5 = ns()
@@ -103,10 +94,6 @@ def timed_worker(back_ep: str, out_path: str) -> None:
     Path(out_path).write_text(json.dumps(times))
     sock.close(linger=0)
     ctx.term()
-
-
-def _sum(req: Any, frames: list[Any]) -> bytes:
-    return bytes((fp._array(req.inputs[0], frames) + fp._array(req.inputs[1], frames)).tobytes())
 
 
 def _warm(fn: Any) -> float:
@@ -124,7 +111,10 @@ def warm_costs() -> dict[str, float]:
         Execute(7, (ExecuteRequest(0, req.inputs, req.outputs, req.caller_id),)), got.frames
     )
     execute = [bytes(f) for f in execute]
-    out, result = _worker_steps(execute)
+    decoded = decode_execute(execute)
+    assert decoded is not None
+    ex, frames = decoded.record, decoded.frames
+    out = _sum(ex, frames)
     body = {"model": fp.MODEL, "version": 1, "outputs": [TensorRef("OUTPUT_SUM", "FP32", (1, 1), None, 0)]}
 
     def reply() -> Any:
@@ -138,8 +128,8 @@ def warm_costs() -> dict[str, float]:
     it = iter(replies)
     costs = {
         "worker decode": _warm(lambda: decode_execute(execute)),
-        "worker arrays": _warm(lambda: _sum(req, got.frames)),
-        "worker encode": _warm(lambda: protocol.encode(Command.W_RESULT, result, out)),
+        "worker arrays": _warm(lambda: _sum(ex, frames)),
+        "worker encode": _warm(lambda: _result(ex, out)),
         "client encode": _warm(fc.request),
         "client read": _warm(lambda: fc.reply(next(it))),
     }  # fmt: skip
@@ -217,15 +207,10 @@ def main() -> int:
         again = f"   (again at once: {r['again_us']:.2f} us)" if "again_us" in r else ""
         print(f"  {step:16s} {r['warm_us']:8.2f} {r['after_wake_us']:11.2f} {r['ratio']:6.2f}{again}")
     print(f"  worker send (ZeroMQ's send of the RESULT, for scale): {send:.2f} us")
-    data: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
-    data["runs"][args.label] = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": f"bench/wake_cost.py --seconds {args.seconds:g} --label {args.label}",
-        "machine": machine(), "modules": mode, "requests": n, "p50_us": round(p50, 1), "steps": rows,
-        "worker_send_us": send,
-    }  # fmt: skip
-    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"written: {RESULTS.relative_to(HERE.parent)} (label {args.label})")
+    entry = {"modules": mode, "requests": n, "p50_us": round(p50, 1), "steps": rows, "worker_send_us": send}
+    record_run(
+        RESULTS, args.label, f"bench/wake_cost.py --seconds {args.seconds:g} --label {args.label}", entry
+    )
     return 0
 
 
