@@ -16,7 +16,9 @@ Load shapes, each bounded in time and count:
   The c1 pair runs in ``PAIRED_ROUNDS`` alternating rounds, the bare relay and zinfer both up (the order
   reversed every other round): this machine has slow and fast spells of tens of seconds that move both
   p50s by 10-20 %, so the goal's ratio is the median of the rounds' own ratios, each zinfer p50 over the
-  bare p50 measured beside it. The pooled p50s (every round's trips together) are kept beside it.
+  bare p50 measured beside it. The pooled p50s (every round's trips together) are kept beside it. The bare
+  relay's processes are fresh, zinfer's have served every step before: the relay makes ``BARE_WARMUP_S``
+  of untimed trips first (its p50 falls by 5-10 % over its first 1-2 s).
 CPU per request of every zinfer process (broker, workers, this client) is counted for each step.
 
 Usage: ``.venv/bin/python bench/bench_vs_triton.py --triton-venv DIR [--label L] [--quick] [--compiled]``.
@@ -55,6 +57,7 @@ QUICK = {"seconds": 1.0, "cap": 20_000, "pa_interval_ms": 1000, "bare_rate_n": 5
 MODELS = ("add", "big", "tokenizer", "lm", "detokenizer", "text_ensemble")
 PAIRED_ROUNDS = 6  # add0 c1 beside the bare relay: rounds in turns (see the module's docstring)
 MIN_ROUND_S = 0.5
+BARE_WARMUP_S = 2.0  # untimed bare trips before the paired rounds (fresh processes against a warm server)
 
 
 def run_triton(t: triton_side.TritonInstall, repo: Path, p: dict[str, Any]) -> dict[str, Any]:
@@ -109,6 +112,7 @@ def paired_c1(
     the forwarder, the echo worker and this client per round trip, warm-up trips counted)."""
     each = max(MIN_ROUND_S, seconds / 2)
     frames = bare_frames()
+    baseline.bare_latency_us(ep, frames, 1_000_000, BARE_WARMUP_S)
     zl: list[float] = []
     bl: list[float] = []
     z_rounds: list[float] = []
