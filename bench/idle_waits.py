@@ -1,0 +1,269 @@
+"""Idle CPU beside waiting threads at HTTP c32: who waited on a run queue while the other CPU sat idle,
+zinfer's front door beside Triton.
+
+At HTTP c32 perf_analyzer measures zinfer's door a few percent behind Triton while the machine's CPU time per
+request is about the same for both (``pa_latency_parts``): the difference is idle time. This records the
+scheduler (``perf sched record -a``) for ``--seconds`` in the middle of a perf_analyzer run on ``add`` at
+concurrency 32 over HTTP, once against Triton 2.51 and once against ``zinfer serve --http`` (one door), and
+reads its switch and wake-up events (``perf script``: ``perf sched timehist`` loses one CPU's idle time on
+this machine, folding it into the run time of whatever ran next):
+
+* each CPU's idle time over the recording;
+* CPU time by role (zinfer: ``door``, ``broker``, ``workers``; Triton: ``tritonserver``, ``stubs``; both:
+  ``perf_analyzer``, ``other``), and on which CPU;
+* run-queue waits (a thread woken or preempted, not yet running) by role, and the part of them during which
+  the CPU it was queued on was busy while the *other* CPU was idle: work that could have run at once, had
+  the scheduler put it there (thread time: summed over the threads that waited); and the wall time one
+  CPU was idle while the other, busy, had a thread queued (``idle_beside_queued_work``).
+
+Every figure is per second of the recording. Usage: ``.venv/bin/python bench/idle_waits.py --triton-venv DIR
+[--seconds 1.5] [--label L]`` (``PYTHONPATH=TREE`` for another zinfer tree, e.g. a compiled build; needs
+``perf`` and the right to record scheduler events). Results: bench/results/idle_waits.json (an entry per
+``--label``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import collections
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import triton_side  # noqa: E402
+import vs_triton_repo  # noqa: E402
+from bench_frontdoor import MODELS, zinfer_front_door  # noqa: E402
+from bench_serving import ROOT, record_run  # noqa: E402
+from door_hop_shape import _broker_pid  # noqa: E402
+from pa_latency_parts import _pa  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "idle_waits.json"
+SETTLE_S = 6.0  # into perf_analyzer's run before recording (its first window is 3 s)
+_SWITCH = re.compile(
+    r"\[(\d+)\]\s+([\d.]+):\s+sched:sched_switch: prev_comm=.*? prev_pid=(\d+) prev_prio=\S+ "
+    r"prev_state=(\S+) ==> next_comm=(.*?) next_pid=(\d+) "
+)
+_WAKING = re.compile(
+    r"\[(\d+)\]\s+([\d.]+):\s+sched:sched_waking: comm=(.*?) pid=(\d+) prio=\S+ target_cpu=(\d+)"
+)
+
+
+@dataclass(frozen=True)
+class Span:
+    """``tid`` (0: the CPU idle) on ``cpu`` from ``start`` to ``end`` (seconds); for a wait: queued there."""
+
+    cpu: int
+    tid: int
+    start: float
+    end: float
+
+
+def parse(text: str) -> tuple[list[Span], list[Span], dict[int, str]]:
+    """``perf script`` lines of ``sched_switch`` and ``sched_waking`` as (runs, idle included; run-queue
+    waits: from a wake-up or a preemption to the next time the thread runs; each thread's last name)."""
+    runs: list[Span] = []
+    waits: list[Span] = []
+    names: dict[int, str] = {}
+    current: dict[int, tuple[int, float]] = {}
+    queued: dict[int, tuple[int, float]] = {}
+    for line in text.splitlines():
+        m = _SWITCH.match(line)
+        if m:
+            cpu, t, prev, state, next_name, nxt = (int(m[1]), float(m[2]), int(m[3]), m[4], m[5], int(m[6]))
+            tid, since = current.get(cpu, (prev, t))
+            runs.append(Span(cpu, tid, since, t))
+            current[cpu] = (nxt, t)
+            names[nxt] = next_name
+            if prev and state.startswith("R"):  # preempted: runnable from now
+                queued.setdefault(prev, (cpu, t))
+            if nxt and nxt in queued:
+                qcpu, qt = queued.pop(nxt)
+                waits.append(Span(qcpu, nxt, qt, t))
+            continue
+        m = _WAKING.match(line)
+        if m and int(m[4]) not in {tid for tid, _ in current.values()}:
+            names[int(m[4])] = m[3]
+            queued.setdefault(int(m[4]), (int(m[5]), float(m[2])))
+    return runs, waits, names
+
+
+class Idle:
+    """One CPU's idle spans, sorted, for overlap queries."""
+
+    def __init__(self, spans: list[Span]) -> None:
+        self.spans = sorted((s.start, s.end) for s in spans)
+        self.starts = [a for a, _ in self.spans]
+
+    def within(self, a: float, b: float) -> list[tuple[float, float]]:
+        """The parts of ``[a, b]`` this CPU was idle."""
+        i = max(0, bisect.bisect_right(self.starts, a) - 1)
+        out = []
+        while i < len(self.spans) and self.spans[i][0] < b:
+            s, e = self.spans[i]
+            if e > a:
+                out.append((max(a, s), min(b, e)))
+            i += 1
+        return out
+
+
+def _busy_beside_idle(idle: dict[int, Idle], cpu: int, a: float, b: float) -> float:
+    """How long, within ``[a, b]``, ``cpu`` was busy while another CPU was idle."""
+    total = 0.0
+    for other, spans in idle.items():
+        if other == cpu:
+            continue
+        for s, e in spans.within(a, b):
+            total += (e - s) - sum(y - x for x, y in idle[cpu].within(s, e))
+    return total
+
+
+def summarize(text: str, role_of: dict[int, str]) -> dict[str, Any]:
+    """The figures the module docstring names, per second of the recording, in ms."""
+    runs, waits, names = parse(text)
+    if not runs:
+        raise RuntimeError("perf sched recorded nothing")
+    span = max(r.end for r in runs) - min(r.start for r in runs)
+    cpus = sorted({r.cpu for r in runs})
+    idle = {c: Idle([r for r in runs if r.cpu == c and r.tid == 0]) for c in cpus}
+
+    def role(tid: int) -> str:
+        return role_of.get(
+            tid, "perf_analyzer" if names.get(tid, "").startswith("perf_analyzer") else "other"
+        )
+
+    run: dict[str, dict[int, float]] = collections.defaultdict(lambda: dict.fromkeys(cpus, 0.0))
+    for r in runs:
+        if r.tid:
+            run[role(r.tid)][r.cpu] += r.end - r.start
+    queue: dict[str, float] = collections.Counter()
+    beside_idle: dict[str, float] = collections.Counter()
+    for w in waits:
+        queue[role(w.tid)] += w.end - w.start
+        beside_idle[role(w.tid)] += _busy_beside_idle(idle, w.cpu, w.start, w.end)
+
+    # wall time (not thread time) a CPU was idle while the other, busy, had a thread queued
+    misplaced = 0.0
+    for c in cpus:
+        merged: list[list[float]] = []
+        for w in sorted((w for w in waits if w.cpu == c), key=lambda w: w.start):
+            if merged and w.start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], w.end)
+            else:
+                merged.append([w.start, w.end])
+        misplaced += sum(_busy_beside_idle(idle, c, a, b) for a, b in merged)
+
+    def per_s(x: float) -> float:
+        return round(x / span * 1e3, 1)
+
+    return {
+        "recorded_s": round(span, 3),
+        "idle_ms_per_s": {str(c): per_s(sum(e - s for s, e in idle[c].spans)) for c in cpus},
+        "run_ms_per_s": {k: {str(c): per_s(v) for c, v in by.items()} for k, by in sorted(run.items())},
+        "runqueue_wait_ms_per_s": {k: per_s(v) for k, v in sorted(queue.items())},
+        "wait_beside_idle_cpu_ms_per_s": {k: per_s(v) for k, v in sorted(beside_idle.items())},
+        "wait_beside_idle_cpu_total_ms_per_s": per_s(sum(beside_idle.values())),
+        "idle_beside_queued_work_ms_per_s": per_s(misplaced),
+    }
+
+
+def _roles(root: int, side: str) -> dict[int, str]:
+    """Each thread id of the side's server processes, to its role (taken once the server is up: the threads
+    that serve are made at start)."""
+    procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+    out: dict[int, str] = {}
+    for p in procs:
+        try:
+            door = "zinfer.frontdoor.process" in " ".join(p.cmdline())
+            threads = [t.id for t in p.threads()]
+        except psutil.Error:
+            continue
+        if p.pid == root:
+            role = "tritonserver" if side == "triton" else "broker"
+        else:
+            role = "stubs" if side == "triton" else "door" if door else "workers"
+        out.update(dict.fromkeys(threads, role))
+    return out
+
+
+@contextmanager
+def _server(side: str, install: triton_side.TritonInstall, repo: Path) -> Iterator[tuple[str, int]]:
+    """(HTTP address, root pid) of the side's server, up until the block ends."""
+    if side == "triton":
+        with triton_side.serve(install, repo, MODELS) as t:
+            yield t.http, t.pid
+    else:
+        with zinfer_front_door(repo, 1) as z:
+            yield z.http, _broker_pid(z)
+
+
+def measure(side: str, install: triton_side.TritonInstall, tmp: Path, seconds: float) -> dict[str, Any]:
+    pa = install.venv / "bin" / "perf_analyzer"
+    (tmp / f"env-{side}").mkdir()
+    env = triton_side._environment(install, tmp / f"env-{side}")
+    repo = vs_triton_repo.write(tmp / f"models-{side}", zinfer_only=side == "zinfer")
+    data = tmp / f"sched-{side}.data"
+    with _server(side, install, repo) as (http, root):
+        roles = _roles(root, side)
+        row: dict[str, float] = {}
+        errors: list[BaseException] = []
+
+        def load() -> None:
+            try:
+                row.update(_pa(pa, env, http, 3000, tmp))
+            except BaseException as exc:  # reported after the join
+                errors.append(exc)
+
+        runner = threading.Thread(target=load)
+        runner.start()
+        time.sleep(SETTLE_S)
+        rec = ["perf", "sched", "record", "-a", "-o", str(data), "--", "sleep", str(seconds)]
+        subprocess.run(rec, capture_output=True, check=True, timeout=seconds + 60)
+        runner.join(300)
+        if errors or runner.is_alive():
+            raise RuntimeError(f"perf_analyzer failed: {errors[:1] or 'still running after 300 s'}")
+    script = ["perf", "script", "-i", str(data), "-F", "cpu,time,event,trace"]
+    events = subprocess.run(script, capture_output=True, text=True, check=True, timeout=300)
+    out = summarize(events.stdout, roles)
+    out["perf_analyzer_infer_per_s"] = row.get("Inferences/Second")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--triton-venv", type=Path, required=True)
+    ap.add_argument("--seconds", type=float, default=1.5)
+    ap.add_argument("--label", default="latest")
+    args = ap.parse_args()
+    install = triton_side.find(args.triton_venv)
+    if install is None:
+        raise SystemExit(f"no Triton in {args.triton_venv}")
+    sides: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="ziw-") as name:
+        tmp = Path(name)
+        for side in ("triton", "zinfer"):
+            sides[side] = measure(side, install, tmp, args.seconds)
+            s = sides[side]
+            print(f"{side}: {s['perf_analyzer_infer_per_s']}/s, idle ms/s by cpu {s['idle_ms_per_s']}")
+            total, by_role = s["wait_beside_idle_cpu_total_ms_per_s"], s["wait_beside_idle_cpu_ms_per_s"]
+            print(f"  run-queue waits beside an idle cpu: {total} ms/s {by_role}")
+            misplaced = s["idle_beside_queued_work_ms_per_s"]
+            print(f"  a cpu idle while the other had a thread queued: {misplaced} ms/s")
+    command = f"bench/idle_waits.py --triton-venv DIR --seconds {args.seconds} --label {args.label}"
+    record_run(RESULTS, args.label, command, {"seconds": args.seconds, "sides": sides})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
