@@ -147,8 +147,8 @@ def summarize(text: str, role_of: dict[int, str]) -> dict[str, Any]:
     for r in runs:
         if r.tid:
             run[role(r.tid)][r.cpu] += r.end - r.start
-    queue: dict[str, float] = collections.Counter()
-    beside_idle: dict[str, float] = collections.Counter()
+    queue: dict[str, float] = collections.defaultdict(float)
+    beside_idle: dict[str, float] = collections.defaultdict(float)
     for w in waits:
         queue[role(w.tid)] += w.end - w.start
         beside_idle[role(w.tid)] += _busy_beside_idle(idle, w.cpu, w.start, w.end)
