@@ -123,9 +123,7 @@ def paired_c1(
     z_time = 0.0
     meter = z.CpuMeter(s.pid)
     with z.Client(s.url, timeout=z.TIMEOUT_S) as c:
-        for _ in range(100):
-            if not z._check("add0", c.infer("add0", z.ADD_INPUTS)):
-                raise RuntimeError("add0: wrong result")
+        z.warm_up(c, "add0")
         for r in range(PAIRED_ROUNDS):
             for side in ("bare", "zinfer") if r % 2 == 0 else ("zinfer", "bare"):
                 if side == "bare":
@@ -136,15 +134,9 @@ def paired_c1(
                     bl += lats
                     b_rounds.append(pct(lats, 50))
                     continue
-                lats = []
                 meter.start()
-                t0 = time.perf_counter()
-                end = t0 + each
-                while len(lats) < cap and time.perf_counter() < end:
-                    t = time.perf_counter()
-                    c.infer("add0", z.ADD_INPUTS)
-                    lats.append((time.perf_counter() - t) * 1e6)
-                z_time += time.perf_counter() - t0
+                lats, dt = z.timed_calls(c, "add0", each, cap)
+                z_time += dt
                 for k, v in meter.stop(len(lats)).items():
                     z_cpu[k] = z_cpu.get(k, 0.0) + v * len(lats)
                 zl += lats

@@ -112,23 +112,35 @@ def _check(model: str, result: Any) -> bool:
     return bool(result.as_numpy("OUTPUT_SUM")[0, 0] == 3.0)
 
 
+def warm_up(c: Client, model: str) -> None:
+    """100 calls of ``model``, each answer checked."""
+    inputs = TEXT_INPUTS if model == "text_ensemble" else ADD_INPUTS
+    for _ in range(100):
+        if not _check(model, c.infer(model, inputs)):
+            raise RuntimeError(f"{model}: wrong result")
+
+
+def timed_calls(c: Client, model: str, seconds: float, cap: int) -> tuple[list[float], float]:
+    """One call of ``model`` after another for ``seconds`` (at most ``cap``): each latency in µs, and the
+    seconds it took."""
+    inputs = TEXT_INPUTS if model == "text_ensemble" else ADD_INPUTS
+    lats: list[float] = []
+    t0 = time.perf_counter()
+    end = t0 + seconds
+    while len(lats) < cap and time.perf_counter() < end:
+        t = time.perf_counter()
+        c.infer(model, inputs)
+        lats.append((time.perf_counter() - t) * 1e6)
+    return lats, time.perf_counter() - t0
+
+
 def sync_latency(s: ZinferServer, model: str, seconds: float, cap: int) -> dict[str, Any]:
     """One sync ``Client``, one request in flight."""
-    inputs = TEXT_INPUTS if model == "text_ensemble" else ADD_INPUTS
     meter = CpuMeter(s.pid)
     with Client(s.url, timeout=TIMEOUT_S) as c:
-        for _ in range(100):
-            if not _check(model, c.infer(model, inputs)):
-                raise RuntimeError(f"{model}: wrong result")
-        lats: list[float] = []
+        warm_up(c, model)
         meter.start()
-        t0 = time.perf_counter()
-        end = t0 + seconds
-        while len(lats) < cap and time.perf_counter() < end:
-            t = time.perf_counter()
-            c.infer(model, inputs)
-            lats.append((time.perf_counter() - t) * 1e6)
-        dt = time.perf_counter() - t0
+        lats, dt = timed_calls(c, model, seconds, cap)
     return _step(len(lats), dt, lats, 0, meter.stop(len(lats)))
 
 
