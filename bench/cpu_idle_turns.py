@@ -18,7 +18,7 @@ CPU per request, all processes: perf_analyzer's and the server's CPU over the re
 is about equal on both sides, the rate follows the idle time: 2 CPUs minus idle, over the CPU per request.
 
 Usage: ``PYTHONPATH=COMPILED_TREE .venv/bin/python bench/cpu_idle_turns.py --triton-venv DIR [--rounds 4]
-[--protocol http|grpc] [--label L]``. Results: bench/results/cpu_idle_turns.json (an entry per label).
+[--protocol http|grpc] [--label L]``. Results: bench/results/cpu_idle_turns.json (a run per label).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton_side  # noqa: E402
 import vs_triton_repo  # noqa: E402
 from bench_frontdoor import MODELS, Target, perf_analyzer, zinfer_front_door  # noqa: E402
-from bench_serving import ROOT, machine  # noqa: E402
+from bench_serving import ROOT, record_run  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "cpu_idle_turns.json"
 ADD = {"INPUT_A": 1, "INPUT_B": 1}
@@ -183,24 +183,12 @@ def main() -> int:
     }
     summary["ratio_median"] = round(statistics.median(r["ratio"] for r in rounds), 3)
     print("medians:", json.dumps(summary))
-    entry = {
-        "machine": machine(),
-        "params": {
-            "protocol": args.protocol,
-            "rounds": args.rounds,
-            "interval_ms": INTERVAL_MS,
-            "concurrency": 32,
-            "model": "add",
-        },  # fmt: skip
-        "command": "PYTHONPATH=COMPILED_TREE .venv/bin/python bench/cpu_idle_turns.py --triton-venv DIR "
-        f"--rounds {args.rounds} --protocol {args.protocol} --label {args.label}",
-        "rounds": rounds,
-        "medians": summary,
-    }
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    data[args.label] = entry
-    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"written: {RESULTS} (label {args.label})")
+    command = (
+        "PYTHONPATH=COMPILED_TREE .venv/bin/python bench/cpu_idle_turns.py --triton-venv DIR "
+        f"--rounds {args.rounds} --protocol {args.protocol} --label {args.label}"
+    )
+    params = {"protocol": args.protocol, "rounds": args.rounds, "interval_ms": INTERVAL_MS, "concurrency": 32}
+    record_run(RESULTS, args.label, command, {"params": params, "rounds": rounds, "medians": summary})
     return 0
 
 
