@@ -257,17 +257,17 @@ def _paired(got: dict[str, list[dict[str, Any]]], name: str) -> dict[str, Any]:
     is the median of the rounds' own ratios (one round's ratio compares the two sides seconds apart, so a
     slow spell of the machine falls on both); a round where a side failed counts for neither."""
     mine = got[name]
-    others = [k for k in got if k != name]
     ok = [i for i in range(len(mine)) if all("throughput_s" in got[k][i] for k in got)]
     if not ok:
         return {**mine[-1], "rounds": mine}
-    if others:
+    both = {"triton", "zinfer"} <= got.keys()
+    if both:
         key = {i: float(got["zinfer"][i]["throughput_s"] / got["triton"][i]["throughput_s"]) for i in ok}
     else:
         key = {i: float(mine[i]["throughput_s"]) for i in ok}
     ranked = sorted(ok, key=key.__getitem__)
     median = ranked[(len(ranked) - 1) // 2]  # the lower median: an even count never rounds up to a goal
-    ratios = [round(key[i], 3) for i in ok] if others else []
+    ratios = [round(key[i], 3) for i in ok] if both else []
     return {**mine[median], "rounds": mine, "round_ratios": ratios, "median_round": median}
 
 

@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton_side  # noqa: E402
 import vs_triton_repo  # noqa: E402
 from bench_frontdoor import MODELS, Target, perf_analyzer, zinfer_front_door  # noqa: E402
+from bench_frontdoor_ensemble import _cpu_by_role, _role, _tree  # noqa: E402
 from bench_serving import ROOT, record_run  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "cpu_idle_turns.json"
@@ -49,39 +50,20 @@ ADD = {"INPUT_A": 1, "INPUT_B": 1}
 INTERVAL_MS = 1000
 
 
-def _roles(root: int, zinfer: bool) -> dict[int, str]:
-    """Each process of a server's tree by role."""
-    out = {root: "broker" if zinfer else "tritonserver"}
-    for child in psutil.Process(root).children(recursive=True):
-        cmd = " ".join(child.cmdline())
-        if zinfer:
-            out[child.pid] = "door" if "zinfer.frontdoor.process" in cmd else "workers"
-        else:
-            out[child.pid] = "stubs"
-    return out
-
-
-def _threads(pids: dict[int, str]) -> dict[tuple[int, str], tuple[str, int, int]]:
+def _threads(
+    procs: list[psutil.Process], root: int, side: str
+) -> dict[tuple[int, str], tuple[str, int, int]]:
     """Every thread's role and voluntary and involuntary context switches so far."""
     out = {}
-    for pid, role in pids.items():
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{pid}/task"):
+    for p in procs:
+        with contextlib.suppress(OSError, psutil.Error):
+            role = _role(p, root, side)
+            for tid in os.listdir(f"/proc/{p.pid}/task"):
                 with contextlib.suppress(OSError, IndexError, ValueError):
-                    text = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+                    text = Path(f"/proc/{p.pid}/task/{tid}/status").read_text()
                     vol = int(text.split("\nvoluntary_ctxt_switches:")[1].split()[0])
                     invol = int(text.split("\nnonvoluntary_ctxt_switches:")[1].split()[0])
-                    out[(pid, tid)] = (role, vol, invol)
-    return out
-
-
-def _cpu(pids: dict[int, str]) -> dict[str, float]:
-    """CPU seconds so far by role."""
-    out: dict[str, float] = {}
-    for pid, role in pids.items():
-        with contextlib.suppress(psutil.Error):
-            t = psutil.Process(pid).cpu_times()
-            out[role] = out.get(role, 0.0) + t.user + t.system
+                    out[(p.pid, tid)] = (role, vol, invol)
     return out
 
 
@@ -96,13 +78,15 @@ def _children_cpu() -> float:
     return float(ru.ru_utime + ru.ru_stime)
 
 
-def turn(
-    pa: Path, env: dict[str, str], target: Target, pids: dict[int, str], protocol: str
-) -> dict[str, Any]:
-    """One perf_analyzer step on ``target``, with the figures of the module's docstring."""
-    cpu0, threads0, idle0, pa0, t0 = _cpu(pids), _threads(pids), _idle(), _children_cpu(), time.monotonic()
+def turn(pa: Path, env: dict[str, str], target: Target, root: int, protocol: str) -> dict[str, Any]:
+    """One perf_analyzer step on ``target`` (its server's processes under ``root``), with the figures of the
+    module's docstring."""
+    procs, side = _tree(root), target.name
+    cpu0, threads0 = _cpu_by_role(procs, root, side), _threads(procs, root, side)
+    idle0, pa0, t0 = _idle(), _children_cpu(), time.monotonic()
     fig = perf_analyzer(pa, env, target, protocol, "add", 32, ADD, INTERVAL_MS)
-    cpu1, threads1, idle1, pa1, t1 = _cpu(pids), _threads(pids), _idle(), _children_cpu(), time.monotonic()
+    cpu1, threads1 = _cpu_by_role(procs, root, side), _threads(procs, root, side)
+    idle1, pa1, t1 = _idle(), _children_cpu(), time.monotonic()
     wall = t1 - t0
     rate = fig["throughput_s"]
     requests = rate * wall
@@ -159,15 +143,13 @@ def main() -> int:
             if zinfer.door_pid is None:
                 raise RuntimeError("zinfer's front door process was not found")
             broker = psutil.Process(zinfer.door_pid).parent()
-            tritonserver = [p for p in psutil.Process().children() if "tritonserver" in " ".join(p.cmdline())]
-            if broker is None or not tritonserver:
-                raise RuntimeError("a server's process was not found")
-            roots = {"triton": (tritonserver[0].pid, False), "zinfer": (broker.pid, True)}
+            if broker is None:
+                raise RuntimeError("zinfer's broker process was not found")
+            roots = {"triton": served.pid, "zinfer": broker.pid}
             for r in range(args.rounds):
                 got: dict[str, Any] = {}
                 for target in (triton, zinfer) if r % 2 == 0 else (zinfer, triton):
-                    pids = _roles(*roots[target.name])
-                    got[target.name] = turn(pa, env, target, pids, args.protocol)
+                    got[target.name] = turn(pa, env, target, roots[target.name], args.protocol)
                     print(_line(target.name, got[target.name]), flush=True)
                 got["ratio"] = round(got["zinfer"]["throughput_s"] / got["triton"]["throughput_s"], 3)
                 print(f"round {r}: zinfer/Triton {got['ratio']}", flush=True)
