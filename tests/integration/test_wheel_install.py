@@ -185,13 +185,17 @@ HOSTILE_INPUT_TESTS = (
     "tests/unit/test_bundle_wire.py",
     "tests/unit/test_wire_records.py",
     "tests/integration/test_bad_input.py",
+    # the HTTP door's connections (httptools installed beside the wheel): hostile heads, bodies and stalls
+    "tests/unit/test_http_wire.py",
+    "tests/unit/test_http_wire_start.py",
+    "tests/unit/test_http_wire_kept.py",
 )
 
 
 def test_the_hostile_input_tests_pass_on_the_installed_build(installed: Path) -> None:
     """The protocol's and the server's bad-input tests, run by the fresh venv's python (its zinfer is the
     wheel's, compiled where a compiler is here) from the copy the wheel was built from."""
-    tools = ["pytest>=7.4", "pytest-timeout>=2.2", "hypothesis>=6.0"]
+    tools = ["pytest>=7.4", "pytest-timeout>=2.2", "hypothesis>=6.0", "httptools>=0.6"]
     done = subprocess.run([str(installed / "python"), "-m", "pip", "install", "-q", *tools],
                           capture_output=True, text=True, env=_env(), timeout=300)  # fmt: skip
     if done.returncode != 0 and any(s in done.stdout + done.stderr for s in _NO_INDEX):
