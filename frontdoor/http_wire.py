@@ -21,9 +21,12 @@ short queue; reading pauses while it is full). What a hostile peer can send is b
 A connection that sends the same head again (perf_analyzer and Triton's clients send the same head call
 after call), whole in one read with its body, has it taken without the parser: the read is compared with
 the last head the parser took alone in one read (a plain one: its body sized by Content-Length, no
-``Expect``, no upgrade, kept alive) and the request made as the parser made it, with the new body
-(``_KeptHead``; door CPU per request at HTTP c32 62.6 -> 53.0 us, bench/door_hop_shape.py, label
-s50_kept_head). Any other read goes through the parser.
+``Expect``, no upgrade, kept alive, at most ``KEPT_HEAD_BYTES``) and the request made as the parser made
+it, with the new body (``_KeptHead``; door CPU per request at HTTP c32 62.6 -> 53.0 us,
+bench/door_hop_shape.py, label s50_kept_head). Any other read goes through the parser.
+
+The module is over 400 lines on purpose: it is one class, a connection, whose parser callbacks, kept heads,
+answers and timers all read and change the same per-connection state.
 
 ``Expect: 100-continue`` is answered before the body is read, HTTP/1.0 and ``Connection: close`` close
 after the answer, and a peer that half-closes still gets the answers to what it sent. Why not a
@@ -63,6 +66,7 @@ MAX_HEAD_BYTES = 64 << 10
 REQUEST_TIMEOUT_S = 60.0
 KEEPALIVE_S = 75.0
 MAX_PIPELINED = 16  # whole requests waiting behind the one being answered before reading pauses
+KEPT_HEAD_BYTES = 4096  # a longer head is never kept: an idle connection holds no more than this of it
 ONE_WRITE_BYTES = 1 << 16  # an answer up to this size goes out as one buffer (one send), larger ones as parts
 
 
@@ -209,7 +213,7 @@ class HttpWire(asyncio.Protocol):
         if (
             self._closing or "transfer-encoding" in headers
             or "expect" in headers or "upgrade" in headers or headers.get("content-length") != str(len(body))
-            or head <= 0
+            or head <= 0 or head > KEPT_HEAD_BYTES
         ):  # fmt: skip
             return
         self._kept = _KeptHead(data[:head], len(data), request.method, request.target, headers)

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from zinfer.frontdoor.http_wire import HttpRequest, HttpResponse, HttpWire
+from zinfer.frontdoor.http_wire import KEPT_HEAD_BYTES, HttpRequest, HttpResponse, HttpWire
 
 DEADLINE_S = 10.0
 HEAD = (
@@ -187,5 +187,22 @@ def test_chunked_expect_and_closing_heads_are_never_kept() -> None:
                 writer.close()
                 assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"zz")
             assert all(w._kept is None for w in wires)
+
+    asyncio.run(go())
+
+
+def test_a_long_head_is_not_kept() -> None:
+    """An idle connection holds at most ``KEPT_HEAD_BYTES`` of a head: a longer one is parsed every time."""
+    long_head = _request(b"long", extra=f"X-Pad: {'p' * KEPT_HEAD_BYTES}\r\n")
+    short_head = _request(b"shrt")
+
+    async def go() -> None:
+        seen = _Seen()
+        async with _server(seen) as (port, wires):
+            assert await _one_by_one(port, [long_head] * 3) == [b"long"] * 3
+            assert _fed(wires) == 3 and all(w._kept is None for w in wires)
+        async with _server(seen) as (port, wires):
+            assert await _one_by_one(port, [short_head] * 3) == [b"shrt"] * 3
+            assert _fed(wires) == 1
 
     asyncio.run(go())
