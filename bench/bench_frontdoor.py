@@ -242,7 +242,10 @@ def measure(
                     fig = perf_analyzer(
                         pa, env, target, protocol, model, concurrency, shapes, interval_ms, extra
                     )
-                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                except subprocess.TimeoutExpired as exc:  # its command names this machine's paths: not kept
+                    fig = {"error": f"perf_analyzer did not finish within {exc.timeout:g} s"}
+                    print(f"{target.name} {name}: failed: {fig['error']}")
+                except RuntimeError as exc:
                     fig = {"error": str(exc)[-600:]}
                     print(f"{target.name} {name}: failed: {str(exc)[:300]}")
                 got[target.name].append(fig)
