@@ -137,7 +137,7 @@ class HttpWire(asyncio.Protocol):
         self._closing = False  # no more requests are read: answer what is queued, then close
         self._eof = False
         self._kept: _KeptHead | None = None  # the last head that may be taken again without the parser
-        self._fed: bytes | None = None  # the read being parsed, when it began between requests
+        self._fresh = False  # the read being parsed began between requests
         self._whole: HttpRequest | None = None  # the request that read held alone (kept alive)
         self._writable: asyncio.Future[None] | None = None
 
@@ -183,7 +183,7 @@ class HttpWire(asyncio.Protocol):
         if kept is not None and not self._partial and len(data) == kept.size and data.startswith(kept.head):
             self._again(kept, data)
             return
-        self._fed = None if self._partial else data  # (``_whole`` is None between reads)
+        self._fresh = not self._partial  # (``_whole`` is None between reads)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:  # one of ours refused (httptools wraps it)
@@ -200,7 +200,7 @@ class HttpWire(asyncio.Protocol):
             if whole is not None and not self._partial:
                 self._keep(whole, data)
         finally:
-            self._fed = self._whole = None
+            self._fresh, self._whole = False, None
 
     def _keep(self, request: HttpRequest, data: bytes) -> None:
         """``data`` held ``request`` and nothing else: keep its head when a read of the same bytes can be
@@ -273,10 +273,9 @@ class HttpWire(asyncio.Protocol):
         self._chunks, self._partial = [], False
         keep_alive = bool(self._parser.should_keep_alive())
         self._disarm()
-        if self._fed is not None:  # the first request of a read that began between requests
-            self._whole, self._fed = (request if keep_alive else None), None
-        else:
-            self._whole = None
+        # the first request of a read that began between requests (a second one in the same read: none)
+        self._whole = request if self._fresh and keep_alive else None
+        self._fresh = False
         self._complete(request, keep_alive)
 
     def _complete(self, request: HttpRequest, keep_alive: bool) -> None:
