@@ -8,7 +8,7 @@ name that perf can name, split by what the CPU ran (``profile_perf.summarize``: 
 kernel, libc); a second table counts each compiled function inclusively (anywhere on the stack).
 
 Usage: ``PYTHONPATH=COMPILED_TREE .venv/bin/python bench/profile_perf_door.py --triton-venv DIR
-[--protocol http] [--seconds 5] [--out F]``.
+[--process door|broker|worker] [--protocol http] [--seconds 5] [--out F]``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton_side  # noqa: E402
@@ -49,6 +51,19 @@ def by_thread(perf_data: Path) -> collections.Counter[str]:
     return collections.Counter(line.strip() for line in out.splitlines() if line.strip())
 
 
+def _pid_of(process: str, door_pid: int) -> int:
+    """The door's pid, its parent's (the broker) or the broker's child running the ``add`` worker."""
+    if process == "door":
+        return door_pid
+    broker = psutil.Process(door_pid).parent()
+    assert broker is not None
+    if process == "broker":
+        return broker.pid
+    workers = [p for p in broker.children(recursive=True) if "worker" in " ".join(p.cmdline())
+               and "add" in " ".join(p.cmdline())]  # fmt: skip
+    return workers[0].pid
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--triton-venv", type=Path, required=True)
@@ -57,6 +72,10 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rate", type=int, default=499, help="samples per second")
     ap.add_argument("--out", type=Path, help="also write the summary here")
+    ap.add_argument(
+        "--process", choices=("door", "broker", "worker"), default="door",
+        help="the process recorded: the door, the broker (its parent) or add's worker",
+    )  # fmt: skip
     args = ap.parse_args()
     pa = args.triton_venv / "bin" / "perf_analyzer"
     install = triton_side.find(args.triton_venv) or triton_side.TritonInstall(
@@ -80,15 +99,16 @@ def main() -> int:
             thread.start()
             time.sleep(2.0)
             data = tmp / "perf.data"
+            pid = _pid_of(args.process, target.door_pid)
             rec = ["perf", "record", "-F", str(args.rate), "--call-graph", "dwarf,16384", "-p",
-                   str(target.door_pid), "-o", str(data), "--", "sleep", str(args.seconds)]  # fmt: skip
+                   str(pid), "-o", str(data), "--", "sleep", str(args.seconds)]  # fmt: skip
             subprocess.run(rec, capture_output=True, check=True)
             thread.join(300)
             samples = stacks(data)
             threads = by_thread(data)
     fig = result.get("pa", {})
     lines = [
-        f"== door under perf_analyzer {args.protocol} add c{args.concurrency}, {args.seconds:g} s: "
+        f"== {args.process} under perf_analyzer {args.protocol} add c{args.concurrency}, {args.seconds:g} s: "
         f"{fig.get('throughput_s', 0):.0f}/s door cpu {fig.get('door_cpu_us_per_request', '-')} us/req"
     ]
     total = max(1, sum(threads.values()))
