@@ -11,11 +11,11 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from tests.http_wire_helpers import DEADLINE_S, get, listening, run, talk
 from zinfer.frontdoor import http_wire
 from zinfer.frontdoor.http_wire import HttpRequest, HttpResponse, HttpWire
 
 LIMIT = 1000
-DEADLINE_S = 10.0
 
 
 async def _echo(request: HttpRequest) -> HttpResponse:
@@ -35,51 +35,22 @@ async def _server(
     header_timeout: float = 10.0,
     admit: Callable[[HttpWire], bool] | None = None,
 ) -> AsyncIterator[int]:
-    open_wires: set[HttpWire] = set()
-
-    def connect() -> HttpWire:
-        wire = HttpWire(
-            handler, lambda method, target: LIMIT, open_wires.discard,
+    def make() -> HttpWire:
+        return HttpWire(
+            handler, lambda method, target: LIMIT, lambda wire: None,
             header_timeout=header_timeout, admit=admit,
         )  # fmt: skip
-        open_wires.add(wire)
-        return wire
 
-    server = await asyncio.get_running_loop().create_server(connect, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1]
-    finally:
-        server.close()
-        for wire in list(open_wires):
-            wire.close()
-
-
-async def _talk(port: int, raw: bytes, half_close: bool = False) -> bytes:
-    """Send ``raw``; everything the server sends until it closes (or the deadline)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(raw)
-        if half_close:
-            writer.write_eof()
-        return await asyncio.wait_for(reader.read(-1), DEADLINE_S)
-    finally:
-        writer.close()
-
-
-def _run(coro: Awaitable[None]) -> None:
-    asyncio.run(asyncio.wait_for(coro, 30))  # type: ignore[arg-type]
-
-
-def _get(path: str, extra: str = "") -> bytes:
-    return f"GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode()
+    async with listening(make) as (port, _):
+        yield port
 
 
 def test_pipelined_requests_are_answered_whole_and_in_order() -> None:
     async def go() -> None:
         async with _server() as port:
-            raw = _get("/slow", "X-Tag: one\r\n") + _get("/fast?q=1", "X-Tag: two\r\n")
+            raw = get("/slow", "X-Tag: one\r\n") + get("/fast?q=1", "X-Tag: two\r\n")
             raw += b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
-            out = await _talk(port, raw)
+            out = await talk(port, raw)
             first, second, third = (
                 out.index(b"GET /slow"),
                 out.index(b"GET /fast?q=1"),
@@ -89,7 +60,7 @@ def test_pipelined_requests_are_answered_whole_and_in_order() -> None:
             assert out.count(b"HTTP/1.1 200 OK") == 3 and b"X-Seen: one" in out and b"X-Seen: two" in out
             assert out.rstrip().endswith(b"b'hello'")  # closed after the answer Connection: close asked for
 
-    _run(go())
+    run(go())
 
 
 def test_keep_alive_serves_many_requests_on_one_connection() -> None:
@@ -98,7 +69,7 @@ def test_keep_alive_serves_many_requests_on_one_connection() -> None:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             try:
                 for i in range(3):
-                    writer.write(_get(f"/n{i}"))
+                    writer.write(get(f"/n{i}"))
                     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), DEADLINE_S)
                     length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
                     body = await asyncio.wait_for(reader.readexactly(length), DEADLINE_S)
@@ -107,18 +78,18 @@ def test_keep_alive_serves_many_requests_on_one_connection() -> None:
             finally:
                 writer.close()
 
-    _run(go())
+    run(go())
 
 
 def test_http_1_0_and_a_half_closed_peer_get_their_answer_then_the_connection_closes() -> None:
     async def go() -> None:
         async with _server() as port:
-            out = await _talk(port, b"GET /old HTTP/1.0\r\n\r\n")
+            out = await talk(port, b"GET /old HTTP/1.0\r\n\r\n")
             assert out.startswith(b"HTTP/1.1 200") and b"Connection: close" in out and b"GET /old" in out
-            out = await _talk(port, _get("/half"), half_close=True)
+            out = await talk(port, get("/half"), half_close=True)
             assert out.startswith(b"HTTP/1.1 200") and b"GET /half" in out
 
-    _run(go())
+    run(go())
 
 
 def test_expect_100_continue_is_answered_before_the_body_is_sent() -> None:
@@ -137,7 +108,7 @@ def test_expect_100_continue_is_answered_before_the_body_is_sent() -> None:
             finally:
                 writer.close()
 
-    _run(go())
+    run(go())
 
 
 def test_chunked_bodies_are_joined_and_bounded() -> None:
@@ -146,22 +117,22 @@ def test_chunked_bodies_are_joined_and_bounded() -> None:
             chunked = (
                 b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
             )
-            out = await _talk(port, chunked + b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+            out = await talk(port, chunked + b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
             assert b"POST /c 5 b'abcde'" in out
             over = chunked + (b"200\r\n" + b"z" * 0x200 + b"\r\n") * 3 + b"0\r\n\r\n"  # 1536 bytes > LIMIT
-            out = await _talk(port, over)
+            out = await talk(port, over)
             assert out.startswith(b"HTTP/1.1 400") and b"more than the limit of 1000 bytes" in out
 
-    _run(go())
+    run(go())
 
 
 def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent() -> None:
     async def go() -> None:
         async with _server() as port:
-            out = await _talk(port, b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n")
+            out = await talk(port, b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n")
             assert out.startswith(b"HTTP/1.1 400") and b"99999999999 bytes is more than the limit" in out
 
-    _run(go())
+    run(go())
 
 
 @pytest.mark.parametrize(
@@ -175,10 +146,10 @@ def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent() -> None:
 def test_a_head_over_the_limit_is_refused_431(raw: bytes) -> None:
     async def go() -> None:
         async with _server() as port:
-            out = await _talk(port, raw)
+            out = await talk(port, raw)
             assert out.startswith(b"HTTP/1.1 431") and b"Connection: close" in out
 
-    _run(go())
+    run(go())
 
 
 @pytest.mark.parametrize(
@@ -194,11 +165,11 @@ def test_a_head_over_the_limit_is_refused_431(raw: bytes) -> None:
 def test_malformed_requests_are_answered_400_and_closed(raw: bytes) -> None:
     async def go() -> None:
         async with _server() as port:
-            out = await _talk(port, raw)
+            out = await talk(port, raw)
             assert out.startswith(b"HTTP/1.1 400") and b"malformed HTTP request" in out
-            assert (await _talk(port, _get("/after", "Connection: close\r\n"))).startswith(b"HTTP/1.1 200")
+            assert (await talk(port, get("/after", "Connection: close\r\n"))).startswith(b"HTTP/1.1 200")
 
-    _run(go())
+    run(go())
 
 
 def test_a_stalled_request_is_answered_408_and_an_idle_connection_closed(
@@ -211,9 +182,9 @@ def test_a_stalled_request_is_answered_408_and_an_idle_connection_closed(
         async with _server(header_timeout=0.25) as port:
             loop = asyncio.get_running_loop()
             start = loop.time()
-            out = await _talk(port, b"POST /s HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhalf")
+            out = await talk(port, b"POST /s HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhalf")
             assert out.startswith(b"HTTP/1.1 408") and b"request did not arrive within 0.2 s" in out
-            out = await _talk(port, b"GET /trickle HTTP/1.1\r\nHo")  # the head never ends
+            out = await talk(port, b"GET /trickle HTTP/1.1\r\nHo")  # the head never ends
             assert out.startswith(b"HTTP/1.1 408") and b"headers did not arrive within 0.25 s" in out
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             try:  # says nothing at all: closed once idle, with no answer
@@ -222,14 +193,14 @@ def test_a_stalled_request_is_answered_408_and_an_idle_connection_closed(
                 writer.close()
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             try:  # one whole request, answered; then idle: closed with nothing more said
-                writer.write(_get("/once"))
+                writer.write(get("/once"))
                 out = await asyncio.wait_for(reader.read(-1), DEADLINE_S)
                 assert out.startswith(b"HTTP/1.1 200") and out.count(b"HTTP/1.1") == 1
             finally:
                 writer.close()
             assert loop.time() - start < 5.0
 
-    _run(go())
+    run(go())
 
 
 def test_a_trickled_head_is_cut_at_the_header_deadline_however_steady_the_trickle() -> None:
@@ -253,7 +224,7 @@ def test_a_trickled_head_is_cut_at_the_header_deadline_however_steady_the_trickl
             assert out.startswith(b"HTTP/1.1 408") and b"headers did not arrive within 0.3 s" in out
             assert loop.time() - start < 3.0
 
-    _run(go())
+    run(go())
 
 
 def test_a_busy_keep_alive_connection_keeps_its_deadlines_across_requests() -> None:
@@ -268,7 +239,7 @@ def test_a_busy_keep_alive_connection_keeps_its_deadlines_across_requests() -> N
                 start = loop.time()
                 answered = 0
                 while loop.time() - start < 1.0:  # more than three head deadlines of requests
-                    writer.write(_get(f"/n{answered}"))
+                    writer.write(get(f"/n{answered}"))
                     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), DEADLINE_S)
                     assert head.startswith(b"HTTP/1.1 200"), head
                     length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
@@ -284,7 +255,7 @@ def test_a_busy_keep_alive_connection_keeps_its_deadlines_across_requests() -> N
             assert out.startswith(b"HTTP/1.1 408") and b"headers did not arrive within 0.3 s" in out
             assert 0.25 <= loop.time() - stalled < 3.0
 
-    _run(go())
+    run(go())
 
 
 def test_admit_may_refuse_a_connection_and_requests_carry_the_peers_uid() -> None:
@@ -298,22 +269,22 @@ def test_admit_may_refuse_a_connection_and_requests_carry_the_peers_uid() -> Non
 
     async def go() -> None:
         async with _server(admit=admit) as port:
-            out = await _talk(port, _get("/who", "Connection: close\r\n"))
+            out = await talk(port, get("/who", "Connection: close\r\n"))
             assert out.startswith(b"HTTP/1.1 200")
             assert seen[0].peer_uid == os.getuid()  # loopback: the kernel names the peer's user
-            assert await _talk(port, _get("/refused")) == b""  # refused: closed, nothing read or said
+            assert await talk(port, get("/refused")) == b""  # refused: closed, nothing read or said
 
-    _run(go())
+    run(go())
 
 
 def test_a_failing_handler_is_a_500_answer_and_the_server_goes_on() -> None:
     async def go() -> None:
         async with _server() as port:
-            out = await _talk(port, _get("/fail"))
+            out = await talk(port, get("/fail"))
             assert out.startswith(b"HTTP/1.1 500") and b'{"error":"internal error"}' in out
-            assert (await _talk(port, _get("/ok", "Connection: close\r\n"))).startswith(b"HTTP/1.1 200")
+            assert (await talk(port, get("/ok", "Connection: close\r\n"))).startswith(b"HTTP/1.1 200")
 
-    _run(go())
+    run(go())
 
 
 def test_a_large_answer_arrives_whole_to_a_reader_that_lags() -> None:
@@ -321,7 +292,7 @@ def test_a_large_answer_arrives_whole_to_a_reader_that_lags() -> None:
         async with _server() as port:
             reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=4096)
             try:
-                writer.write(_get("/big") + _get("/after", "Connection: close\r\n"))
+                writer.write(get("/big") + get("/after", "Connection: close\r\n"))
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), DEADLINE_S)
                 assert b"Content-Length: 8388608" in head
                 await asyncio.sleep(0.3)  # not reading: the answer backs up in the server, still whole
@@ -331,7 +302,7 @@ def test_a_large_answer_arrives_whole_to_a_reader_that_lags() -> None:
             finally:
                 writer.close()
 
-    _run(go())
+    run(go())
 
 
 def test_reason_phrases_and_the_error_body_are_well_formed() -> None:

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from tests.http_wire_helpers import DEADLINE_S, answer, listening, run
 from zinfer.frontdoor.http_wire import KEPT_HEAD_BYTES, HttpRequest, HttpResponse, HttpWire
 
-DEADLINE_S = 10.0
 HEAD = (
     "POST /v2/models/add/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: */*\r\n"
     "Inference-Header-Content-Length: 4\r\nContent-Type: application/octet-stream\r\n"
@@ -55,29 +55,13 @@ class _Feeds:
 
 @asynccontextmanager
 async def _server(seen: _Seen) -> AsyncIterator[tuple[int, list[HttpWire]]]:
-    wires: list[HttpWire] = []
-
-    def connect() -> HttpWire:
+    def make() -> HttpWire:
         wire = HttpWire(seen, lambda method, target: 1000, lambda w: None)
         wire._parser = _Feeds(wire._parser)  # type: ignore[assignment]
-        wires.append(wire)
         return wire
 
-    server = await asyncio.get_running_loop().create_server(connect, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1], wires
-    finally:
-        server.close()
-        for wire in wires:
-            wire.close()
-
-
-async def _answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), DEADLINE_S)
-    if head == b"HTTP/1.1 100 Continue\r\n\r\n":  # the interim answer to ``Expect``: the answer follows
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), DEADLINE_S)
-    length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
-    return head, await asyncio.wait_for(reader.readexactly(length), DEADLINE_S)
+    async with listening(make) as (port, wires):
+        yield port, wires
 
 
 async def _one_by_one(port: int, reads: list[bytes]) -> list[bytes]:
@@ -89,7 +73,7 @@ async def _one_by_one(port: int, reads: list[bytes]) -> list[bytes]:
             writer.write(raw)
             await writer.drain()
             for _ in range(raw.count(b" HTTP/1.1\r\n")):
-                head, body = await _answer(reader)
+                head, body = await answer(reader)
                 assert head.startswith(b"HTTP/1.1 200"), head
                 bodies.append(body)
     finally:
@@ -117,7 +101,7 @@ def test_a_repeated_head_is_taken_without_the_parser_exactly_as_the_parser_takes
         assert kept.requests == parsed.requests
         assert [r[3] for r in kept.requests] == bodies  # each its own body, not the first one's
 
-    asyncio.run(go())
+    run(go())
 
 
 def test_reads_other_than_the_kept_request_go_through_the_parser() -> None:
@@ -135,17 +119,17 @@ def test_reads_other_than_the_kept_request_go_through_the_parser() -> None:
                 for raw in (first, other_target, two_in_one):
                     writer.write(raw)
                     for _ in range(raw.count(b" HTTP/1.1\r\n")):
-                        got.append((await _answer(reader))[1])
+                        got.append((await answer(reader))[1])
                 writer.write(split[:-4])  # the head alone, then the body
                 await writer.drain()
                 await asyncio.sleep(0.05)
                 writer.write(split[-4:])
-                got.append((await _answer(reader))[1])
+                got.append((await answer(reader))[1])
                 writer.write(first[:-2])  # the kept head with part of its body, then the rest
                 await writer.drain()
                 await asyncio.sleep(0.05)
                 writer.write(first[-2:])
-                got.append((await _answer(reader))[1])
+                got.append((await answer(reader))[1])
             finally:
                 writer.close()
             assert got == [b"0123", b"0123", b"4567", b"89ab", b"cdef", b"0123"]
@@ -154,7 +138,7 @@ def test_reads_other_than_the_kept_request_go_through_the_parser() -> None:
             ]  # fmt: skip
             assert _fed(wires) == 7  # every read was parsed
 
-    asyncio.run(go())
+    run(go())
 
 
 def test_chunked_expect_and_closing_heads_are_never_kept() -> None:
@@ -173,7 +157,7 @@ def test_chunked_expect_and_closing_heads_are_never_kept() -> None:
                 expect = _request(b"wxyz", extra="Expect: 100-continue\r\n")
                 for _ in range(2):
                     writer.write(expect)
-                    head, body = await _answer(reader)
+                    head, body = await answer(reader)
                     assert head.startswith(b"HTTP/1.1 200") and body == b"wxyz"
             finally:
                 writer.close()
@@ -188,7 +172,7 @@ def test_chunked_expect_and_closing_heads_are_never_kept() -> None:
                 assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"zz")
             assert all(w._kept is None for w in wires)
 
-    asyncio.run(go())
+    run(go())
 
 
 def test_a_long_head_is_not_kept() -> None:
@@ -205,4 +189,4 @@ def test_a_long_head_is_not_kept() -> None:
             assert await _one_by_one(port, [short_head] * 3) == [b"shrt"] * 3
             assert _fed(wires) == 1
 
-    asyncio.run(go())
+    run(go())

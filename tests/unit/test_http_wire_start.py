@@ -5,12 +5,11 @@ closing as HTTP/1.1 says, its ``on_sent`` told once written, on a real loopback 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+from tests.http_wire_helpers import DEADLINE_S, answers, get, listening, run, talk
 from zinfer.frontdoor.http_wire import HttpRequest, HttpResponse, HttpWire
-
-DEADLINE_S = 10.0
 
 
 async def _handler(request: HttpRequest) -> HttpResponse:
@@ -48,49 +47,14 @@ class _Starter:
 
 
 @asynccontextmanager
-async def _server(start: _Starter) -> AsyncIterator[tuple[int, set[HttpWire]]]:
-    wires: set[HttpWire] = set()
-
-    def connect() -> HttpWire:
-        wire = HttpWire(_handler, lambda method, target: 1000, wires.discard, start=start)
-        wires.add(wire)
-        return wire
-
-    server = await asyncio.get_running_loop().create_server(connect, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1], wires
-    finally:
-        server.close()
-        for wire in list(wires):
-            wire.close()
-
-
-def _get(path: str, extra: str = "", version: str = "1.1") -> bytes:
-    return f"GET {path} HTTP/{version}\r\nHost: x\r\n{extra}\r\n".encode()
-
-
-async def _talk(port: int, raw: bytes, half_close: bool = False) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(raw)
-        if half_close:
-            writer.write_eof()
-        return await asyncio.wait_for(reader.read(-1), DEADLINE_S)
-    finally:
-        writer.close()
-
-
-async def _answers(reader: asyncio.StreamReader, n: int) -> list[tuple[bytes, bytes]]:
-    out = []
-    for _ in range(n):
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), DEADLINE_S)
-        length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
-        out.append((head, await asyncio.wait_for(reader.readexactly(length), DEADLINE_S)))
-    return out
-
-
-def _run(coro: Awaitable[None]) -> None:
-    asyncio.run(asyncio.wait_for(coro, 60))  # type: ignore[arg-type]
+async def _server(start: _Starter) -> AsyncIterator[tuple[int, list[HttpWire]]]:
+    async with listening(
+        lambda: HttpWire(_handler, lambda method, target: 1000, lambda w: None, start=start)
+    ) as (
+        port,
+        wires,
+    ):
+        yield port, wires
 
 
 def test_started_and_handled_requests_are_answered_in_order_on_one_connection() -> None:
@@ -101,13 +65,13 @@ def test_started_and_handled_requests_are_answered_in_order_on_one_connection() 
             try:
                 # one at a time; then pipelined behind one start took, and behind a slow one
                 for path in ("/direct?a", "/h1", "/direct?b"):
-                    writer.write(_get(path))
-                    ((head, body),) = await _answers(reader, 1)
+                    writer.write(get(path))
+                    ((head, body),) = await answers(reader, 1)
                     assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" not in head
                     assert path.encode() in body.split(b" ")
                 paths = ["/direct?c", "/h2", "/direct?d", "/slow", "/direct?e", "/h3"]
-                writer.write(b"".join(_get(p) for p in paths))
-                got = await _answers(reader, len(paths))
+                writer.write(b"".join(get(p) for p in paths))
+                got = await answers(reader, len(paths))
                 assert [body.split(b" ")[1] for _, body in got] == [p.encode() for p in paths]
                 assert [body.split(b" ")[0] for _, body in got] == [
                     b"direct",
@@ -117,8 +81,8 @@ def test_started_and_handled_requests_are_answered_in_order_on_one_connection() 
                     b"handler",
                     b"handler",
                 ]  # fmt: skip (taken by start only when nothing waits before it)
-                writer.write(_get("/direct?f"))
-                ((_, body),) = await _answers(reader, 1)
+                writer.write(get("/direct?f"))
+                ((_, body),) = await answers(reader, 1)
                 assert body == b"direct /direct?f"  # the connection is idle again: start takes it
             finally:
                 writer.close()
@@ -126,24 +90,24 @@ def test_started_and_handled_requests_are_answered_in_order_on_one_connection() 
         assert [t for t, _, _ in start.sent] == start.taken
         assert all(0 < begin <= end for _, begin, end in start.sent)
 
-    _run(go())
+    run(go(), 60)
 
 
 def test_a_started_answer_closes_when_http_says_so() -> None:
     async def go() -> None:
         async with _server(_Starter(delay=0.02)) as (port, _):
-            out = await _talk(port, _get("/direct", version="1.0"))
+            out = await talk(port, get("/direct", version="1.0"))
             assert (
                 out.startswith(b"HTTP/1.1 200") and b"Connection: close" in out and out.endswith(b"/direct")
             )
-            out = await _talk(port, _get("/direct", "Connection: close\r\n"))
+            out = await talk(port, get("/direct", "Connection: close\r\n"))
             assert out.count(b"HTTP/1.1 200") == 1 and out.endswith(b"direct /direct")
-            out = await _talk(port, _get("/direct-close") + _get("/h"))  # the answer asks to close
+            out = await talk(port, get("/direct-close") + get("/h"))  # the answer asks to close
             assert out.count(b"HTTP/1.1 200") == 1 and b"Connection: close" in out
-            out = await _talk(port, _get("/direct"), half_close=True)  # the peer is gone: answered, closed
+            out = await talk(port, get("/direct"), half_close=True)  # the peer is gone: answered, closed
             assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"direct /direct")
 
-    _run(go())
+    run(go(), 60)
 
 
 def test_a_big_started_answer_waits_for_its_write_before_the_next() -> None:
@@ -152,9 +116,9 @@ def test_a_big_started_answer_waits_for_its_write_before_the_next() -> None:
         async with _server(start) as (port, _):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             try:
-                writer.write(_get("/direct-big") + _get("/h") + _get("/direct?after"))
+                writer.write(get("/direct-big") + get("/h") + get("/direct?after"))
                 await asyncio.sleep(0.2)  # unread: the server's writes pause
-                got = await _answers(reader, 3)
+                got = await answers(reader, 3)
                 assert [len(body) for _, body in got] == [
                     8 << 20,
                     len(b"handler /h 0"),
@@ -164,16 +128,16 @@ def test_a_big_started_answer_waits_for_its_write_before_the_next() -> None:
             finally:
                 writer.close()
 
-    _run(go())
+    run(go(), 60)
 
 
 def test_a_start_that_fails_leaves_the_request_to_the_handler() -> None:
     async def go() -> None:
         async with _server(_Starter(fail=True)) as (port, _):
-            out = await _talk(port, _get("/direct", "Connection: close\r\n"))
+            out = await talk(port, get("/direct", "Connection: close\r\n"))
             assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"handler /direct 0")
 
-    _run(go())
+    run(go(), 60)
 
 
 def test_closing_a_connection_waits_for_its_started_answer() -> None:
@@ -181,7 +145,7 @@ def test_closing_a_connection_waits_for_its_started_answer() -> None:
         async with _server(_Starter(delay=0.1)) as (port, wires):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             try:
-                writer.write(_get("/direct"))
+                writer.write(get("/direct"))
                 await asyncio.sleep(0.03)
                 for wire in list(wires):
                     wire.close()  # as the door stops: the answer being made still goes out
@@ -190,4 +154,4 @@ def test_closing_a_connection_waits_for_its_started_answer() -> None:
             finally:
                 writer.close()
 
-    _run(go())
+    run(go(), 60)
