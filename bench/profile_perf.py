@@ -7,7 +7,8 @@ thread)" for ZeroMQ's I/O thread and the metrics server's), split by what the CP
 moment: the interpreter (``python``: interpreted modules, dataclass ``__init__``s, enum lookups), compiled
 code (``mypyc``), ``zmq``, ``msgspec``, ``kernel`` or ``libc``.
 
-Usage: ``PYTHONPATH=COMPILED_TREE .venv/bin/python bench/profile_perf.py add0:1 [--seconds 5] [--out F]``
+Usage: ``PYTHONPATH=COMPILED_TREE .venv/bin/python bench/profile_perf.py add0:1 [--process broker|client]
+[--seconds 5] [--out F]``
 (the load as in ``ab_turns.py``: ``MODEL:1`` one sync Client, ``MODEL:N`` one AsyncClient with N in flight).
 """
 
@@ -78,6 +79,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rate", type=int, default=499, help="samples per second")
     ap.add_argument("--out", type=Path, help="also write the summary here")
+    ap.add_argument("--process", choices=("broker", "client"), default="broker", help="the process recorded")
     args = ap.parse_args()
     model, conc = args.load.split(":")[:2]
     with tempfile.TemporaryDirectory(prefix="zpf-") as tmp:
@@ -95,11 +97,12 @@ def main() -> int:
             load = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
             time.sleep(3.0)  # warm up
             data = Path(tmp) / "perf.data"
-            rec = ["perf", "record", "-F", str(args.rate), "--call-graph", "dwarf,16384", "-p", str(s.pid)]
+            rec = ["perf", "record", "-F", str(args.rate), "--call-graph", "dwarf,16384", "-p"]
+            rec += [str(s.pid if args.process == "broker" else load.pid)]
             rec += ["-o", str(data), "--", "sleep", str(args.seconds)]
             subprocess.run(rec, capture_output=True, check=True)
             result = load.communicate(timeout=args.seconds + 120)[0].strip()
-            lines = [f"== broker under {args.load}, {args.seconds:g} s at {args.rate} Hz: {result}"]
+            lines = [f"== {args.process} under {args.load}, {args.seconds:g} s at {args.rate} Hz: {result}"]
             lines += summarize(stacks(data))
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
