@@ -58,6 +58,7 @@ from bench_serving import ROOT, _stop, _wait_ready, machine  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "bench_frontdoor.json"
 MODELS = ("add", "big")
+ADD_SHAPES = {"INPUT_A": 1, "INPUT_B": 1}  # perf_analyzer's --shape for add: one row of each input
 FULL = {"interval_ms": 3000, "rounds": 5}
 QUICK = {"interval_ms": 1000, "rounds": 3}
 GOALS = {  # (key, goal, "higher" or "lower" is better)
@@ -221,14 +222,13 @@ def measure(
     ``rounds`` rounds, the targets' order reversed every other round: each round's figures are kept under
     ``rounds``, and the step's own figures are those of its median round (see ``_paired``).
     ``{target name: {step: figures}}``."""
-    add = {"INPUT_A": 1, "INPUT_B": 1}
     big = {"INPUT0": vs_triton_repo.BIG_ELEMENTS}
     shm = ("--shared-memory", "system", "--output-shared-memory-size", str(4 << 20))
     steps: dict[str, tuple[str, str, int, dict[str, int], tuple[str, ...]]] = {
-        "grpc_c32": ("grpc", "add", 32, add, ()),
-        "grpc_c1": ("grpc", "add", 1, add, ()),
-        "http_c32": ("http", "add", 32, add, ()),
-        "http_c1": ("http", "add", 1, add, ()),
+        "grpc_c32": ("grpc", "add", 32, ADD_SHAPES, ()),
+        "grpc_c1": ("grpc", "add", 1, ADD_SHAPES, ()),
+        "http_c32": ("http", "add", 32, ADD_SHAPES, ()),
+        "http_c1": ("http", "add", 1, ADD_SHAPES, ()),
         "big_c8_shm": ("grpc", "big", 8, big, shm),
         "big_c8_shm_http": ("http", "big", 8, big, shm),
     }

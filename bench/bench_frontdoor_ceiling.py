@@ -32,12 +32,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton_side  # noqa: E402
 import vs_triton_repo  # noqa: E402
-from bench_frontdoor import Target, _free_port, perf_analyzer, zinfer_front_door  # noqa: E402
+from bench_frontdoor import ADD_SHAPES, Target, _free_port, perf_analyzer, zinfer_front_door  # noqa: E402
 from bench_serving import ROOT, machine  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "bench_frontdoor_ceiling.json"
 REPLAY = Path(__file__).resolve().parent / "frontdoor_replay.py"
-ADD = {"INPUT_A": 1, "INPUT_B": 1}
 STACKS = {  # kind -> (protocol, library it needs beyond the front door's)
     "grpc-aio": ("grpc", None),
     "grpc-aio-uvloop": ("grpc", "uvloop"),
@@ -61,7 +60,7 @@ def steps(
         for concurrency in (32, 1):
             name = f"{protocol}_c{concurrency}"
             try:
-                out[name] = perf_analyzer(pa, env, target, protocol, "add", concurrency, ADD, ms)
+                out[name] = perf_analyzer(pa, env, target, protocol, "add", concurrency, ADD_SHAPES, ms)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 out[name] = {"error": str(exc)[-600:]}
             fig = out[name]

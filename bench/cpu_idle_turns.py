@@ -41,12 +41,11 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton_side  # noqa: E402
 import vs_triton_repo  # noqa: E402
-from bench_frontdoor import MODELS, Target, perf_analyzer, zinfer_front_door  # noqa: E402
+from bench_frontdoor import ADD_SHAPES, MODELS, Target, perf_analyzer, zinfer_front_door  # noqa: E402
 from bench_frontdoor_ensemble import _cpu_by_role, _role, _tree  # noqa: E402
 from bench_serving import ROOT, record_run  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "cpu_idle_turns.json"
-ADD = {"INPUT_A": 1, "INPUT_B": 1}
 INTERVAL_MS = 1000
 
 
@@ -84,7 +83,7 @@ def turn(pa: Path, env: dict[str, str], target: Target, root: int, protocol: str
     procs, side = _tree(root), target.name
     cpu0, threads0 = _cpu_by_role(procs, root, side), _threads(procs, root, side)
     idle0, pa0, t0 = _idle(), _children_cpu(), time.monotonic()
-    fig = perf_analyzer(pa, env, target, protocol, "add", 32, ADD, INTERVAL_MS)
+    fig = perf_analyzer(pa, env, target, protocol, "add", 32, ADD_SHAPES, INTERVAL_MS)
     cpu1, threads1 = _cpu_by_role(procs, root, side), _threads(procs, root, side)
     idle1, pa1, t1 = _idle(), _children_cpu(), time.monotonic()
     wall = t1 - t0

@@ -42,13 +42,12 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton_side  # noqa: E402
 import vs_triton_repo  # noqa: E402
-from bench_frontdoor import Target, perf_analyzer, zinfer_front_door  # noqa: E402
+from bench_frontdoor import ADD_SHAPES, Target, perf_analyzer, zinfer_front_door  # noqa: E402
 from bench_serving import ROOT, machine  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "floor_door.json"
 FLOOR = ROOT / "bench" / "results" / "floor_relay.json"
 SHORTCUT = "ZINFER_FRONTDOOR_SHORTCUT"
-ADD = {"INPUT_A": 1, "INPUT_B": 1}
 CONCURRENCY = 32
 
 
@@ -82,7 +81,7 @@ def step(
 ) -> dict[str, Any]:
     roles = _roles(root_pid, target.door_pid)
     c0, t0 = _cpu(roles), time.monotonic()
-    fig = perf_analyzer(pa, env, target, protocol, "add", CONCURRENCY, ADD, interval_ms)
+    fig = perf_analyzer(pa, env, target, protocol, "add", CONCURRENCY, ADD_SHAPES, interval_ms)
     c1, t1 = _cpu(roles), time.monotonic()
     n = (t1 - t0) * fig["throughput_s"]
     per = {f"{k}_us": round(1e6 * (c1[k] - c0[k]) / n, 1) for k in c0}

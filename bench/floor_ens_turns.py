@@ -179,7 +179,7 @@ def _zinfer_turn(seconds: float) -> dict[str, Any]:
                 pids.setdefault(name if name in (*STEPS, "add") else "other", []).append(p.pid)
 
             async def run(model: str) -> dict[str, Any]:
-                inputs = z.TEXT_INPUTS if model == "text_ensemble" else z.ADD_INPUTS
+                inputs = z.inputs_of(model)
                 keep = ("broker", "client", "other", *(STEPS if model == "text_ensemble" else ("add",)))
                 async with AsyncClient(s.url, timeout=z.TIMEOUT_S) as c:
                     for _ in range(WARMUP):

@@ -35,12 +35,11 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton_side  # noqa: E402
 import vs_triton_repo  # noqa: E402
-from bench_frontdoor import Target, perf_analyzer, zinfer_front_door  # noqa: E402
+from bench_frontdoor import ADD_SHAPES, Target, perf_analyzer, zinfer_front_door  # noqa: E402
 from bench_serving import ROOT, machine  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "profile_frontdoor.json"
 PYSPY = Path(sys.executable).parent / "py-spy"
-ADD = {"INPUT_A": 1, "INPUT_B": 1}
 SHORTCUT = "ZINFER_FRONTDOOR_SHORTCUT"
 TOP = 25
 
@@ -95,7 +94,7 @@ def _record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
 
 BIG_SHM = ("--shared-memory", "system", "--output-shared-memory-size", str(4 << 20))
 CASES = {  # name -> (model, concurrency, shapes, perf_analyzer's extra options)
-    "c32": ("add", 32, ADD, ()),
+    "c32": ("add", 32, ADD_SHAPES, ()),
     "big": ("big", 8, {"INPUT0": vs_triton_repo.BIG_ELEMENTS}, BIG_SHM),
 }
 

@@ -28,10 +28,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton_side  # noqa: E402
 import vs_triton_repo  # noqa: E402
-from bench_frontdoor import perf_analyzer, zinfer_front_door  # noqa: E402
+from bench_frontdoor import ADD_SHAPES, perf_analyzer, zinfer_front_door  # noqa: E402
 from profile_perf import stacks, summarize  # noqa: E402
-
-ADD = {"INPUT_A": 1, "INPUT_B": 1}
 
 
 def inclusive(samples: list[list[tuple[str, str]]], top: int = 40) -> list[str]:
@@ -92,7 +90,7 @@ def main() -> int:
 
             def load() -> None:
                 result["pa"] = perf_analyzer(
-                    pa, env, target, args.protocol, "add", args.concurrency, ADD, 1500
+                    pa, env, target, args.protocol, "add", args.concurrency, ADD_SHAPES, 1500
                 )
 
             thread = threading.Thread(target=load, daemon=True)

@@ -112,9 +112,14 @@ def _check(model: str, result: Any) -> bool:
     return bool(result.as_numpy("OUTPUT_SUM")[0, 0] == 3.0)
 
 
+def inputs_of(model: str) -> dict[str, Any]:
+    """The inputs a load sends to ``model``: the text ensemble's, or add's."""
+    return TEXT_INPUTS if model == "text_ensemble" else ADD_INPUTS
+
+
 def warm_up(c: Client, model: str) -> None:
     """100 calls of ``model``, each answer checked."""
-    inputs = TEXT_INPUTS if model == "text_ensemble" else ADD_INPUTS
+    inputs = inputs_of(model)
     for _ in range(100):
         if not _check(model, c.infer(model, inputs)):
             raise RuntimeError(f"{model}: wrong result")
@@ -123,7 +128,7 @@ def warm_up(c: Client, model: str) -> None:
 def timed_calls(c: Client, model: str, seconds: float, cap: int) -> tuple[list[float], float]:
     """One call of ``model`` after another for ``seconds`` (at most ``cap``): each latency in µs, and the
     seconds it took."""
-    inputs = TEXT_INPUTS if model == "text_ensemble" else ADD_INPUTS
+    inputs = inputs_of(model)
     lats: list[float] = []
     t0 = time.perf_counter()
     end = t0 + seconds
@@ -146,7 +151,7 @@ def sync_latency(s: ZinferServer, model: str, seconds: float, cap: int) -> dict[
 
 def async_closed(s: ZinferServer, model: str, concurrency: int, seconds: float, cap: int) -> dict[str, Any]:
     """One ``AsyncClient``, ``concurrency`` tasks in closed loops."""
-    inputs = TEXT_INPUTS if model == "text_ensemble" else ADD_INPUTS
+    inputs = inputs_of(model)
 
     async def go() -> dict[str, Any]:
         async with AsyncClient(s.url, timeout=TIMEOUT_S) as c:
