@@ -26,6 +26,23 @@ MODELS = ROOT / "configs" / "models"
 TRITON_TIMING = 'parameters { key: "zinfer_early_dispatch" value: { string_value: "false" } }\n'
 
 
+# started before every other test: the compiled wheel's build takes minutes of one core, which pytest-xdist's
+# other test processes use for the rest of the suite in the meantime
+FIRST = ("tests/integration/test_wheel_install.py",)
+MAX_TEST_PROCESSES = 4  # "-n auto": one per core up to this (each test starts several processes of its own)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown where it is not installed
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """How many test processes ``-n auto`` starts: one per core this process may run on, at most 4."""
+    return max(1, min(MAX_TEST_PROCESSES, len(os.sched_getaffinity(0))))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The modules of ``FIRST`` first, the rest in their order (every xdist process sorts the same way)."""
+    items.sort(key=lambda item: not item.nodeid.startswith(FIRST))
+
+
 def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> None:
     """Poll ``condition`` until it holds or ``timeout`` seconds pass (then fail the test)."""
     deadline = time.monotonic() + timeout
