@@ -14,10 +14,12 @@ Each variant (``NAME`` or ``NAME:KEY=VALUE,...``, the environment its ``zinfer s
 ``PYTHONPATH=DIR`` for another tree's code) is one server, up for the whole run; variants and sides
 alternate order by round. ``--early-off NAME``: that variant's ``add`` has early dispatch off
 (``zinfer_early_dispatch: "false"``, Triton's timing), to see what it does to door traffic's batches;
-``--doors NAME:N``: that variant's server runs N front-door processes (``--frontdoor-workers``).
+``--doors NAME:N``: that variant's server runs N front-door processes (``--frontdoor-workers``); ``--delay
+NAME:US``: that variant's ``add`` waits US µs (``max_queue_delay_microseconds``; the bench's config: 500).
 
 Usage: ``.venv/bin/python bench/door_hop_shape.py --triton-venv DIR [--protocol http|grpc] [--rounds 2]
-[--seconds 6] [--variant NAME:PYTHONPATH=TREE ...] [--early-off NAME] [--doors NAME:N] [--label L]``. Results:
+[--seconds 6] [--variant NAME:PYTHONPATH=TREE ...] [--early-off NAME] [--doors NAME:N] [--delay NAME:US]
+[--label L]``. Results:
 bench/results/door_hop_shape.json (an entry per ``--label``).
 """
 
@@ -27,6 +29,8 @@ import argparse
 import contextlib
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -179,6 +183,19 @@ def _placeholder(arg: str) -> str:
     return f"{head}{sep}TREE" if sep else arg
 
 
+def _with_delay(repo: Path, dest: Path, delay_us: int) -> Path:
+    """A copy of ``repo`` whose ``add`` has ``max_queue_delay_microseconds: delay_us``."""
+    shutil.copytree(repo, dest)
+    add = dest / "add" / "config.pbtxt"
+    text, n = re.subn(
+        r"max_queue_delay_microseconds: \d+", f"max_queue_delay_microseconds: {delay_us}", add.read_text()
+    )
+    if n != 1:
+        raise SystemExit(f"{add}: no single max_queue_delay_microseconds to change")
+    add.write_text(text)
+    return dest
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--triton-venv", type=Path, required=True)
@@ -197,8 +214,12 @@ def main() -> int:
     ap.add_argument(
         "--early-off", action="append", default=[], help="a variant whose add has zinfer_early_dispatch false"
     )
+    ap.add_argument(
+        "--delay", action="append", default=[], help="NAME:US: that variant's add has max_queue_delay US µs"
+    )
     args = ap.parse_args()
     args.doors = {k: int(v) for k, v in (d.split(":") for d in args.doors)}
+    args.delay = {k: int(v) for k, v in (d.split(":") for d in args.delay)}
     install = triton_side.find(args.triton_venv)
     if install is None:
         raise SystemExit(f"no Triton in {args.triton_venv}")
@@ -221,10 +242,11 @@ def main() -> int:
         for name, extra in variants:
             env = dict(extra)
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), extra.get("PYTHONPATH", "")) if p)
+            served = repo_off if name in args.early_off else repo
+            if name in args.delay:  # a copy of the repository whose add waits another queue delay
+                served = _with_delay(served, Path(tmp) / f"models-{name}", args.delay[name])
             with _environment(env):
-                target = stack.enter_context(
-                    zinfer_front_door(repo_off if name in args.early_off else repo, args.doors.get(name, 1))
-                )
+                target = stack.enter_context(zinfer_front_door(served, args.doors.get(name, 1)))
             servers.append((name, env, target, _broker_pid(target)))
         for r in range(args.rounds):
             for name, env, target, root in servers if r % 2 == 0 else servers[::-1]:
@@ -245,6 +267,7 @@ def main() -> int:
         "machine": machine(),
         "params": {
             "early_off": args.early_off,
+            "delay_us": args.delay,
             "doors": args.doors,
             "protocol": args.protocol,
             "rounds": args.rounds,
