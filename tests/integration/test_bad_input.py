@@ -153,8 +153,15 @@ def region(raw: Raw) -> Iterator[Segment]:
         ([b"ZNF1\x01" + b"\xdd" + b"\xff" * 4 + b"\x00" * 8], "malformed header"),  # array of 2**32 items
         ([b"ZNF1" + b"\x01" + b"\x00" * (protocol.MAX_HEADER_BYTES + 10)], "over the"),
         # an INFER whose parameter nests past msgspec's depth (its decoder raised RecursionError)
-        ([b"ZNF1" + bytes([Command.INFER]) + b"\x85\xa2id\xa1a\xa5model\xa3add\xa7version\x00\xa6inputs\x90"
-          b"\xaaparameters\x81\xa1p" + b"\x91" * 200_000 + b"\x01"], "malformed header"),
+        (
+            [
+                b"ZNF1"
+                + bytes([Command.INFER])
+                + b"\x85\xa2id\xa1a\xa5model\xa3add\xa7version\x00\xa6inputs\x90"
+                b"\xaaparameters\x81\xa1p" + b"\x91" * 200_000 + b"\x01"
+            ],
+            "malformed header",
+        ),
     ],
 )
 def test_malformed_messages_get_errors(client: Client, raw: Raw, frames: list[bytes], message: str) -> None:

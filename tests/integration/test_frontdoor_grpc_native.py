@@ -31,9 +31,7 @@ def _inputs(nbytes: int) -> list[Any]:
     return inputs
 
 
-def test_native_unary_and_stream_with_shared_memory(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_native_unary_and_stream_with_shared_memory(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ZINFER_GRPC_SERVER", raising=False)
     url = f"127.0.0.1:{free_port()}"
     server = start_server(repository(tmp_path, ("double",)), "--grpc", url)

@@ -17,14 +17,14 @@ from zinfer.client.errors import Unavailable
 
 pytestmark = pytest.mark.integration
 
-RAISES_IN_INITIALIZE = '''
+RAISES_IN_INITIALIZE = """
 class TritonPythonModel:
     def initialize(self, args):
         raise RuntimeError("no weights here")
 
     def execute(self, requests):
         return []
-'''
+"""
 
 
 def _status(url: str) -> int:

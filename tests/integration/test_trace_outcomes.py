@@ -50,12 +50,22 @@ def _model(repo: Path, name: str, config: str, code: str) -> None:
 
 def _repo(tmp_path: Path) -> Path:
     repo = tmp_path / "models"
-    _model(repo, "dbl", 'max_batch_size: 8\ninput [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-           'output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }, '
-           '{ name: "Z" data_type: TYPE_FP32 dims: [ -1 ] } ]\nresponse_cache { enable: true }', DOUBLER)
-    _model(repo, "slow", 'max_batch_size: 0\ninput [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-           'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-           "instance_group [ { kind: KIND_CPU count: 1 } ]", SLOW)
+    _model(
+        repo,
+        "dbl",
+        'max_batch_size: 8\ninput [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }, '
+        '{ name: "Z" data_type: TYPE_FP32 dims: [ -1 ] } ]\nresponse_cache { enable: true }',
+        DOUBLER,
+    )
+    _model(
+        repo,
+        "slow",
+        'max_batch_size: 0\ninput [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        "instance_group [ { kind: KIND_CPU count: 1 } ]",
+        SLOW,
+    )
     _model(repo, "held", 'max_batch_size: 8\ninput [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
            'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
            "dynamic_batching { preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 20000000 }\n"

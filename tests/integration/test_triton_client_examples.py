@@ -73,7 +73,6 @@ SCRIPTS: dict[str, tuple[tuple[str, ...], ...]] = {
     "simple_grpc_async_infer_client.py": (("-v",),),
     "simple_grpc_custom_args_client.py": (("-v",),),
     "simple_grpc_custom_repeat.py": (("-v",),),
-
     "simple_grpc_infer_client.py": (("-v",),),
     "simple_grpc_keepalive_client.py": (("-v",),),
     "simple_grpc_sequence_stream_infer_client.py": (("-v",), ("-v", "-d")),
@@ -262,7 +261,9 @@ def test_health_metadata_example(script: str, assembled: tuple[Path, Path, Path,
     _run(renamed, ("-v",), server)
 
 
-@pytest.mark.parametrize(("script", "args"), IMAGE_CASES, ids=[f"{s}{''.join(a[:2])}" for s, a in IMAGE_CASES])  # noqa: E501
+@pytest.mark.parametrize(
+    ("script", "args"), IMAGE_CASES, ids=[f"{s}{''.join(a[:2])}" for s, a in IMAGE_CASES]
+)  # noqa: E501
 def test_image_client_example(script: str, args: tuple[str, ...], assembled: tuple[Path, Path, Path, Path],
                               server: ServerProcess) -> None:  # fmt: skip
     """As Triton's qa runs them, with the stand-in densenet: the top class printed is one the stand-in

@@ -194,23 +194,33 @@ SUITES: dict[str, Suite] = {
         ("model_control/model_control_test.py",),
         (
             _m("identity_fp32"),
-            Model("simple_identity_fp32", f"{MODELS}/identity_fp32",
-                  config_file=f"{MODELS}/simple_identity_fp32/config.pbtxt"),
+            Model(
+                "simple_identity_fp32",
+                f"{MODELS}/identity_fp32",
+                config_file=f"{MODELS}/simple_identity_fp32/config.pbtxt",
+            ),
         ),  # fmt: skip
         server_args=("--model-control-mode", "explicit"),
     ),
     "logging": Suite(("logging/logging_test.py",), (_m("identity_fp32_logging"),)),
     "argument_validation": Suite(
         ("test_infer_shm_leak.py",),
-        (Model("argument_validation", f"{QA}/argument_validation/models/argument_validation",
-               model_file=f"{QA}/argument_validation/models/argument_validation/1/model.py"),),  # fmt: skip
+        (
+            Model(
+                "argument_validation",
+                f"{QA}/argument_validation/models/argument_validation",
+                model_file=f"{QA}/argument_validation/models/argument_validation/1/model.py",
+            ),
+        ),  # fmt: skip
         env=(("MODEL_NAME", "argument_validation"),),
     ),
     # custom_metrics is not assembled: its model reads /metrics within execute, right after setting a value,
     # and zinfer's workers report custom metrics with their next heartbeat (a gap, docs/models.md)
     "io": Suite(
-        ("io/io_test.py::IOTest::test_requested_output_default",
-         "io/io_test.py::IOTest::test_requested_output_decoupled_prior_crash"),
+        (
+            "io/io_test.py::IOTest::test_requested_output_default",
+            "io/io_test.py::IOTest::test_requested_output_decoupled_prior_crash",
+        ),
         (_m("add_sub"), Model("llm", f"{QA}/io/requested_output_model")),
         # test_ensemble_io, test_empty_gpu_output, test_variable_gpu_output and
         # test_requested_output_decoupled need torch (DLPack models) and a GPU; test.sh runs them apart
@@ -223,11 +233,22 @@ SUITES: dict[str, Suite] = {
         ("python_test.py",),
         (
             _m("identity_fp32"),
-            _m("identity_uint8", f"{MODELS}/identity_fp32", rename=True, replace=(
-                ("TYPE_FP32", "TYPE_UINT8"), ("^max_batch_size:.*", "max_batch_size: 8"),
-            ), append=BATCHING.format(12000000)),
-            _m("identity_uint8_nobatch", f"{MODELS}/identity_fp32", rename=True,
-               replace=(("TYPE_FP32", "TYPE_UINT8"), ("^max_batch_size:.*", ""))),
+            _m(
+                "identity_uint8",
+                f"{MODELS}/identity_fp32",
+                rename=True,
+                replace=(
+                    ("TYPE_FP32", "TYPE_UINT8"),
+                    ("^max_batch_size:.*", "max_batch_size: 8"),
+                ),
+                append=BATCHING.format(12000000),
+            ),
+            _m(
+                "identity_uint8_nobatch",
+                f"{MODELS}/identity_fp32",
+                rename=True,
+                replace=(("TYPE_FP32", "TYPE_UINT8"), ("^max_batch_size:.*", "")),
+            ),
             _identity("identity_uint32", "TYPE_UINT32"),
             _identity("identity_bool", "TYPE_BOOL"),
             _m("delayed_model"),

@@ -378,9 +378,7 @@ def test_response_parameters_reach_every_client(served: Served) -> None:
         ({"list": ["v"]}, "values to have type bool/int/str, found type <class 'list'>"),
     ],
 )
-def test_bad_response_parameters_get_tritons_texts(
-    served: Served, params: Any, text: str
-) -> None:
+def test_bad_response_parameters_get_tritons_texts(served: Served, params: Any, text: str) -> None:
     _, _, grpc_url = served
     with grpcclient.InferenceServerClient(grpc_url) as client, pytest.raises(InferenceServerException) as err:
         client.infer("parameters", _p(params))
@@ -430,7 +428,9 @@ def test_async_batches_that_return_their_responses_run_side_by_side(served: Serv
 def test_an_async_batch_that_raises_fails_only_its_own_request(served: Served) -> None:
     ends = _at_once(served[2], "async_answers", [1, -1, 3, 4])
     assert [result.as_numpy("Y").tolist() for i, (_, result, _) in enumerate(ends) if i != 1] == [
-        [[10]], [[30]], [[40]]
+        [[10]],
+        [[30]],
+        [[40]],
     ]
     error = ends[1][2]
     assert ends[1][1] is None and error is not None

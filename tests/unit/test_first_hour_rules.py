@@ -135,9 +135,10 @@ def test_tune_says_the_budget_bounded_it_and_what_to_try() -> None:
 
 
 def test_tune_names_the_time_limit_errors_and_slow_batches() -> None:
-    assert "time limit stopped the sweep after 1 of 3 points" in nothing_fits(
-        [Outcome(Point(4), "", _result(9000.0, 10.0))], 1000.0, 1, 1, planned=3
-    )[0]
+    assert (
+        "time limit stopped the sweep after 1 of 3 points"
+        in nothing_fits([Outcome(Point(4), "", _result(9000.0, 10.0))], 1000.0, 1, 1, planned=3)[0]
+    )
     erring = nothing_fits([Outcome(Point(4), "", _result(900.0, 10.0, errors=3))], 1000.0, 1, 1, 1)
     assert erring == ["every point had errors: 'zinfer perf -m MODEL' shows them"]
     skipped = nothing_fits([Outcome(Point(4), "", None, "invalid")], 1000.0, 1, 1, 1)
