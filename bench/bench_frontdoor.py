@@ -283,13 +283,16 @@ def _ready(url: str) -> bool:
 
 
 @contextmanager
-def zinfer_front_door(repository: Path, workers: int) -> Iterator[Target]:
-    """``zinfer serve --grpc --http`` on ``repository``, its front door answering ready; stopped by pid."""
+def zinfer_front_door(repository: Path, workers: int, cpus: str | None = None) -> Iterator[Target]:
+    """``zinfer serve --grpc --http`` on ``repository``, its front door answering ready (pinned to ``cpus``
+    when given: ``--frontdoor-cpus``); stopped by pid."""
     tmp = Path(tempfile.mkdtemp(prefix="zfd-", dir="/tmp"))
     grpc, http = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
     cmd = [sys.executable, "-m", "zinfer.broker", "serve", "--model-repository", str(repository)]
     cmd += ["--runtime-dir", str(tmp / "rt"), "--metrics", "127.0.0.1:0", "--grpc", grpc, "--http", http]
     cmd += ["--frontdoor-workers", str(workers)]
+    if cpus is not None:
+        cmd += ["--frontdoor-cpus", cpus]
     log_path = tmp / "serve.log"
     proc = None
     try:
@@ -362,6 +365,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="1 s measurement windows instead of 3 s")
     ap.add_argument("--frontdoor-workers", type=int, default=1, help="zinfer's front-door processes")
     ap.add_argument("--rounds", type=int, help="rounds of the c32 throughput steps (default 3 quick, 5 full)")
+    ap.add_argument("--frontdoor-cpus", help="zinfer serve --frontdoor-cpus LIST (default: not pinned)")
     args = ap.parse_args()
     p = {**(QUICK if args.quick else FULL)}
     if args.rounds is not None:
@@ -392,7 +396,8 @@ def main() -> int:
                     targets.append(Target("triton", s.grpc, s.http))
                 else:
                     print("no tritonserver in --triton-venv: zinfer's half only, no ratios")
-                target = stack.enter_context(zinfer_front_door(repo, args.frontdoor_workers))
+                door = zinfer_front_door(repo, args.frontdoor_workers, args.frontdoor_cpus)
+                target = stack.enter_context(door)
                 figures = measure(pa, env, [*targets, target], int(p["interval_ms"]), int(p["rounds"]))
                 native = native_client(target.broker_url, 3.0 if args.quick else 6.0)
             triton, zinfer = figures.get("triton"), figures["zinfer"]
@@ -408,7 +413,12 @@ def main() -> int:
               f"(goal <= +150) {mark}")  # fmt: skip
     result = {
         "machine": machine(),
-        "params": {**p, "frontdoor_workers": args.frontdoor_workers, "quick": args.quick},
+        "params": {
+            **p,
+            "frontdoor_workers": args.frontdoor_workers,
+            "frontdoor_cpus": args.frontdoor_cpus,
+            "quick": args.quick,
+        },
         "triton": triton,
         "zinfer": zinfer,
         "ratios": r,

@@ -160,6 +160,7 @@ def main() -> int:
     ap.add_argument("--label", default="latest", help="the results entry to write")
     ap.add_argument("--compiled", action="store_true", help="zinfer's side on a mypyc-compiled build")
     ap.add_argument("--build", type=Path, help="with --compiled: a build made before (its PYTHONPATH folder)")
+    ap.add_argument("--frontdoor-cpus", help="zinfer serve --frontdoor-cpus LIST (default: not pinned)")
     args = ap.parse_args()
     if args.compiled and COMPILED_ENV not in os.environ:
         return _rerun_compiled(args.build)
@@ -174,7 +175,7 @@ def main() -> int:
             sides.append(("triton", s.grpc, s.pid))
         else:
             print("no tritonserver in --triton-venv: zinfer's turns only, no ratio")
-        target = stack.enter_context(zinfer_front_door(repo, 1))
+        target = stack.enter_context(zinfer_front_door(repo, 1, args.frontdoor_cpus))
         assert target.door_pid is not None
         sides.append(("zinfer", target.grpc, psutil.Process(target.door_pid).ppid()))
         for r in range(args.rounds):
@@ -220,6 +221,7 @@ def main() -> int:
             "client": f"tritonclient.grpc.aio run by {python.parent.parent.name}'s python",
             "grpc_server": _grpc_server(),
             "build": "compiled" if COMPILED_ENV in os.environ else "pure",
+            "frontdoor_cpus": args.frontdoor_cpus,
         },  # fmt: skip
         "turns": turns,
         "summary": summary,

@@ -217,7 +217,11 @@ def main() -> int:
     ap.add_argument(
         "--delay", action="append", default=[], help="NAME:US: that variant's add has max_queue_delay US µs"
     )
+    ap.add_argument(
+        "--door-cpus", action="append", default=[], help="NAME:LIST: that variant's doors pinned to LIST"
+    )
     args = ap.parse_args()
+    args.door_cpus = dict(d.split(":", 1) for d in args.door_cpus)
     args.doors = {k: int(v) for k, v in (d.split(":") for d in args.doors)}
     args.delay = {k: int(v) for k, v in (d.split(":") for d in args.delay)}
     install = triton_side.find(args.triton_venv)
@@ -246,7 +250,8 @@ def main() -> int:
             if name in args.delay:  # a copy of the repository whose add waits another queue delay
                 served = _with_delay(served, Path(tmp) / f"models-{name}", args.delay[name])
             with _environment(env):
-                target = stack.enter_context(zinfer_front_door(served, args.doors.get(name, 1)))
+                door = zinfer_front_door(served, args.doors.get(name, 1), args.door_cpus.get(name))
+                target = stack.enter_context(door)
             servers.append((name, env, target, _broker_pid(target)))
         for r in range(args.rounds):
             for name, env, target, root in servers if r % 2 == 0 else servers[::-1]:

@@ -31,7 +31,7 @@ from .regions import default_limits
 from .reply_backlog import DEFAULT_MAX_UNREAD_REPLY_BYTES
 from .sd_notify import Notifier
 from .server import Broker
-from .server_config import FILE_ONLY_KEYS, KEYS, ConfigFileError, flag_defaults, load_config
+from .server_config import FILE_ONLY_KEYS, KEYS, ConfigFileError, flag_defaults, format_cpus, load_config
 from .server_options import ServerOptions
 from .trace_otel import missing as otel_missing
 from .trace_settings import parse_trace_config
@@ -196,10 +196,18 @@ def frontdoor_config(args: argparse.Namespace, options: ServerOptions) -> FrontD
         allow_unknown_shm_callers=args.allow_unknown_shm_callers,
         http_header_timeout_s=args.http_header_timeout,
         http_peer_connections=args.http_peer_connections,
+        cpus=args.frontdoor_cpus,
         max_tensor_bytes=options.max_tensor_bytes,
         log_level=options.log_level,
         model_repository=options.model_repository,
     )
+    if config.cpus is not None:
+        usable = os.sched_getaffinity(0)
+        if not config.cpus <= usable:
+            raise ConfigError(
+                f"--frontdoor-cpus {format_cpus(config.cpus)}: CPU {min(config.cpus - usable)} is not one "
+                f"this server may run on ({format_cpus(frozenset(usable))})"
+            )
     if (config.tls_cert is None) != (config.tls_key is None):
         raise ConfigError("--tls-cert and --tls-key go together")
     if config.tls_client_ca is not None and config.tls_cert is None:

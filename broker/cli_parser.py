@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .memory_budget import parse_budget
-from .server_config import host_port
+from .server_config import host_port, parse_cpus
 
 __all__ = ["parser"]
 
@@ -22,6 +22,13 @@ def _host_port(value: str) -> str:
 
 def _metrics_address(value: str) -> str:
     return value if value == "off" else _host_port(value)
+
+
+def _cpus(value: str) -> frozenset[int]:
+    try:
+        return parse_cpus(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{value!r} is not a CPU list such as "1" or "2-3,6"') from None
 
 
 def _number(kind: Callable[[str], float], minimum: float, strict: bool = False) -> Callable[[str], Any]:
@@ -267,6 +274,13 @@ def _frontdoor_flags(s: argparse.ArgumentParser) -> None:
         default=1,
         metavar="N",
         help="front-door processes sharing the ports (SO_REUSEPORT; default 1)",
+    )
+    g.add_argument(
+        "--frontdoor-cpus",
+        type=_cpus,
+        default=None,
+        metavar="LIST",
+        help='pin every front-door process to these CPUs, e.g. "1" or "2-3" (default: not pinned)',
     )
     g.add_argument(
         "--tls-cert",

@@ -51,6 +51,7 @@ class FrontDoorConfig:
     allow_unknown_shm_callers: bool = False
     http_header_timeout_s: float | None = None  # None: the front door's default
     http_peer_connections: int | None = None
+    cpus: frozenset[int] | None = None  # every door process pinned to these CPUs (None: not pinned)
     @property
     def enabled(self) -> bool:
         return self.workers > 0 and (self.grpc is not None or self.http is not None)
@@ -84,6 +85,8 @@ class FrontDoorConfig:
             cmd += ["--http-header-timeout", repr(self.http_header_timeout_s)]
         if self.http_peer_connections is not None:
             cmd += ["--http-peer-connections", str(self.http_peer_connections)]
+        if self.cpus:
+            cmd += ["--cpus", ",".join(map(str, sorted(self.cpus)))]
         return cmd
 
 

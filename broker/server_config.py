@@ -234,6 +234,16 @@ def _affinity(value: object, _base: Path) -> dict[str, tuple[frozenset[int], ...
     return out
 
 
+def _cpu_list(value: object, _base: Path) -> frozenset[int]:
+    expected = 'a CPU list such as "1" or "2-3,6"'
+    if not isinstance(value, str):
+        raise _Bad(expected)
+    try:
+        return parse_cpus(value)
+    except ValueError:
+        raise _Bad(expected) from None
+
+
 def cpus_for(
     affinity: Mapping[str, tuple[frozenset[int], ...]], model: str, instance: int
 ) -> frozenset[int] | None:
@@ -289,6 +299,7 @@ KEYS: dict[str, Key] = {
     "grpc": Key(_address, "--grpc", "grpc"),
     "http": Key(_address, "--http", "http"),
     "frontdoor_workers": Key(_integer(1), "--frontdoor-workers", "frontdoor_workers"),
+    "frontdoor_cpus": Key(_cpu_list, "--frontdoor-cpus", "frontdoor_cpus"),
     "tls_cert": Key(_path, "--tls-cert", "tls_cert"),
     "tls_key": Key(_path, "--tls-key", "tls_key"),
     "tls_client_ca": Key(_path, "--tls-client-ca", "tls_client_ca"),

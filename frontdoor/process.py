@@ -51,6 +51,16 @@ def run_loop(main: Coroutine[Any, Any, None]) -> None:
         runner.run(main)
 
 
+def pin(cpus: set[int]) -> None:
+    """Run every thread of this process on ``cpus``: those that exist (an import may have started one) and,
+    as threads take their creator's mask, those started later (libzmq's, gRPC's)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+
+
 def parse_args(argv: Sequence[str] | None = None) -> tuple[FrontDoorOptions, int | None, str]:
     p = argparse.ArgumentParser(prog="zinfer-frontdoor")
     p.add_argument("--broker-url", required=True)
@@ -70,7 +80,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[FrontDoorOptions, int
     p.add_argument("--http-peer-connections", type=int, default=PEER_CONNECTIONS)
     p.add_argument("--parent", type=int)
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--cpus", default=None, help="pin this process to these CPUs, e.g. 0,1")
     a = p.parse_args(argv)
+    if a.cpus:
+        pin({int(c) for c in a.cpus.split(",")})
     options = FrontDoorOptions(
         broker_url=a.broker_url,
         shm_folder=a.shm_folder,

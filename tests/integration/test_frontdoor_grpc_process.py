@@ -25,6 +25,8 @@ from zinfer.client import Client
 
 pytestmark = pytest.mark.integration
 
+PINNED = max(os.sched_getaffinity(0))  # --frontdoor-cpus of the module's server: a CPU this test may use
+
 METHODS = (
     "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer", "ModelConfig",
     "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
@@ -36,7 +38,7 @@ METHODS = (
 @pytest.fixture(scope="module")
 def doors() -> Iterator[tuple[ServerProcess, str]]:
     url = f"127.0.0.1:{free_port()}"
-    server = start_server(MODELS, "--grpc", url, "--frontdoor-workers", "2")
+    server = start_server(MODELS, "--grpc", url, "--frontdoor-workers", "2", "--frontdoor-cpus", str(PINNED))
     try:
         wait_grpc(url).close()
         yield server, url
@@ -86,6 +88,37 @@ def _touch(url: str) -> bool:
     return False
 
 
+def _masks(pid: int) -> set[frozenset[int]]:
+    """The CPU masks of process ``pid``'s threads (the loop's, libzmq's, gRPC's)."""
+    return {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+def test_front_door_cpus_pin_every_door_process(doors: tuple[ServerProcess, str]) -> None:
+    server, url = doors
+    wait_for(lambda: all(d["up"] for d in _frontdoors(server)), 30, "both front-door processes to be up")
+    client = wait_grpc(url)
+    try:
+        assert _add(client, 1.5) == 3.0
+    finally:
+        client.close()
+    for row in _frontdoors(server):  # each pins itself once it has read its flags, before it listens
+        wait_for(lambda pid=row["pid"]: _masks(pid) == {frozenset({PINNED})}, 30, "the doors to be pinned")
+    assert os.sched_getaffinity(server.proc.pid) == os.sched_getaffinity(0)  # the broker is not pinned
+
+
+def test_front_door_cpus_outside_the_servers_own_are_refused(tmp_path: Any) -> None:
+    for value, message in (("4095", "CPU 4095 is not one this server may run on"),
+                           ("1-x", "is not a CPU list")):  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "zinfer.broker", "serve", "--runtime-dir", str(tmp_path / "rt"),
+             "--no-metrics", "--grpc", f"127.0.0.1:{free_port()}", "--frontdoor-cpus", value],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr
+        assert not (tmp_path / "rt" / "frontdoor").exists()  # nothing started
+
+
 def test_a_killed_front_door_is_restarted(doors: tuple[ServerProcess, str]) -> None:
     server, url = doors
     old = _frontdoors(server)[0]
@@ -99,6 +132,8 @@ def test_a_killed_front_door_is_restarted(doors: tuple[ServerProcess, str]) -> N
         assert [_add(client, float(i)) for i in range(4)] == [0.0, 2.0, 4.0, 6.0]
     finally:
         client.close()
+    # a restarted door keeps --frontdoor-cpus (it pins itself once it has read its flags)
+    wait_for(lambda: _masks(new["pid"]) == {frozenset({PINNED})}, 30, "the restarted door to be pinned")
 
 
 def test_a_non_loopback_address_without_tls_does_not_start(tmp_path: Any) -> None:

@@ -52,6 +52,9 @@ def test_the_command_line(tmp_path: Path) -> None:
     with_repo = FrontDoorConfig(1, "u", tmp_path, "127.0.0.1:1", model_repository=Path("/models")).command(0)
     assert with_repo[with_repo.index("--model-repository") + 1] == "/models"  # where label files are read
     assert not FrontDoorConfig(0, "u", tmp_path, grpc="127.0.0.1:1").enabled
+    pinned = FrontDoorConfig(1, "u", tmp_path, "127.0.0.1:1", cpus=frozenset({3, 1})).command(0)
+    assert pinned[pinned.index("--cpus") + 1] == "1,3"  # the door pins itself before its threads start
+    assert "--cpus" not in cmd
     assert not FrontDoorConfig(1, "u", tmp_path).enabled
 
 

@@ -50,6 +50,7 @@ gpus = [1, 0]
 grpc = "127.0.0.1:8101"
 http = "127.0.0.1:8100"
 frontdoor_workers = 3
+frontdoor_cpus = "1,4-5"
 tls_cert = "tls/server.crt"
 tls_key = "/etc/zinfer/tls/server.key"
 tls_client_ca = "/etc/zinfer/tls/ca.crt"
@@ -96,6 +97,7 @@ EXPECTED: dict[str, Any] = {
     "grpc": "127.0.0.1:8101",
     "http": "127.0.0.1:8100",
     "frontdoor_workers": 3,
+    "frontdoor_cpus": frozenset({1, 4, 5}),
     "tls_cert": Path("tls/server.crt"),
     "tls_key": Path("/etc/zinfer/tls/server.key"),
     "tls_client_ca": Path("/etc/zinfer/tls/ca.crt"),
@@ -185,6 +187,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         "--grpc", "127.0.0.1:7003",
         "--http", "127.0.0.1:7004",
         "--frontdoor-workers", "2",
+        "--frontdoor-cpus", "0-1",
         "--tls-cert", "/t/c.crt",
         "--tls-key", "/t/c.key",
         "--tls-client-ca", "/t/ca.crt",
@@ -198,6 +201,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     )  # fmt: skip
     assert (opts.max_region_bytes, opts.max_user_region_bytes, opts.max_unread_reply_bytes) == (1000, 0, 2000)
     assert (args.grpc, args.http, args.frontdoor_workers) == ("127.0.0.1:7003", "127.0.0.1:7004", 2)
+    assert args.frontdoor_cpus == frozenset({0, 1})
     assert args.allow_unknown_shm_callers is True
     assert (args.http_header_timeout, args.http_peer_connections) == (4.0, 7)
     assert (args.tls_cert, args.tls_key, args.tls_client_ca) == (Path("/t/c.crt"), Path("/t/c.key"),
@@ -223,8 +227,8 @@ def test_every_flag_key_is_overridden_by_its_flag(capsys: pytest.CaptureFixture[
         "curve_allow", "max_tensor_bytes", "max_batch_bytes", "drain_timeout_s", "exit_timeout_s",
         "log_level", "max_region_bytes", "max_user_region_bytes", "max_unread_reply_bytes",
         "model_control_mode", "load_models", "memory_budget", "model_idle_unload_s",
-        "grpc", "http", "frontdoor_workers", "tls_cert", "tls_key", "tls_client_ca", "insecure_remote",
-        "allow_unknown_shm_callers", "http_header_timeout_s", "http_peer_connections",
+        "grpc", "http", "frontdoor_workers", "frontdoor_cpus", "tls_cert", "tls_key", "tls_client_ca",
+        "insecure_remote", "allow_unknown_shm_callers", "http_header_timeout_s", "http_peer_connections",
     }  # fmt: skip
     with pytest.raises(SystemExit):
         cli.parse_args(["serve", "--help"])
@@ -302,6 +306,9 @@ def test_without_a_file_the_defaults_are_unchanged(tmp_path: Path) -> None:
         ('[cpu_affinity]\nadd = ["a"]', "cpu_affinity", "add has 'a'"),
         ("[cpu_affinity]\nadd = [3]", "cpu_affinity", "add has 3"),
         ('[cpu_affinity]\n"a/b" = ["0"]', "cpu_affinity", "'a/b' is not a model name"),
+        ("frontdoor_cpus = 1", "frontdoor_cpus", 'expected a CPU list such as "1"'),
+        ('frontdoor_cpus = "3-1"', "frontdoor_cpus", "got '3-1'"),
+        ('frontdoor_cpus = ""', "frontdoor_cpus", "got ''"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, text: str, key: str, message: str) -> None:
