@@ -61,7 +61,9 @@ def pin(cpus: set[int]) -> None:
             pass
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[FrontDoorOptions, int | None, str]:
+def parse_args(
+    argv: Sequence[str] | None = None,
+) -> tuple[FrontDoorOptions, int | None, str, set[int] | None]:
     p = argparse.ArgumentParser(prog="zinfer-frontdoor")
     p.add_argument("--broker-url", required=True)
     p.add_argument("--shm-folder", type=Path, required=True)
@@ -82,8 +84,6 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[FrontDoorOptions, int
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--cpus", default=None, help="pin this process to these CPUs, e.g. 0,1")
     a = p.parse_args(argv)
-    if a.cpus:
-        pin({int(c) for c in a.cpus.split(",")})
     options = FrontDoorOptions(
         broker_url=a.broker_url,
         shm_folder=a.shm_folder,
@@ -101,7 +101,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[FrontDoorOptions, int
         http_header_timeout_s=a.http_header_timeout,
         http_peer_connections=a.http_peer_connections,
     )
-    return options, a.parent, a.log_level
+    cpus = {int(c) for c in a.cpus.split(",")} if a.cpus else None
+    return options, a.parent, a.log_level, cpus
 
 
 async def serve(options: FrontDoorOptions, parent: int | None = None) -> None:
@@ -167,11 +168,17 @@ async def serve(options: FrontDoorOptions, parent: int | None = None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    options, parent, level = parse_args(argv)
+    options, parent, level, cpus = parse_args(argv)
     logging.basicConfig(  # the server's own format (key=value), as its workers'
         level=level.upper(),
         format=f"%(asctime)s level=%(levelname)s logger=%(name)s frontdoor={options.index} %(message)s",
     )
+    if cpus:  # before the loop starts its threads (libzmq's, gRPC's): they take the mask of their creator
+        try:
+            pin(cpus)
+        except OSError as exc:  # e.g. every CPU of the list went offline since the server checked it
+            log.error("event=frontdoor_failed error=%r", f"cannot run on CPUs {sorted(cpus)}: {exc.strerror}")
+            return 2
     try:
         run_loop(serve(options, parent))
     except ConfigError as exc:

@@ -5,6 +5,7 @@ previous server's registrations removed at start."""
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -164,3 +165,14 @@ def test_without_front_doors_the_loop_calls_only_the_stop_check(tmp_path: Path) 
     stop = lambda: 0  # noqa: E731
     config = FrontDoorConfig(workers=1, broker_url="ipc:///x/zinfer.sock", runtime_dir=tmp_path)
     assert _with_frontdoors(stop, FrontDoorProcs(config)) is stop
+
+
+def test_a_door_that_cannot_take_its_cpus_says_so_and_exits_2(tmp_path: Path) -> None:
+    """A CPU list the kernel refuses (here one past any machine's CPUs; in service, CPUs gone offline since
+    the server checked them): a clear error and exit 2, before the door listens or connects."""
+    url = f"ipc://{tmp_path}/none.sock"
+    config = FrontDoorConfig(1, url, tmp_path, "127.0.0.1:1", cpus=frozenset({4000}))
+    done = subprocess.run(config.command(0), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "event=frontdoor_failed" in done.stderr and "cannot run on CPUs [4000]" in done.stderr
+    assert not (tmp_path / "frontdoor" / "0.json").exists()  # never got as far as its status file
