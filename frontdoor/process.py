@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from zinfer.client.cpu_pinning import parse_cpu_arg, pin_process
 from zinfer.client.errors import ConfigError
 from zinfer.client.gc_tuning import tune_for_serving
 
@@ -49,16 +50,6 @@ def run_loop(main: Coroutine[Any, Any, None]) -> None:
     log.info("event=frontdoor_event_loop loop=%s", "asyncio" if factory is None else "uvloop")
     with asyncio.Runner(loop_factory=factory) as runner:
         runner.run(main)
-
-
-def pin(cpus: set[int]) -> None:
-    """Run every thread of this process on ``cpus``: those that exist (an import may have started one) and,
-    as threads take their creator's mask, those started later (libzmq's, gRPC's)."""
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except ProcessLookupError:  # a thread that ended meanwhile
-            pass
 
 
 def parse_args(
@@ -101,7 +92,7 @@ def parse_args(
         http_header_timeout_s=a.http_header_timeout,
         http_peer_connections=a.http_peer_connections,
     )
-    cpus = {int(c) for c in a.cpus.split(",")} if a.cpus else None
+    cpus = parse_cpu_arg(a.cpus) if a.cpus else None
     return options, a.parent, a.log_level, cpus
 
 
@@ -175,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if cpus:  # before the loop starts its threads (libzmq's, gRPC's): they take the mask of their creator
         try:
-            pin(cpus)
+            pin_process(cpus)
         except OSError as exc:  # e.g. every CPU of the list went offline since the server checked it
             log.error("event=frontdoor_failed error=%r", f"cannot run on CPUs {sorted(cpus)}: {exc.strerror}")
             return 2

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import io
 import logging
-import os
 import sys
 from pathlib import Path
+
+from zinfer.client.cpu_pinning import parse_cpu_arg, pin_process
 
 from .worker import WorkerArgs, main_loop
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     # model code sees no worker flags (Triton's stub has none): unittest.main() in a model parses sys.argv
     sys.argv = sys.argv[:1]
     if a.cpus:  # before any model code, so thread pools size themselves to the mask
-        os.sched_setaffinity(0, {int(c) for c in a.cpus.split(",")})
+        pin_process(parse_cpu_arg(a.cpus))
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(line_buffering=True)  # a model's print() reaches the log as it happens
     logging.basicConfig(

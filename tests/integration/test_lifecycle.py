@@ -402,6 +402,9 @@ def test_cpu_affinity_and_region_limit_from_a_config_file(
     for p in server.workers():
         cmd = " ".join(p.cmdline())
         pins[cmd.split("--model ")[1].split()[0]] = psutil.Process(p.pid).cpu_affinity()
+        # every thread, not just the main one (importing the worker starts numpy's before it pins itself)
+        masks = {tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir(f"/proc/{p.pid}/task")}
+        assert masks == {tuple(psutil.Process(p.pid).cpu_affinity())}
     assert pins["add"] == [0]
     assert pins["identity"] == [1]
     with Client(server.url, timeout=30, arena_bytes=4 << 20) as client:
