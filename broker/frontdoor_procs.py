@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zinfer.client.cpu_pinning import cpu_arg
+
 from .supervisor import CRASH_WINDOW_S, RESTART_BACKOFF_S
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ class FrontDoorConfig:
     http_header_timeout_s: float | None = None  # None: the front door's default
     http_peer_connections: int | None = None
     cpus: frozenset[int] | None = None  # every door process pinned to these CPUs (None: not pinned)
+
     @property
     def enabled(self) -> bool:
         return self.workers > 0 and (self.grpc is not None or self.http is not None)
@@ -86,7 +89,7 @@ class FrontDoorConfig:
         if self.http_peer_connections is not None:
             cmd += ["--http-peer-connections", str(self.http_peer_connections)]
         if self.cpus:
-            cmd += ["--cpus", ",".join(map(str, sorted(self.cpus)))]
+            cmd += ["--cpus", cpu_arg(self.cpus)]
         return cmd
 
 

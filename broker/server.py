@@ -15,6 +15,7 @@ from collections.abc import Callable
 import zmq
 
 from zinfer.client import protocol
+from zinfer.client.cpu_pinning import cpu_arg
 from zinfer.client.errors import ProtocolError, ServerError, Status, Unavailable
 from zinfer.client.paths import SOCKET_NAME, WORKER_SOCKET_NAME, client_endpoint, worker_endpoint
 from zinfer.client.protocol import Command, Frame, Reply
@@ -190,7 +191,7 @@ class Broker:
         endpoint = worker_endpoint(self.options.runtime_dir)
         for instance, device in enumerate(devices):
             cpus = cpus_for(self.options.cpu_affinity, state.name, instance)
-            pinned = ",".join(map(str, sorted(cpus))) if cpus else None
+            pinned = cpu_arg(cpus) if cpus else None
             spec = WorkerSpec(state.name, state.version, instance, device, state.version_dir.parent.parent,
                               endpoint, state.generation, pinned)  # fmt: skip (a load override's folder too)
             self._spec_state[spec] = state

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["parse_cpu_arg", "pin_process"]
+__all__ = ["cpu_arg", "parse_cpu_arg", "pin_process"]
+
+
+def cpu_arg(cpus: frozenset[int]) -> str:
+    """The ``--cpus`` value the broker gives a worker or a door: ``{3, 1}`` -> ``"1,3"``."""
+    return ",".join(map(str, sorted(cpus)))
 
 
 def parse_cpu_arg(text: str) -> set[int]:
-    """The CPUs of a ``--cpus`` value: comma-separated numbers, as the broker writes them."""
+    """The CPUs of a ``--cpus`` value (:func:`cpu_arg`)."""
     return {int(c) for c in text.split(",")}
 
 
