@@ -19,7 +19,7 @@ NAME:US``: that variant's ``add`` waits US µs (``max_queue_delay_microseconds``
 
 Usage: ``.venv/bin/python bench/door_hop_shape.py --triton-venv DIR [--protocol http|grpc] [--rounds 2]
 [--seconds 6] [--variant NAME:PYTHONPATH=TREE ...] [--early-off NAME] [--doors NAME:N] [--delay NAME:US]
-[--label L]``. Results:
+[--door-policy NAME:fifo|batch] [--label L]``. Results:
 bench/results/door_hop_shape.json (an entry per ``--label``).
 """
 
@@ -104,6 +104,26 @@ def _stats(url: str) -> tuple[int, int, dict[str, int]]:
     return int(s["inference_count"]), int(s["execution_count"]), dict(s.get("batch_reasons", {}))
 
 
+def _ticks() -> tuple[int, int]:
+    """The machine's CPU ticks so far: all of them, and the idle ones (idle + iowait)."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    return sum(values), values[3] + values[4]
+
+
+_POLICIES = {"fifo": (os.SCHED_FIFO, 1), "batch": (os.SCHED_BATCH, 0)}
+
+
+def _set_door_policy(root: int, policy: str) -> None:
+    """Every thread of every door process under ``root`` to ``policy`` (``_POLICIES``)."""
+    which, priority = _POLICIES[policy]
+    for p in _tree(root):
+        if _role(p, root, "zinfer") != "door":
+            continue
+        for t in p.threads():
+            os.sched_setscheduler(t.id, which, os.sched_param(priority))
+
+
 def _by_role(root: int) -> tuple[dict[str, float], dict[str, int]]:
     """CPU seconds and voluntary context switches of the server's processes, by role."""
     cpu: dict[str, float] = {}
@@ -124,7 +144,7 @@ def _turn(
     seconds: float, counts: Path, root: int,
 ) -> dict[str, Any]:  # fmt: skip
     c0, (s0, w0) = _counts(counts), _by_role(root)
-    b0, t0 = _stats(target.broker_url), time.monotonic()
+    b0, t0, k0 = _stats(target.broker_url), time.monotonic(), _ticks()
     if side == "door":
         fig = _perf_analyzer(pa, pa_env, target, protocol)
     else:
@@ -134,7 +154,7 @@ def _turn(
         if run.returncode != 0:
             raise RuntimeError(run.stderr[-1500:])
         fig = json.loads(run.stdout.strip().splitlines()[-1])
-    t1 = time.monotonic()
+    t1, k1 = time.monotonic(), _ticks()
     b1 = _stats(target.broker_url)
     time.sleep(0.7)  # the counters' next write
     c1, (s1, w1) = _counts(counts), _by_role(root)
@@ -157,6 +177,7 @@ def _turn(
         "mean_batch": round(n / max(1, b1[1] - b0[1]), 1),
         "batch_reasons": reasons,
         "broker_wakes_per_request": round((w1.get("broker", 0) - w0.get("broker", 0)) / n, 3),
+        "idle_share": round((k1[1] - k0[1]) / max(1, k1[0] - k0[0]), 3),
     }
 
 
@@ -220,7 +241,16 @@ def main() -> int:
     ap.add_argument(
         "--door-cpus", action="append", default=[], help="NAME:LIST: that variant's doors pinned to LIST"
     )
+    ap.add_argument(
+        "--door-policy",
+        action="append",
+        default=[],
+        help="NAME:fifo|batch: every thread of that variant's doors under that scheduling policy",
+    )
     args = ap.parse_args()
+    args.door_policy = dict(d.split(":", 1) for d in args.door_policy)
+    if not set(args.door_policy.values()) <= _POLICIES.keys():
+        raise SystemExit(f"--door-policy: one of {sorted(_POLICIES)}")
     args.door_cpus = dict(d.split(":", 1) for d in args.door_cpus)
     args.doors = {k: int(v) for k, v in (d.split(":") for d in args.doors)}
     args.delay = {k: int(v) for k, v in (d.split(":") for d in args.delay)}
@@ -253,6 +283,8 @@ def main() -> int:
                 door = zinfer_front_door(served, args.doors.get(name, 1), args.door_cpus.get(name))
                 target = stack.enter_context(door)
             servers.append((name, env, target, _broker_pid(target)))
+            if name in args.door_policy:
+                _set_door_policy(servers[-1][3], args.door_policy[name])
         for r in range(args.rounds):
             for name, env, target, root in servers if r % 2 == 0 else servers[::-1]:
                 for side in sides if r % 2 == 0 else sides[::-1]:
@@ -274,6 +306,7 @@ def main() -> int:
             "early_off": args.early_off,
             "delay_us": args.delay,
             "doors": args.doors,
+            "door_policy": args.door_policy,
             "protocol": args.protocol,
             "rounds": args.rounds,
             "seconds": args.seconds,

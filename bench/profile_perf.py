@@ -1,4 +1,5 @@
-"""Where a compiled broker's CPU goes: ``perf record`` (DWARF call stacks) of the broker under one load.
+"""Where a compiled broker's CPU goes: ``perf record`` (DWARF call stacks) of the broker under one load (or of
+the client, or of every worker process: ``--process``).
 
 py-spy sees no frames of mypyc-compiled code, and on this kind of machine counts a thread asleep in
 ``epoll_wait`` or ``select`` as active; ``perf`` samples only CPU time and unwinds through the compiled
@@ -7,8 +8,8 @@ thread)" for ZeroMQ's I/O thread and the metrics server's), split by what the CP
 moment: the interpreter (``python``: interpreted modules, dataclass ``__init__``s, enum lookups), compiled
 code (``mypyc``), ``zmq``, ``msgspec``, ``kernel`` or ``libc``.
 
-Usage: ``PYTHONPATH=COMPILED_TREE .venv/bin/python bench/profile_perf.py add0:1 [--process broker|client]
-[--seconds 5] [--out F]``
+Usage: ``PYTHONPATH=COMPILED_TREE .venv/bin/python bench/profile_perf.py add0:1
+[--process broker|client|workers] [--seconds 5] [--out F]``
 (the load as in ``ab_turns.py``: ``MODEL:1`` one sync Client, ``MODEL:N`` one AsyncClient with N in flight).
 """
 
@@ -22,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vs_triton_repo  # noqa: E402
@@ -59,7 +62,7 @@ def summarize(samples: list[list[tuple[str, str]]], top: int = 40) -> list[str]:
     for frames in samples:
         compiled = next((f for f, _ in frames if f.startswith("CPyDef_")), None)
         if compiled is None:
-            main = any("Broker___run" in f for f, _ in frames)
+            main = any("Broker___run" in f or "main_loop" in f for f, _ in frames)
             compiled = "(main thread, outside compiled code)" if main else "(other thread)"
         lib = frames[0][1]
         kind = next((k for key, k in _KINDS if key in lib), "libc" if "libc" in lib else lib)
@@ -79,7 +82,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rate", type=int, default=499, help="samples per second")
     ap.add_argument("--out", type=Path, help="also write the summary here")
-    ap.add_argument("--process", choices=("broker", "client"), default="broker", help="the process recorded")
+    ap.add_argument("--process", choices=("broker", "client", "workers"), default="broker", help="recorded")
     args = ap.parse_args()
     model, conc = args.load.split(":")[:2]
     with tempfile.TemporaryDirectory(prefix="zpf-") as tmp:
@@ -98,7 +101,10 @@ def main() -> int:
             time.sleep(3.0)  # warm up
             data = Path(tmp) / "perf.data"
             rec = ["perf", "record", "-F", str(args.rate), "--call-graph", "dwarf,16384", "-p"]
-            rec += [str(s.pid if args.process == "broker" else load.pid)]
+            pids = {"broker": [s.pid], "client": [load.pid]}.get(args.process)
+            if pids is None:  # every worker process of the server
+                pids = [p.pid for p in psutil.Process(s.pid).children(recursive=True)]
+            rec += [",".join(map(str, pids))]
             rec += ["-o", str(data), "--", "sleep", str(args.seconds)]
             subprocess.run(rec, capture_output=True, check=True)
             result = load.communicate(timeout=args.seconds + 120)[0].strip()
