@@ -92,12 +92,21 @@ def itemsize(wire: str) -> int:
     return 0 if wire == BYTES else wire_to_numpy(wire).itemsize
 
 
+_U32 = struct.Struct("<I")  # an element's length prefix; a Struct made once, not looked up per call
+
+
 def serialize_bytes(array: npt.NDArray[np.generic]) -> bytes:
     """Encode a ``BYTES`` tensor (object, bytes_ or str_ array) in row-major order."""
+    flat = array.reshape(-1)
+    if flat.size == 1:  # the usual (one text a request): no list and no join
+        item = flat[0]
+        data = item.encode("utf-8") if isinstance(item, str) else bytes(item)
+        return _U32.pack(len(data)) + data
+    pack = _U32.pack
     parts: list[bytes] = []
-    for item in array.reshape(-1):
+    for item in flat:
         data = item.encode("utf-8") if isinstance(item, str) else bytes(item)  # type: ignore[call-overload]
-        parts.append(struct.pack("<I", len(data)))
+        parts.append(pack(len(data)))
         parts.append(data)
     return b"".join(parts)
 
@@ -107,13 +116,19 @@ def deserialize_bytes(buffer: bytes | memoryview, shape: Iterable[int]) -> npt.N
     dims = tuple(shape)
     count = math.prod(dims)  # Python ints: exact, and far cheaper than numpy's for a short tuple
     view = memoryview(buffer).cast("B")
+    end = len(view)
+    if count == 1 and end >= 4 and _U32.unpack_from(view, 0)[0] == end - 4:
+        # one element filling the buffer exactly (the usual); anything else takes the checks below
+        one = np.empty(1, dtype=object)
+        one[0] = bytes(view[4:])
+        return one.reshape(dims)
     items: list[bytes] = []
     pos = 0
-    end = len(view)
+    unpack = _U32.unpack_from
     for _ in range(count):
         if pos + 4 > end:
             raise InvalidArgument("BYTES tensor is shorter than its shape says")
-        (length,) = struct.unpack_from("<I", view, pos)
+        (length,) = unpack(view, pos)
         pos += 4
         if length > end - pos:
             raise InvalidArgument("BYTES tensor element runs past the end of its data")
