@@ -19,6 +19,12 @@ Load shapes, each bounded in time and count:
   bare p50 measured beside it. The pooled p50s (every round's trips together) are kept beside it. The bare
   relay's processes are fresh, zinfer's have served every step before: the relay makes ``BARE_WARMUP_S``
   of untimed trips first (its p50 falls by 5-10 % over its first 1-2 s).
+* The two rate goals against Triton at concurrency 32 (``add`` and ``text_ensemble``) are measured again in
+  ``PAIRED_RATE_ROUNDS`` rounds with both servers up, Triton's perf_analyzer step and zinfer's
+  ``AsyncClient`` step in turns (the order reversed every other round): a step measured once on each side,
+  minutes apart, moved the ensemble's ratio between 1.32 and 1.68 from run to run here, and two identical
+  builds measured in turns differ by up to 10 %. The goal's ratio is the median of the rounds' own ratios;
+  the one-step ratio is kept beside it (``..._sequential``).
 CPU per request of every zinfer process (broker, workers, this client) is counted for each step.
 
 Usage: ``.venv/bin/python bench/bench_vs_triton.py --triton-venv DIR [--label L] [--quick] [--compiled]``.
@@ -56,6 +62,8 @@ FULL = {"seconds": 3.0, "cap": 100_000, "pa_interval_ms": 3000, "bare_rate_n": 3
 QUICK = {"seconds": 1.0, "cap": 20_000, "pa_interval_ms": 1000, "bare_rate_n": 5_000}
 MODELS = ("add", "big", "tokenizer", "lm", "detokenizer", "text_ensemble")
 PAIRED_ROUNDS = 6  # add0 c1 beside the bare relay: rounds in turns (see the module's docstring)
+PAIRED_RATE_ROUNDS = 4  # the c32 rate goals, Triton and zinfer both up, in turns (see the docstring)
+PAIRED_RATE_LOADS = {"add": ({"INPUT_A": 1, "INPUT_B": 1}, ()), "text_ensemble": ({"TEXT": 1}, ("TEXT",))}
 MIN_ROUND_S = 0.5
 BARE_WARMUP_S = 2.0  # untimed bare trips before the paired rounds (fresh processes against a warm server)
 
@@ -100,6 +108,28 @@ def run_zinfer(repo: Path, p: dict[str, Any]) -> dict[str, Any]:
             c1 = _cpu_s(pids)
             out["bare"]["rate_64_in_flight_s"] = round(baseline.bare_rate(ep, bare_frames(), n_rate, 64), 1)
             out["bare"]["cpu_us_per_round_trip_64_in_flight"] = round((_cpu_s(pids) - c1) / n_rate * 1e6, 1)
+    return out
+
+
+def paired_rates(
+    t: triton_side.TritonInstall, tri_repo: Path, z_repo: Path, p: dict[str, Any]
+) -> dict[str, dict[str, list[float]]]:
+    """Each load of ``PAIRED_RATE_LOADS`` at concurrency 32, Triton (perf_analyzer) and zinfer (one
+    ``AsyncClient``) both up, in ``PAIRED_RATE_ROUNDS`` rounds in turns: ``{load: {"triton": [rate per
+    round], "zinfer": [...]}}``."""
+    iv, sec, cap = int(p["pa_interval_ms"]), float(p["seconds"]), int(p["cap"])
+    out: dict[str, dict[str, list[float]]] = {m: {"triton": [], "zinfer": []} for m in PAIRED_RATE_LOADS}
+    with triton_side.serve(t, tri_repo, MODELS) as ts, z.serve(z_repo) as zs:
+        for r in range(PAIRED_RATE_ROUNDS):
+            for model, (shape, text) in PAIRED_RATE_LOADS.items():
+                extra = ("--string-data", vs_triton_repo.TEXT.decode()) if text else ()
+                sides = ["triton", "zinfer"] if r % 2 == 0 else ["zinfer", "triton"]
+                for side in sides:
+                    if side == "triton":
+                        rate = triton_side.perf_analyzer(ts, model, 32, shape, iv, extra)["throughput_s"]
+                    else:
+                        rate = z.async_closed(zs, model, 32, sec, cap)["throughput_s"]
+                    out[model][side].append(round(float(rate), 1))
     return out
 
 
@@ -194,7 +224,7 @@ def ratios(tr: dict[str, Any] | None, zr: dict[str, Any]) -> dict[str, Any]:
         r.update(
             {
                 "add_c1_p50_over_triton_pa": q(zr["add_c1_sync"]["p50_us"], tr["add_c1_pa"]["p50_us"]),
-                "add_c32_async_over_triton_pa": q(
+                "add_c32_async_over_triton_pa_sequential": q(
                     zr["add_c32_async"]["throughput_s"], tr["add_c32_pa"]["throughput_s"]
                 ),
                 "add_c32_threads_each_over_tritonclient": q(
@@ -208,7 +238,7 @@ def ratios(tr: dict[str, Any] | None, zr: dict[str, Any]) -> dict[str, Any]:
                 "big_c8_over_triton_pa_shm": q(
                     zr["big_c8_threads_shm"]["throughput_s"], tr["big_c8_pa_shm"]["throughput_s"]
                 ),
-                "ensemble_c32_over_triton_pa": q(
+                "ensemble_c32_over_triton_pa_sequential": q(
                     zr["ensemble_c32_async"]["throughput_s"], tr["ensemble_c32_pa"]["throughput_s"]
                 ),
                 "ensemble_c1_p50_over_triton_pa": q(
@@ -216,6 +246,12 @@ def ratios(tr: dict[str, Any] | None, zr: dict[str, Any]) -> dict[str, Any]:
                 ),
             }
         )
+        paired = tr.get("paired_c32")
+        goals = (("add", "add_c32_async_over_triton_pa"), ("text_ensemble", "ensemble_c32_over_triton_pa"))
+        for model, key in goals:
+            if paired is not None:
+                rounds = zip(paired[model]["zinfer"], paired[model]["triton"], strict=True)
+                r[key] = round(statistics.median(a / b for a, b in rounds if b), 3)
     return r
 
 
@@ -242,7 +278,12 @@ def report(tr: dict[str, Any] | None, zr: dict[str, Any], r: dict[str, Any]) -> 
     else:
         print("Triton 2.51")
         for k, v in tr.items():
-            print(f"  {k:<30} {v['throughput_s']:>9.0f}/s  p50 {v['p50_us']:>8.0f} us")
+            if k != "paired_c32":
+                print(f"  {k:<30} {v['throughput_s']:>9.0f}/s  p50 {v['p50_us']:>8.0f} us")
+        for model, sides in tr.get("paired_c32", {}).items():
+            pairs = zip(sides["zinfer"], sides["triton"], strict=True)
+            rounds = ", ".join(f"{a:.0f}/{b:.0f}" for a, b in pairs)
+            print(f"  {model} c32 in turns, zinfer/Triton per round: {rounds}")
     print("zinfer                                             CPU us/request: broker workers client total")
     for k, v in zr.items():
         if k == "bare":
@@ -299,6 +340,8 @@ def main() -> int:
         z_repo = vs_triton_repo.write(Path(tmp) / "zinfer", zinfer_only=True)
         tr = run_triton(install, tri_repo, p) if install is not None else None
         zr = run_zinfer(z_repo, p)
+        if install is not None and tr is not None:
+            tr["paired_c32"] = paired_rates(install, tri_repo, z_repo, p)
     r = ratios(tr, zr)
     report(tr, zr, r)
     doc: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
