@@ -10,8 +10,9 @@ once and measured in turns, Triton then zinfer within each step, by the same ``p
 * ``add`` at concurrency 1: p50 latency over gRPC and over HTTP;
 * ``big`` (4 MiB) at concurrency 8 with ``--shared-memory system``: throughput over gRPC and over HTTP.
 
-The two c32 throughput steps swing most from one run to the next on a shared machine (HTTP c32 gave 0.87 and
-0.95 of Triton minutes apart), so each is measured in rounds (3 with ``--quick``, 5 without, or
+The throughput steps swing most from one run to the next on a shared machine (HTTP c32 gave 0.87 and 0.95
+of Triton minutes apart; big over HTTP 2.48 and 1.43 in two runs a day apart with no change on its path), so
+each is measured in rounds (3 with ``--quick``, 5 without, or
 ``--rounds N``), Triton and zinfer in turns, the order reversed every other round; its ratio is the median
 of the rounds' own ratios, its figures those of that round, and every round's figures are kept beside them.
 
@@ -69,7 +70,8 @@ GOALS = {  # (key, goal, "higher" or "lower" is better)
     "big_c8_shm_throughput": (1.5, "higher"),
     "big_c8_shm_http_throughput": (1.5, "higher"),
 }
-PAIRED = ("grpc_c32", "http_c32")  # measured in rounds: the steps whose ratio swings most from run to run
+# measured in rounds: the throughput steps, whose ratio swings most from run to run
+PAIRED = ("grpc_c32", "http_c32", "big_c8_shm", "big_c8_shm_http")
 STEPS = {  # ratio key -> (step, figure)
     "grpc_c32_throughput": ("grpc_c32", "throughput_s"),
     "http_c32_throughput": ("http_c32", "throughput_s"),
@@ -384,7 +386,7 @@ def main() -> int:
     ap.add_argument("--results", type=Path, default=RESULTS, help="where to write (default: tracked file)")
     ap.add_argument("--quick", action="store_true", help="1 s measurement windows instead of 3 s")
     ap.add_argument("--frontdoor-workers", type=int, default=1, help="zinfer's front-door processes")
-    ap.add_argument("--rounds", type=int, help="rounds of the c32 throughput steps (default 3 quick, 5 full)")
+    ap.add_argument("--rounds", type=int, help="rounds of the throughput steps (default 3 quick, 5 full)")
     ap.add_argument("--frontdoor-cpus", help="zinfer serve --frontdoor-cpus LIST (default: not pinned)")
     args = ap.parse_args()
     p = {**(QUICK if args.quick else FULL)}
