@@ -63,28 +63,29 @@ QUICK = {"seconds": 1.0, "cap": 20_000, "pa_interval_ms": 1000, "bare_rate_n": 5
 MODELS = ("add", "big", "tokenizer", "lm", "detokenizer", "text_ensemble")
 PAIRED_ROUNDS = 6  # add0 c1 beside the bare relay: rounds in turns (see the module's docstring)
 PAIRED_RATE_ROUNDS = 4  # the c32 rate goals, Triton and zinfer both up, in turns (see the docstring)
-PAIRED_RATE_LOADS = {"add": ({"INPUT_A": 1, "INPUT_B": 1}, ()), "text_ensemble": ({"TEXT": 1}, ("TEXT",))}
+ADD_SHAPE = {"INPUT_A": 1, "INPUT_B": 1}
+TEXT_ARGS = ("--string-data", vs_triton_repo.TEXT.decode())  # perf_analyzer's input for the ensemble
+# load -> (perf_analyzer's shapes, its extra arguments)
+PAIRED_RATE_LOADS = {"add": (ADD_SHAPE, ()), "text_ensemble": ({"TEXT": 1}, TEXT_ARGS)}
 MIN_ROUND_S = 0.5
 BARE_WARMUP_S = 2.0  # untimed bare trips before the paired rounds (fresh processes against a warm server)
 
 
 def run_triton(t: triton_side.TritonInstall, repo: Path, p: dict[str, Any]) -> dict[str, Any]:
     iv = int(p["pa_interval_ms"])
-    add_shape = {"INPUT_A": 1, "INPUT_B": 1}
     out: dict[str, Any] = {}
     with triton_side.serve(t, repo, MODELS) as s:
         pa = triton_side.perf_analyzer
-        out["add_c1_pa"] = pa(s, "add", 1, add_shape, iv)
-        out["add_c32_pa"] = pa(s, "add", 32, add_shape, iv)
+        out["add_c1_pa"] = pa(s, "add", 1, ADD_SHAPE, iv)
+        out["add_c32_pa"] = pa(s, "add", 32, ADD_SHAPE, iv)
         out["add_c1_tritonclient"] = triton_side.tritonclient_threads(s, 1, p["seconds"], int(p["cap"]))
         out["add_c32_tritonclient_threads"] = triton_side.tritonclient_threads(
             s, 32, p["seconds"], int(p["cap"])
         )
         shm = ("--shared-memory", "system", "--output-shared-memory-size", str(4 << 20))
         out["big_c8_pa_shm"] = pa(s, "big", 8, {"INPUT0": vs_triton_repo.BIG_ELEMENTS}, iv, shm)
-        text = ("--string-data", vs_triton_repo.TEXT.decode())
-        out["ensemble_c1_pa"] = pa(s, "text_ensemble", 1, {"TEXT": 1}, iv, text)
-        out["ensemble_c32_pa"] = pa(s, "text_ensemble", 32, {"TEXT": 1}, iv, text)
+        out["ensemble_c1_pa"] = pa(s, "text_ensemble", 1, {"TEXT": 1}, iv, TEXT_ARGS)
+        out["ensemble_c32_pa"] = pa(s, "text_ensemble", 32, {"TEXT": 1}, iv, TEXT_ARGS)
     return out
 
 
@@ -121,8 +122,7 @@ def paired_rates(
     out: dict[str, dict[str, list[float]]] = {m: {"triton": [], "zinfer": []} for m in PAIRED_RATE_LOADS}
     with triton_side.serve(t, tri_repo, MODELS) as ts, z.serve(z_repo) as zs:
         for r in range(PAIRED_RATE_ROUNDS):
-            for model, (shape, text) in PAIRED_RATE_LOADS.items():
-                extra = ("--string-data", vs_triton_repo.TEXT.decode()) if text else ()
+            for model, (shape, extra) in PAIRED_RATE_LOADS.items():
                 sides = ["triton", "zinfer"] if r % 2 == 0 else ["zinfer", "triton"]
                 for side in sides:
                     if side == "triton":
@@ -248,8 +248,8 @@ def ratios(tr: dict[str, Any] | None, zr: dict[str, Any]) -> dict[str, Any]:
         )
         paired = tr.get("paired_c32")
         goals = (("add", "add_c32_async_over_triton_pa"), ("text_ensemble", "ensemble_c32_over_triton_pa"))
-        for model, key in goals:
-            if paired is not None:
+        if paired is not None:
+            for model, key in goals:
                 rounds = zip(paired[model]["zinfer"], paired[model]["triton"], strict=True)
                 r[key] = round(statistics.median(a / b for a, b in rounds if b), 3)
     return r

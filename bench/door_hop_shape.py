@@ -49,7 +49,7 @@ from bench_frontdoor import Target, zinfer_front_door  # noqa: E402
 from bench_frontdoor_ensemble import _role, _tree  # noqa: E402
 from bench_serving import ROOT, machine  # noqa: E402
 from door_ens_shape import COUNTER, _counts  # noqa: E402
-from pa_latency_parts import _pa  # noqa: E402
+from pa_latency_parts import _machine_ticks, _pa  # noqa: E402
 
 from zinfer.client import Client  # noqa: E402
 
@@ -104,13 +104,6 @@ def _stats(url: str) -> tuple[int, int, dict[str, int]]:
     return int(s["inference_count"]), int(s["execution_count"]), dict(s.get("batch_reasons", {}))
 
 
-def _ticks() -> tuple[int, int]:
-    """The machine's CPU ticks so far: all of them, and the idle ones (idle + iowait)."""
-    with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    return sum(values), values[3] + values[4]
-
-
 _POLICIES = {"fifo": (os.SCHED_FIFO, 1), "batch": (os.SCHED_BATCH, 0)}
 
 
@@ -144,7 +137,7 @@ def _turn(
     seconds: float, counts: Path, root: int,
 ) -> dict[str, Any]:  # fmt: skip
     c0, (s0, w0) = _counts(counts), _by_role(root)
-    b0, t0, k0 = _stats(target.broker_url), time.monotonic(), _ticks()
+    b0, t0, k0 = _stats(target.broker_url), time.monotonic(), _machine_ticks()
     if side == "door":
         fig = _perf_analyzer(pa, pa_env, target, protocol)
     else:
@@ -154,7 +147,7 @@ def _turn(
         if run.returncode != 0:
             raise RuntimeError(run.stderr[-1500:])
         fig = json.loads(run.stdout.strip().splitlines()[-1])
-    t1, k1 = time.monotonic(), _ticks()
+    t1, k1 = time.monotonic(), _machine_ticks()
     b1 = _stats(target.broker_url)
     time.sleep(0.7)  # the counters' next write
     c1, (s1, w1) = _counts(counts), _by_role(root)
