@@ -319,6 +319,12 @@ class Broker:
         infer = protocol.decode_infer(frames)
         if infer is not None:  # a lone INFER, read straight from its bytes
             return self._on_client_message(identity, infer)
+        bundle = protocol.decode_infer_bundle(frames)
+        if bundle is not None:  # a BUNDLE of INFERs, each read straight from its bytes
+            self.outbox.bundles_to(identity)
+            for msg in bundle:
+                self._on_client_message(identity, msg)
+            return None
         try:
             messages = protocol.decode_many(frames, protocol.CLIENT_COMMANDS)
         except ProtocolError as exc:

@@ -318,13 +318,16 @@ def typed_decoders(record: type) -> TypedDecoders:
     return msgspec.msgpack.Decoder(record).decode, msgspec.msgpack.Decoder(pair[_Refs, record]).decode
 
 
-def decode_typed(frames: Sequence[Frame], command: Command, decoders: TypedDecoders) -> Message | None:
+def decode_typed(
+    frames: Sequence[Frame], command: Command, decoders: TypedDecoders, limit: int = MAX_TENSORS
+) -> Message | None:
     """A lone message of ``command`` (plain or packed) whose header is read straight from its bytes into its
     record, in C, as ``Message.record`` (its ``header`` then empty); None when the message is anything else,
     or anything in it is not what a well-formed one holds: ``decode`` and the record's ``*_from_wire`` then
     read it as before and name the fault in the same words. It takes only what that path takes: records
-    refuse unknown keys (whose contents only the msgpack caps of ``_unpack`` bound)."""
-    if not frames or len(frames) - 1 > MAX_TENSORS:
+    refuse unknown keys (whose contents only the msgpack caps of ``_unpack`` bound). ``limit``: its inline
+    frames at most (a BUNDLE's are ``MAX_BUNDLE_FRAMES``, as ``decode_many`` takes them)."""
+    if not frames or len(frames) - 1 > limit:
         return None
     envelope = frames[0]
     if len(envelope) < ENVELOPE_HEAD or envelope[:4] != PROTOCOL or envelope[4] & ~framing.PACKED != command:
@@ -337,7 +340,7 @@ def decode_typed(frames: Sequence[Frame], command: Command, decoders: TypedDecod
             record, inline = decoders[0](head), list(frames[1:])
         elif len(frames) >= 2:
             refs, record = decoders[1](head)
-            inline = framing.unpack(refs, frames[1], frames[2:], MAX_TENSORS)
+            inline = framing.unpack(refs, frames[1], frames[2:], limit)
         else:
             return None
     except (msgspec.ValidationError, msgspec.DecodeError, ProtocolError, RecursionError):
@@ -353,12 +356,46 @@ def decode_infer(frames: Sequence[Frame]) -> Message | None:
     """A lone INFER read straight from its bytes (``decode_typed``); its parameters, which may hold
     anything, hold no containers here (the msgpack caps bound those: the map path reads them)."""
     msg = decode_typed(frames, Command.INFER, _INFER)
-    if msg is None or not tensors_named(msg.record.inputs):
-        return None
-    params = msg.record.parameters
-    if params and (len(params) > 1 << 12 or not all(isinstance(v, _SCALARS) for v in params.values())):
+    if msg is None or not _infer_typed_ok(msg.record):
         return None
     return msg
+
+
+def _infer_typed_ok(r: InferRequest) -> bool:
+    """What ``decode_infer`` asks of an INFER msgspec read, beyond the record's own types and bounds."""
+    if not tensors_named(r.inputs):
+        return False
+    params = r.parameters
+    return not params or (len(params) <= 1 << 12 and all(isinstance(v, _SCALARS) for v in params.values()))
+
+
+_INFER_BYTE = int(Command.INFER)
+_InferEntry = tuple[int, InferRequest, int]
+_InferIndex = Annotated[list[_InferEntry], msgspec.Meta(min_length=1, max_length=MAX_BUNDLE)]
+_BundleRefs = Annotated[list[_Ref], msgspec.Meta(max_length=MAX_BUNDLE_FRAMES)]
+_INFER_BUNDLE: TypedDecoders = (
+    msgspec.msgpack.Decoder(_InferIndex).decode,
+    msgspec.msgpack.Decoder(tuple[_BundleRefs, _InferIndex]).decode,
+)
+
+
+def decode_infer_bundle(frames: Sequence[Frame]) -> list[Message] | None:
+    """A BUNDLE of INFERs only (what an ``AsyncClient`` and a front door send) read straight from its bytes,
+    each entry as ``decode_infer`` reads a lone INFER, with the checks ``decode_many`` makes of a bundle's
+    entries; None when it holds anything else, or anything in it is not what a well-formed one holds:
+    ``decode_many`` and ``infer_from_wire`` then read it as before and name the fault in the same words."""
+    msg = decode_typed(frames, Command.BUNDLE, _INFER_BUNDLE, MAX_BUNDLE_FRAMES)
+    if msg is None:
+        return None
+    inline = msg.frames
+    out: list[Message] = []
+    at = 0
+    for cmd, r, n in msg.record:
+        if cmd != _INFER_BYTE or not 0 <= n <= min(MAX_TENSORS, len(inline) - at) or not _infer_typed_ok(r):
+            return None
+        out.append(Message(Command.INFER, {}, inline[at : at + n], r))
+        at += n
+    return out if at == len(inline) else None
 
 
 def decode_replies(frames: Sequence[Frame]) -> list[tuple[Reply, list[Frame]]]:

@@ -113,9 +113,40 @@ def test_mixed_models_and_errors_in_one_message(sock: zmq.Socket[bytes]) -> None
     assert bundles >= 1, "the errors answered in the same turn were not bundled"
 
 
+def test_a_bundle_of_infers_is_answered_entry_by_entry(sock: zmq.Socket[bytes]) -> None:
+    """A bundle of INFERs only, as the clients and the front door send them, which the broker reads
+    straight from its bytes (``protocol.decode_infer_bundle``): each entry answered as if it had come
+    alone, a request the model refuses among ones it runs, as the general path answers them."""
+    entries: list[tuple[Command, dict[str, Any], list[bytes]]] = [
+        (Command.INFER, _infer("ok-1", "add", ("INPUT_A", "INPUT_B")), [_f32(1), _f32(2)]),
+        (Command.INFER, _infer("no-model", "no_such_model", ("X",)), [_f32(0)]),
+        (Command.INFER, _infer("missing-input", "add", ("INPUT_A",)), [_f32(1)]),
+        (Command.INFER, _infer("bad-type", "add", ("INPUT_A", "INPUT_B"), "INT32"), [_f32(1), _f32(1)]),
+        (Command.INFER, {**_infer("bad-frame", "add", ("INPUT_A", "INPUT_B")), "inputs": [
+            {"name": "INPUT_A", "datatype": "FP32", "shape": [1, 1], "frame": 0},
+            {"name": "INPUT_B", "datatype": "FP32", "shape": [1, 1], "frame": 5}]}, [_f32(1), _f32(2)]),
+        (Command.INFER, _infer("ok-2", "identity", ("INPUT0",)), [_f32(7)]),
+        *[(Command.INFER, _infer(f"ok-n{i}", "add", ("INPUT_A", "INPUT_B")), [_f32(i), _f32(i)])
+          for i in range(20)],
+    ]  # fmt: skip
+    frames = protocol.encode_bundle(entries)
+    assert protocol.decode_infer_bundle(frames) is not None  # the typed path is the one under test
+    sock.send_multipart(frames)
+    got, _ = _collect(sock, {h["id"] for _, h, _ in entries})
+    assert got["ok-1"][0].status == Status.OK and _value(*got["ok-1"], "OUTPUT_SUM") == 3.0
+    assert got["ok-2"][0].status == Status.OK and _value(*got["ok-2"], "OUTPUT0") == 7.0
+    for i in range(20):
+        assert _value(*got[f"ok-n{i}"], "OUTPUT_SUM") == 2.0 * i
+    assert got["no-model"][0].status == Status.NOT_FOUND
+    for rid in ("missing-input", "bad-type", "bad-frame"):
+        assert got[rid][0].status == Status.INVALID_ARGUMENT, (rid, got[rid][0])
+    assert "frame 5" in got["bad-frame"][0].error
+
+
 @pytest.mark.parametrize(
     "index, frames",
     [
+        ([[int(Command.INFER), _infer("x", "add", ("INPUT_A", "INPUT_B")), 3]], [b"a", b"b"]),
         ([[int(Command.SERVER_LIVE), {"id": "x"}, 2]], []),  # names frames the message lacks
         ([[int(Command.SERVER_LIVE), {"id": "x"}, 0]], [b"stray"]),  # a frame no entry names
         ([[int(Command.BUNDLE), {"id": "x"}, 0]], []),  # nested
