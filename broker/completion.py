@@ -27,7 +27,7 @@ from zinfer.client.worker_protocol import RequestResult, WorkerResult
 from .batching.rate_limiter import RateLimiter
 from .cache_path import CachePath
 from .instance_pool import InstancePool
-from .messages import client_outputs
+from .messages import client_outputs, reply_outputs
 from .model_state import InFlight, ModelState, Pending
 from .outbox import Outbox
 from .tracing import Tracer
@@ -91,11 +91,13 @@ class Completion:
                 if p.on_outputs is not None and state.order is None and p.cache_key is None:
                     p.on_outputs(res, frames)  # an ensemble step: its outputs go on as the worker sent them
                     continue
-                wire = [protocol.tensor_to_wire(t) for t in res.outputs]
                 if p.cache_key is not None and self.caching.cache is not None:
+                    wire = [protocol.tensor_to_wire(t) for t in res.outputs]
                     # copied before the reply: once answered, the client may reuse its output slots
                     self.caching.store(state, p.cache_key, wire, frames)
-                outputs, out_frames = client_outputs(wire, frames)
+                    outputs, out_frames = client_outputs(wire, frames)
+                else:
+                    outputs, out_frames = reply_outputs(res.outputs, frames)
                 body = {"model": state.name, "version": state.version, "outputs": outputs}
                 if res.parameters:
                     body["parameters"] = dict(res.parameters)
@@ -173,7 +175,7 @@ class Completion:
                 batch.requests.remove(p)
                 self._finish_streamed(state, p, res, frames)
                 continue
-            outputs, out_frames = client_outputs([protocol.tensor_to_wire(t) for t in res.outputs], frames)
+            outputs, out_frames = reply_outputs(res.outputs, frames)
             body = {"model": state.name, "version": state.version, "outputs": outputs, "final": False}
             if res.parameters:
                 body["parameters"] = dict(res.parameters)
@@ -190,7 +192,7 @@ class Completion:
         rid = p.request.request_id
         out_frames: list[Frame]
         if res.status == Status.OK:
-            outputs, out_frames = client_outputs([protocol.tensor_to_wire(t) for t in res.outputs], frames)
+            outputs, out_frames = reply_outputs(res.outputs, frames)
             body = {"model": state.name, "version": state.version, "outputs": outputs, "final": True}
             if res.parameters:
                 body["parameters"] = dict(res.parameters)

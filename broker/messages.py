@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from zinfer.client import protocol
 from zinfer.client.errors import InvalidArgument
 from zinfer.client.protocol import Frame, TensorRef
 from zinfer.client.worker_protocol import NO_PARAMETERS, NO_REGIONS, Execute, ExecuteRequest, SequenceControl
@@ -65,11 +66,14 @@ def execute_message(
                 renumbered.append(t)
             inputs = tuple(renumbered)
         sequence = None if p.sequence is None else p.sequence._replace(controls=controls)
-        parameters = {
-            k: v
-            for k, v in p.request.parameters.items()
-            if k not in RESERVED_PARAMETERS and isinstance(v, bool | int | float | str)
-        }
+        given = p.request.parameters
+        parameters: dict[str, Any] = {}
+        if given:  # (most requests have none: no comprehension for them)
+            parameters = {
+                k: v
+                for k, v in given.items()
+                if k not in RESERVED_PARAMETERS and isinstance(v, bool | int | float | str)
+            }
         if p.trace is not None:  # a traced request: its model may pass the context on to a BLS call
             parameters["traceparent"] = p.trace.context
         requests.append(
@@ -89,6 +93,27 @@ def _note(
     wire = region(name)
     if wire is not None:
         table[name] = (wire[0], wire[1], wire[2])
+
+
+def reply_outputs(
+    outputs: Sequence[TensorRef], frames: Sequence[Frame]
+) -> tuple[list[dict[str, Any]], list[Frame]]:
+    """``client_outputs`` of a worker result's records (``protocol.tensor_to_wire`` of each), in one pass:
+    each output's map made once, its inline frame numbered from 0 for the client."""
+    out_frames: list[Frame] = []
+    out: list[dict[str, Any]] = []
+    for t in outputs:
+        d: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+        if t.shm is not None:
+            d["shm"] = protocol.shm_to_wire(t.shm)
+        idx = t.frame
+        if idx is not None:
+            if not 0 <= idx < len(frames):
+                raise InvalidArgument("worker result names a missing frame")
+            d["frame"] = len(out_frames)
+            out_frames.append(frames[idx])
+        out.append(d)
+    return out, out_frames
 
 
 def client_outputs(

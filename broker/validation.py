@@ -47,7 +47,10 @@ def _nbytes(ref: TensorRef, frames: Sequence[Frame]) -> int:
         raise InvalidArgument(
             f"input '{ref.name}' names inline frame {ref.frame}, the message has {len(frames)}"
         )
-    return memoryview(frames[ref.frame]).nbytes  # a frame is one contiguous buffer: its length in bytes
+    frame = frames[ref.frame]  # one contiguous buffer: its length in bytes (no new view where it has one)
+    if type(frame) is bytes:
+        return len(frame)
+    return frame.nbytes if type(frame) is memoryview else memoryview(frame).nbytes
 
 
 def _dims(dims: Sequence[int]) -> str:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zinfer.broker.messages import client_outputs, execute_message
+import pytest
+
+from zinfer.broker.messages import client_outputs, execute_message, reply_outputs
 from zinfer.broker.model_state import Pending
 from zinfer.broker.supervisor import RestartPolicy, WorkerSpec
 from zinfer.client import protocol
+from zinfer.client.errors import InvalidArgument
 from zinfer.client.protocol import OutputRequest, ShmRef, TensorRef
 from zinfer.client.worker_protocol import execute_from_wire, execute_to_wire
 
@@ -65,3 +68,22 @@ def test_client_outputs_renumbers_from_zero() -> None:
     )
     assert outs == [{"name": "Y", "frame": 0}, {"name": "Z", "shm": ["r", 0, 4]}]
     assert frames == [b"3"]
+
+
+def test_reply_outputs_is_client_outputs_of_the_records_maps() -> None:
+    """The broker's one-pass reply outputs read as ``client_outputs`` of ``tensor_to_wire`` of each record;
+    a frame the worker's result does not have is refused as before."""
+    frames = [b"0", b"1", b"2", b"3"]
+    records = [
+        TensorRef("Y", "FP32", (1, 2), frame=3),
+        TensorRef("Z", "INT8", (4,), shm=ShmRef("r", 0, 4)),
+        TensorRef("W", "BYTES", (), frame=1),
+    ]
+    maps = [protocol.tensor_to_wire(t) for t in records]
+    assert reply_outputs(records, frames) == client_outputs(maps, frames)
+    assert reply_outputs(records, frames)[1] == [b"3", b"1"]
+    for bad in (4, -1):
+        with pytest.raises(InvalidArgument, match="names a missing frame"):
+            reply_outputs([TensorRef("Y", "FP32", (1,), frame=bad)], frames)
+        with pytest.raises(InvalidArgument, match="names a missing frame"):
+            client_outputs([{"name": "Y", "frame": bad}], frames)

@@ -235,3 +235,21 @@ def test_each_signature_is_checked_against_its_own_inputs(region: tuple[RegionTa
             check_request(InferRequest("r", "m", 0, (x3,)), [], SIG, table, ME)
     validation._RULES.clear()  # dropped (past _MAX_RULES): read again
     assert check_request(_req(x3, t), FRAMES, SIG, table, ME).outputs == (OutputRequest("Y"),)
+
+
+@pytest.mark.parametrize(
+    "as_frame",
+    [bytes, memoryview, bytearray, lambda b: memoryview(b).cast("f"), lambda b: memoryview(b"pad" + b)[3:]],
+    ids=["bytes", "memoryview", "bytearray", "float view", "slice of a view"],
+)
+def test_an_inline_frame_s_size_is_its_bytes_whatever_buffer_holds_it(
+    region: tuple[RegionTable, Segment], as_frame: object
+) -> None:
+    """The size checked against the shape is the frame's length in bytes, not in items of its format."""
+    table, _ = region
+    make = as_frame if callable(as_frame) else bytes
+    x = TensorRef("X", "FP32", (2, 1, 3), frame=1)
+    good = [FRAMES[0], make(b"\0" * 24)]
+    assert check_request(_req(x), good, SIG, table, ME).input_bytes == 24 + len(FRAMES[0])
+    with pytest.raises(InvalidArgument, match="Expected 24, got 20"):
+        check_request(_req(x), [FRAMES[0], make(b"\0" * 20)], SIG, table, ME)
