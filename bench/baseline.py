@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import zmq
@@ -118,9 +119,12 @@ def _psutil_cpu_s(pid: int) -> float:
         return 0.0
 
 
-def bare_latency_us(endpoint: str, frames: list[bytes], n: int, seconds: float | None = None) -> list[float]:
+def bare_latency_us(
+    endpoint: str, frames: list[bytes], n: int, seconds: float | None = None, trips: Any = None
+) -> list[float]:
     """Round-trip times in microseconds, one message in flight: ``n`` timed trips (after 50 warm-up trips),
-    or fewer when ``seconds`` is given and runs out first."""
+    or fewer when ``seconds`` is given and runs out first. ``trips``: a shared counter (``.value``, e.g. a
+    ``multiprocessing.Value``) counting every trip as it ends, warm-up trips included."""
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -137,6 +141,8 @@ def bare_latency_us(endpoint: str, frames: list[bytes], n: int, seconds: float |
                 raise TimeoutError("bare round trip timed out")
             sock.recv_multipart()
             out.append((time.perf_counter() - t0) * 1e6)
+            if trips is not None:
+                trips.value += 1
     finally:
         sock.close()
     return out[50:]

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import zmq
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -90,25 +89,9 @@ def _per_request(
 
 
 def _bare_client(endpoint: str, seconds: float, trips: Any, p50: Any) -> None:
-    """``baseline.bare_latency_us``'s loop (send, poll, receive), counting its trips in ``trips``."""
-    frames = bench_serving.bare_frames()
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
-    lats: list[float] = []
-    deadline = time.perf_counter() + seconds
-    try:
-        while time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            sock.send_multipart(frames)
-            if not sock.poll(5000):
-                raise TimeoutError("bare round trip timed out")
-            sock.recv_multipart()
-            lats.append((time.perf_counter() - t0) * 1e6)
-            trips.value += 1
-    finally:
-        sock.close()
-    p50.value = statistics.median(lats[50:])
+    """``baseline.bare_latency_us`` for ``seconds``, counting its trips in ``trips`` as it goes."""
+    lats = baseline.bare_latency_us(endpoint, bench_serving.bare_frames(), 10**9, seconds, trips)
+    p50.value = statistics.median(lats)
 
 
 def bare_turn(seconds: float) -> dict[str, Any]:

@@ -4,7 +4,7 @@ A worker's RESULT comes in two calls (``worker_inbox``): ``take_result`` takes t
 (``instance_pool.finish_batch``), gives its resources back and, where the model's scheduler is ``eager``,
 the instance's place, so that dispatch can send the instance's next batch before this one's replies are
 built; ``on_result`` then answers each request (its outputs renumbered for its client,
-``messages.client_outputs``; a cache miss stored first), records the batch's statistics, lets a sequence
+``messages.reply_outputs``; a cache miss stored first), records the batch's statistics, lets a sequence
 send its next request and gives back the place of a model whose next batch waited for this one. A
 decoupled model's partial responses go to the client at once (``on_partial``). ``reply`` keeps arrival
 order where the model asks for it (``preserve_ordering``); ``deliver`` sends through the outbox, or to the
@@ -27,7 +27,7 @@ from zinfer.client.worker_protocol import RequestResult, WorkerResult
 from .batching.rate_limiter import RateLimiter
 from .cache_path import CachePath
 from .instance_pool import InstancePool
-from .messages import client_outputs, reply_outputs
+from .messages import reply_outputs
 from .model_state import InFlight, ModelState, Pending
 from .outbox import Outbox
 from .tracing import Tracer
@@ -92,12 +92,10 @@ class Completion:
                     p.on_outputs(res, frames)  # an ensemble step: its outputs go on as the worker sent them
                     continue
                 if p.cache_key is not None and self.caching.cache is not None:
-                    wire = [protocol.tensor_to_wire(t) for t in res.outputs]
                     # copied before the reply: once answered, the client may reuse its output slots
-                    self.caching.store(state, p.cache_key, wire, frames)
-                    outputs, out_frames = client_outputs(wire, frames)
-                else:
-                    outputs, out_frames = reply_outputs(res.outputs, frames)
+                    self.caching.store(state, p.cache_key, [protocol.tensor_to_wire(t) for t in res.outputs],
+                                       frames)  # fmt: skip
+                outputs, out_frames = reply_outputs(res.outputs, frames)
                 body = {"model": state.name, "version": state.version, "outputs": outputs}
                 if res.parameters:
                     body["parameters"] = dict(res.parameters)

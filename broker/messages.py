@@ -98,36 +98,17 @@ def _note(
 def reply_outputs(
     outputs: Sequence[TensorRef], frames: Sequence[Frame]
 ) -> tuple[list[dict[str, Any]], list[Frame]]:
-    """``client_outputs`` of a worker result's records (``protocol.tensor_to_wire`` of each), in one pass:
-    each output's map made once, its inline frame numbered from 0 for the client."""
+    """One request's outputs from a worker result, as the client's maps (``protocol.tensor_to_wire``), with
+    its inline frames numbered from 0 for the client."""
     out_frames: list[Frame] = []
     out: list[dict[str, Any]] = []
     for t in outputs:
-        d: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
-        if t.shm is not None:
-            d["shm"] = protocol.shm_to_wire(t.shm)
+        d = protocol.tensor_to_wire(t)
         idx = t.frame
         if idx is not None:
             if not 0 <= idx < len(frames):
                 raise InvalidArgument("worker result names a missing frame")
-            d["frame"] = len(out_frames)
+            d["frame"] = len(out_frames)  # a map of its own: renumbered in place
             out_frames.append(frames[idx])
         out.append(d)
     return out, out_frames
-
-
-def client_outputs(
-    outputs: list[dict[str, Any]], frames: Sequence[Frame]
-) -> tuple[list[dict[str, Any]], list[Frame]]:
-    """One request's outputs from a worker result, with its inline frames numbered from 0 for the client."""
-    out_frames: list[Frame] = []
-    renumbered = []
-    for t in outputs:
-        if "frame" in t:
-            idx = int(t["frame"])
-            if not 0 <= idx < len(frames):
-                raise InvalidArgument("worker result names a missing frame")
-            t = {**t, "frame": len(out_frames)}
-            out_frames.append(frames[idx])
-        renumbered.append(t)
-    return renumbered, out_frames

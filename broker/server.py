@@ -319,18 +319,14 @@ class Broker:
         infer = protocol.decode_infer(frames)
         if infer is not None:  # a lone INFER, read straight from its bytes
             return self._on_client_message(identity, infer)
-        bundle = protocol.decode_infer_bundle(frames)
-        if bundle is not None:  # a BUNDLE of INFERs, each read straight from its bytes
-            self.outbox.bundles_to(identity)
-            for msg in bundle:
-                self._on_client_message(identity, msg)
-            return None
-        try:
-            messages = protocol.decode_many(frames, protocol.CLIENT_COMMANDS)
-        except ProtocolError as exc:
-            log.warning("event=bad_client_message error=%r", str(exc))
-            self.outbox.send_client(identity, Reply("", Status.INVALID_ARGUMENT, f"ProtocolError: {exc}"))
-            return
+        messages = protocol.decode_infer_bundle(frames)  # a BUNDLE of INFERs, each read from its bytes
+        if messages is None:
+            try:
+                messages = protocol.decode_many(frames, protocol.CLIENT_COMMANDS)
+            except ProtocolError as exc:
+                log.warning("event=bad_client_message error=%r", str(exc))
+                self.outbox.send_client(identity, Reply("", Status.INVALID_ARGUMENT, f"ProtocolError: {exc}"))
+                return
         if len(messages) > 1 or protocol.is_bundle(frames):
             self.outbox.bundles_to(identity)  # it speaks bundles: its replies may come bundled too
         for msg in messages:

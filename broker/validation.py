@@ -6,7 +6,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from zinfer.client import dtypes
+from zinfer.client import dtypes, framing
 from zinfer.client.errors import InvalidArgument
 from zinfer.client.protocol import Frame, InferRequest, OutputRequest, ShmRef, TensorRef
 from zinfer.modelconfig.signature import Signature
@@ -47,10 +47,7 @@ def _nbytes(ref: TensorRef, frames: Sequence[Frame]) -> int:
         raise InvalidArgument(
             f"input '{ref.name}' names inline frame {ref.frame}, the message has {len(frames)}"
         )
-    frame = frames[ref.frame]  # one contiguous buffer: its length in bytes (no new view where it has one)
-    if type(frame) is bytes:
-        return len(frame)
-    return frame.nbytes if type(frame) is memoryview else memoryview(frame).nbytes
+    return framing.nbytes(frames[ref.frame])  # a frame is one contiguous buffer: its length in bytes
 
 
 def _dims(dims: Sequence[int]) -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from zinfer.broker.messages import client_outputs, execute_message, reply_outputs
+from zinfer.broker.messages import execute_message, reply_outputs
 from zinfer.broker.model_state import Pending
 from zinfer.broker.supervisor import RestartPolicy, WorkerSpec
 from zinfer.client import protocol
@@ -62,17 +62,19 @@ def test_execute_message_renumbers_inline_frames_only() -> None:
     assert execute_from_wire(execute_to_wire(message)) == message
 
 
-def test_client_outputs_renumbers_from_zero() -> None:
-    outs, frames = client_outputs(
-        [{"name": "Y", "frame": 3}, {"name": "Z", "shm": ["r", 0, 4]}], [b"0", b"1", b"2", b"3"]
+def test_reply_outputs_renumbers_from_zero() -> None:
+    outs, frames = reply_outputs(
+        [TensorRef("Y", "FP32", (1,), frame=3), TensorRef("Z", "FP32", (1,), shm=ShmRef("r", 0, 4))],
+        [b"0", b"1", b"2", b"3"],
     )
-    assert outs == [{"name": "Y", "frame": 0}, {"name": "Z", "shm": ["r", 0, 4]}]
+    assert outs == [{"name": "Y", "datatype": "FP32", "shape": [1], "frame": 0},
+                    {"name": "Z", "datatype": "FP32", "shape": [1], "shm": ["r", 0, 4]}]  # fmt: skip
     assert frames == [b"3"]
 
 
-def test_reply_outputs_is_client_outputs_of_the_records_maps() -> None:
-    """The broker's one-pass reply outputs read as ``client_outputs`` of ``tensor_to_wire`` of each record;
-    a frame the worker's result does not have is refused as before."""
+def test_reply_outputs_are_the_records_maps_with_frames_from_zero() -> None:
+    """Each output is ``tensor_to_wire`` of its record, its inline frame renumbered in the order they
+    come; a frame the worker's result does not have is refused."""
     frames = [b"0", b"1", b"2", b"3"]
     records = [
         TensorRef("Y", "FP32", (1, 2), frame=3),
@@ -80,10 +82,8 @@ def test_reply_outputs_is_client_outputs_of_the_records_maps() -> None:
         TensorRef("W", "BYTES", (), frame=1),
     ]
     maps = [protocol.tensor_to_wire(t) for t in records]
-    assert reply_outputs(records, frames) == client_outputs(maps, frames)
-    assert reply_outputs(records, frames)[1] == [b"3", b"1"]
+    maps[0]["frame"], maps[2]["frame"] = 0, 1
+    assert reply_outputs(records, frames) == (maps, [b"3", b"1"])
     for bad in (4, -1):
         with pytest.raises(InvalidArgument, match="names a missing frame"):
             reply_outputs([TensorRef("Y", "FP32", (1,), frame=bad)], frames)
-        with pytest.raises(InvalidArgument, match="names a missing frame"):
-            client_outputs([{"name": "Y", "frame": bad}], frames)
