@@ -15,6 +15,11 @@ Levels (``LEVELS``):
 * ``numpy``: ``codec`` plus the array work: the client sends its arrays' bytes and makes the output array
   from the reply's frame; the worker makes the input arrays from the frames, adds them, and sends the sum's
   bytes.
+* ``packed`` (c1 only): ``numpy``'s messages and array work with the same facts in each header (request id,
+  model, each tensor's name, datatype, shape and frame, the batch, the status, the timings), packed with
+  ``struct`` in fixed binary layouts instead of zinfer's MessagePack records: what a cheaper codec than the
+  records could at best take off the floor. Each message is parsed and checked field by field as the
+  records are (a wrong version, command or model is refused).
 
 The broker batches as zinfer's does for a model with ``max_queue_delay_microseconds: 0``: one batch in
 flight per worker; what arrives while it runs goes, up to ``MAX_BATCH``, in the next EXECUTE (at
@@ -35,6 +40,7 @@ Usage (by ``floor_relay.py``, which imports this module and runs ``main``, compi
 from __future__ import annotations
 
 import os
+import struct
 import sys
 import time
 from collections import deque
@@ -48,7 +54,7 @@ from zinfer.client.protocol import Command, InferRequest, OutputRequest, Reply, 
 from zinfer.client.worker_protocol import decode_execute, decode_result, encode_execute
 from zinfer.client.worker_records import Execute, ExecuteRequest, RequestResult, WorkerResult
 
-LEVELS = ("codec", "numpy")
+LEVELS = ("codec", "numpy", "packed")
 MODEL = "add0"
 MAX_BATCH = 64
 DTYPES = {"FP32": np.dtype(np.float32)}
@@ -222,6 +228,213 @@ def worker(back_ep: str, arrays: bool) -> None:
         sock.send_multipart(protocol.encode(Command.W_RESULT, header, out_frames))
 
 
+# ------------------------------------------------------------------------------ the packed level (c1)
+
+# head of every packed message: version, command, a 64-bit number (request or batch), a 16-bit count
+_HEAD = struct.Struct("<BBQH")
+_TENSOR = struct.Struct("<BBBI")  # name length, datatype code, dims, frame
+_DIM = struct.Struct("<q")
+_TIMINGS = struct.Struct("<qqq")
+_U16 = struct.Struct("<H")
+_P_VERSION = 1
+_P_INFER, _P_EXECUTE, _P_RESULT, _P_REPLY = 1, 2, 3, 4
+_P_DTYPES = ("FP32",)
+_P_CODES = {"FP32": 0}
+PTensor = tuple[str, str, tuple[int, ...], int]  # name, datatype, shape, frame
+
+
+def _pack_tensors(ts: list[PTensor]) -> bytes:
+    parts = [bytes([len(ts)])]
+    for name, dtype, shape, frame in ts:
+        raw = name.encode()
+        parts.append(_TENSOR.pack(len(raw), _P_CODES[dtype], len(shape), frame))
+        parts.append(raw)
+        parts.extend(_DIM.pack(d) for d in shape)
+    return b"".join(parts)
+
+
+def _unpack_tensors(buf: bytes, off: int, frames: int) -> tuple[list[PTensor], int]:
+    n = buf[off]
+    off += 1
+    out: list[PTensor] = []
+    for _ in range(n):
+        ln, code, ndim, frame = _TENSOR.unpack_from(buf, off)
+        off += _TENSOR.size
+        name = buf[off : off + ln].decode()
+        off += ln
+        shape = tuple(_DIM.unpack_from(buf, off + 8 * i)[0] for i in range(ndim))
+        off += 8 * ndim
+        if code >= len(_P_DTYPES) or frame >= frames or any(d < 0 for d in shape):
+            raise ValueError("a bad tensor")
+        out.append((name, _P_DTYPES[code], shape, frame))
+    return out, off
+
+
+def _head(buf: bytes, command: int) -> tuple[int, int, int]:
+    version, cmd, number, count = _HEAD.unpack_from(buf, 0)
+    if version != _P_VERSION or cmd != command:
+        raise ValueError(f"not a packed message of command {command}")
+    return number, count, _HEAD.size
+
+
+def packed_broker(front_ep: str, back_ep: str) -> None:
+    """``broker`` with packed messages at c1 (no BUNDLEs): the same sockets, poll set, batch, statistics."""
+    ctx = zmq.Context()
+    front = ctx.socket(zmq.ROUTER)
+    front.bind(front_ep)
+    back = ctx.socket(zmq.ROUTER)
+    back.bind(back_ep)
+    worker_id = back.recv_multipart()[0]
+    models = {MODEL: _Model(MODEL, worker_id)}
+    by_worker = {worker_id: models[MODEL]}
+    pqueue: deque[tuple[bytes, int, list[PTensor], list[Any], int]] = deque()
+    in_flight: dict[int, tuple[_Model, list[tuple[bytes, int]]]] = {}
+    batch_ids = iter(range(1, 1 << 62))
+    outputs: list[PTensor] = [("OUTPUT_SUM", "FP32", (), 0)]
+    model_raw = MODEL.encode()
+    poller = zmq.Poller()
+    poller.register(front, zmq.POLLIN)
+    poller.register(back, zmq.POLLIN)
+    while True:
+        events = dict(poller.poll(1000))
+        if front in events:
+            while True:
+                try:
+                    client, head, *frames = front.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                rid, ln, off = _head(head, _P_INFER)
+                m = models[head[off : off + ln].decode()]
+                inputs, off = _unpack_tensors(head, off + ln, len(frames))
+                pqueue.append((client, rid, inputs, frames, time.monotonic_ns()))
+        if back in events:
+            while True:
+                try:
+                    worker, head, *frames = back.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                batch, count, off = _head(head, _P_RESULT)
+                m, waiting = in_flight.pop(batch)
+                by_worker[worker].busy = False
+                m.executions += 1
+                m.success += count
+                for _ in range(count):
+                    (seq,) = _U16.unpack_from(head, off)
+                    outs, off = _unpack_tensors(head, off + 2, len(frames))
+                    client, rid = waiting[seq]
+                    reply_frames = [frames[t[3]] for t in outs]
+                    renumbered = [(t[0], t[1], t[2], i) for i, t in enumerate(outs)]
+                    reply = b"".join((_HEAD.pack(_P_VERSION, _P_REPLY, rid, 0), _U16.pack(len(model_raw)),
+                                      model_raw, _pack_tensors(renumbered)))  # fmt: skip
+                    front.send_multipart([client, reply, *reply_frames])
+                m.compute_ns += sum(_TIMINGS.unpack_from(head, off))
+        m = models[MODEL]
+        if pqueue and not m.busy:
+            items = [pqueue.popleft() for _ in range(min(MAX_BATCH, len(pqueue)))]
+            parts: list[bytes] = []
+            out_frames: list[Any] = []
+            sent: list[tuple[bytes, int]] = []
+            now = time.monotonic_ns()
+            for seq, (client, rid, inputs, inline, arrived) in enumerate(items):
+                m.queue_ns += now - arrived
+                base = len(out_frames)
+                moved = [(t[0], t[1], t[2], base + t[3]) for t in inputs]
+                out_frames.extend(inline)
+                parts += [_U16.pack(seq), _pack_tensors(moved), _pack_tensors(outputs)]
+                sent.append((client, rid))
+            batch = next(batch_ids)
+            in_flight[batch] = (m, sent)
+            m.busy = True
+            head = _HEAD.pack(_P_VERSION, _P_EXECUTE, batch, len(items)) + b"".join(parts)
+            back.send_multipart([m.worker, head, *out_frames])
+
+
+def packed_worker(back_ep: str) -> None:
+    """``worker`` with packed messages: the arrays from their frames, the sum, a packed RESULT."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(back_ep)
+    sock.send(b"hello")
+    ns = time.monotonic_ns
+    while True:
+        if not sock.poll(10_000):
+            return
+        head, *frames = sock.recv_multipart()
+        batch, count, off = _head(head, _P_EXECUTE)
+        t0 = ns()
+        a: list[Any] = []
+        b: list[Any] = []
+        seqs: list[int] = []
+        names: list[str] = []
+        for _ in range(count):
+            (seq,) = _U16.unpack_from(head, off)
+            inputs, off = _unpack_tensors(head, off + 2, len(frames))
+            outs, off = _unpack_tensors(head, off, len(frames))
+            seqs.append(seq)
+            names.append(outs[0][0])
+            for t, into in zip(inputs, (a, b), strict=True):
+                into.append(np.frombuffer(frames[t[3]], DTYPES[t[1]]).reshape(t[2]))
+        xa, xb = (a[0], b[0]) if count == 1 else (np.concatenate(a), np.concatenate(b))
+        t1 = ns()
+        total = xa + xb
+        t2 = ns()
+        out_frames: list[Any] = [total.tobytes()] if count == 1 else [
+            total[i : i + 1].tobytes() for i in range(count)
+        ]  # fmt: skip
+        parts = [_HEAD.pack(_P_VERSION, _P_RESULT, batch, count)]
+        for i, (seq, name) in enumerate(zip(seqs, names, strict=True)):
+            parts += [_U16.pack(seq), _pack_tensors([(name, "FP32", (1, 1), i)])]
+        t3 = ns()
+        parts.append(_TIMINGS.pack(t1 - t0, t2 - t1, t3 - t2))
+        sock.send_multipart([b"".join(parts), *out_frames])
+
+
+class PackedClient:
+    """``FloorClient`` with packed messages, at c1: an INFER from arrays, a REPLY into an array."""
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._waiting: set[int] = set()
+        self._a = np.ones((1, 1), np.float32)
+        self._b = np.full((1, 1), 2.0, np.float32)
+        self._expected = np.full((1, 1), 3.0, np.float32)
+        self._model = MODEL.encode()
+
+    def request(self) -> tuple[int, list[Any]]:
+        self._n += 1
+        rid = self._n
+        self._waiting.add(rid)
+        named = (("INPUT_A", self._a), ("INPUT_B", self._b))
+        ts: list[PTensor] = [(name, "FP32", tuple(x.shape), i) for i, (name, x) in enumerate(named)]
+        head = b"".join((_HEAD.pack(_P_VERSION, _P_INFER, rid, len(self._model)), self._model,
+                         _pack_tensors(ts)))  # fmt: skip
+        return rid, [head, *(x.tobytes() for _, x in named)]
+
+    def reply(self, frames: list[bytes]) -> tuple[int, Any]:
+        head = frames[0]
+        rid, status, off = _head(head, _P_REPLY)  # a REPLY's count field is its status
+        (ln,) = _U16.unpack_from(head, off)
+        if head[off + 2 : off + 2 + ln] != self._model:
+            raise RuntimeError("a reply from another model")
+        outs, _ = _unpack_tensors(head, off + 2 + ln, len(frames) - 1)
+        try:
+            self._waiting.remove(rid)
+        except KeyError:
+            raise RuntimeError(f"a reply to no request: {rid!r}") from None
+        if status != 0:
+            raise RuntimeError(f"an error reply: status {status}")
+        name, dtype, shape, frame = outs[0]
+        return rid, np.frombuffer(frames[1 + frame], DTYPES[dtype]).reshape(shape)
+
+    def replies(self, frames: list[bytes]) -> int:
+        self.reply(frames)
+        return 1
+
+    def right(self, rid: int, frames: list[bytes]) -> bool:
+        got_id, value = self.reply(frames)
+        return bool(got_id == rid and value.shape == (1, 1) and np.array_equal(value, self._expected))
+
+
 # ------------------------------------------------------------------------------------------ client side
 
 
@@ -314,9 +527,9 @@ def main() -> None:
     if level not in LEVELS:
         raise SystemExit(f"level must be one of {LEVELS}")
     if role == "broker":
-        broker(eps[0], eps[1])
+        packed_broker(eps[0], eps[1]) if level == "packed" else broker(eps[0], eps[1])
     elif role == "worker":
-        worker(eps[0], level == "numpy")
+        packed_worker(eps[0]) if level == "packed" else worker(eps[0], level == "numpy")
     else:
         raise SystemExit("role must be broker or worker")
 

@@ -48,7 +48,7 @@ RESULTS = HERE / "results" / "floor_relay.json"
 TABLE = HERE / "results" / "floor_relay.txt"
 PACKAGES = ("client", "modelconfig", "broker", "workers", "tools", "frontdoor", "configs")
 LEVELS = ("bare", "codec", "numpy", "zinfer")
-LOADS = {"c1": LEVELS, "c32": (*LEVELS, "zinfer-add"), "c32s": ("bare", "codec", "numpy")}
+LOADS = {"c1": (*LEVELS, "packed"), "c32": (*LEVELS, "zinfer-add"), "c32s": ("bare", "codec", "numpy")}
 WINDOW = 32
 WARMUP = 200
 TURN_TIMEOUT_S = 240
@@ -96,7 +96,9 @@ def _relay_turn(level: str, load: str, seconds: float) -> dict[str, Any]:
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(front)
-    fc = None if level == "bare" else floor_procs.FloorClient(arrays=level == "numpy")
+    fc: Any = None if level == "bare" else (
+        floor_procs.PackedClient() if level == "packed" else floor_procs.FloorClient(arrays=level == "numpy")
+    )
     frames = bare_frames()
 
     def make() -> list[Any]:
@@ -199,10 +201,10 @@ def _zinfer_turn(level: str, load: str, seconds: float) -> dict[str, Any]:
 def child(level: str, load: str, seconds: float) -> None:
     # bench/ last: a mypyc build of floor_procs on PYTHONPATH comes first
     sys.path = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
-    out = _relay_turn(level, load, seconds) if level in ("bare", "codec", "numpy") else (
+    out = _relay_turn(level, load, seconds) if level in ("bare", "codec", "numpy", "packed") else (
         _zinfer_turn(level, load, seconds)
     )  # fmt: skip
-    if level in ("bare", "codec", "numpy"):
+    if level in ("bare", "codec", "numpy", "packed"):
         import floor_procs
 
         out["floor_compiled"] = not floor_procs.__file__.endswith(".py")
