@@ -7,8 +7,12 @@ compiled function on its stack (``CPyDef_*``), else under the innermost interpre
 name that perf can name, split by what the CPU ran (``profile_perf.summarize``: python, mypyc, zmq, msgspec,
 kernel, libc); a second table counts each compiled function inclusively (anywhere on the stack).
 
+With ``--ensemble`` the load is the seed's workload instead: ``bench_frontdoor_ensemble``'s client
+(tritonclient.grpc.aio run by the Triton venv's python, 32 in flight on ``text_ensemble``) through the gRPC
+door; ``--process worker`` then records the ``lm`` step's first worker.
+
 Usage: ``PYTHONPATH=COMPILED_TREE .venv/bin/python bench/profile_perf_door.py --triton-venv DIR
-[--process door|broker|worker] [--protocol http] [--seconds 5] [--out F]``.
+[--process door|broker|worker] [--protocol http] [--ensemble] [--seconds 5] [--out F]``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton_side  # noqa: E402
 import vs_triton_repo  # noqa: E402
 from bench_frontdoor import ADD_SHAPES, perf_analyzer, zinfer_front_door  # noqa: E402
+from bench_frontdoor_ensemble import turn as ensemble_turn  # noqa: E402
 from profile_perf import stacks, summarize  # noqa: E402
 
 
@@ -49,8 +54,8 @@ def by_thread(perf_data: Path) -> collections.Counter[str]:
     return collections.Counter(line.strip() for line in out.splitlines() if line.strip())
 
 
-def _pid_of(process: str, door_pid: int) -> int:
-    """The door's pid, its parent's (the broker) or the broker's child running the ``add`` worker."""
+def _pid_of(process: str, door_pid: int, model: str = "add") -> int:
+    """The door's pid, its parent's (the broker) or the broker's child running ``model``'s worker."""
     if process == "door":
         return door_pid
     broker = psutil.Process(door_pid).parent()
@@ -58,7 +63,7 @@ def _pid_of(process: str, door_pid: int) -> int:
     if process == "broker":
         return broker.pid
     workers = [p for p in broker.children(recursive=True) if "worker" in " ".join(p.cmdline())
-               and "add" in " ".join(p.cmdline())]  # fmt: skip
+               and model in " ".join(p.cmdline()).split()]  # fmt: skip
     return workers[0].pid
 
 
@@ -70,6 +75,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rate", type=int, default=499, help="samples per second")
     ap.add_argument("--out", type=Path, help="also write the summary here")
+    ap.add_argument("--ensemble", action="store_true", help="the seed's ensemble client over gRPC instead")
     ap.add_argument(
         "--process", choices=("door", "broker", "worker"), default="door",
         help="the process recorded: the door, the broker (its parent) or add's worker",
@@ -89,6 +95,11 @@ def main() -> int:
             result: dict[str, Any] = {}
 
             def load() -> None:
+                if args.ensemble:  # the client runs 2 s before and after the recording
+                    broker_pid = psutil.Process(target.door_pid or 0).ppid()
+                    seconds = args.seconds + 4.0
+                    result["pa"] = ensemble_turn(install.python, target.grpc, seconds, broker_pid, "zinfer")
+                    return
                 result["pa"] = perf_analyzer(
                     pa, env, target, args.protocol, "add", args.concurrency, ADD_SHAPES, 1500
                 )
@@ -97,7 +108,7 @@ def main() -> int:
             thread.start()
             time.sleep(2.0)
             data = tmp / "perf.data"
-            pid = _pid_of(args.process, target.door_pid)
+            pid = _pid_of(args.process, target.door_pid, "lm" if args.ensemble else "add")
             rec = ["perf", "record", "-F", str(args.rate), "--call-graph", "dwarf,16384", "-p",
                    str(pid), "-o", str(data), "--", "sleep", str(args.seconds)]  # fmt: skip
             subprocess.run(rec, capture_output=True, check=True)
@@ -105,9 +116,12 @@ def main() -> int:
             samples = stacks(data)
             threads = by_thread(data)
     fig = result.get("pa", {})
+    load = "the ensemble client over grpc" if args.ensemble else f"perf_analyzer {args.protocol} add"
+    cpu = fig.get("server_cpu_us_per_request", {}).get("door") if args.ensemble else (
+        fig.get("door_cpu_us_per_request", "-"))  # fmt: skip
     lines = [
-        f"== {args.process} under perf_analyzer {args.protocol} add c{args.concurrency}, {args.seconds:g} s: "
-        f"{fig.get('throughput_s', 0):.0f}/s door cpu {fig.get('door_cpu_us_per_request', '-')} us/req"
+        f"== {args.process} under {load} c{args.concurrency}, {args.seconds:g} s: "
+        f"{fig.get('throughput_s', 0):.0f}/s door cpu {cpu} us/req"
     ]
     total = max(1, sum(threads.values()))
     lines += ["  samples by thread: " + ", ".join(f"{k} {v / total:.1%}" for k, v in threads.most_common())]
