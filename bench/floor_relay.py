@@ -8,6 +8,8 @@ Levels, each with the same three processes (client DEALER -> broker ROUTER/ROUTE
 * ``codec``: ``floor_procs``: every message a real INFER / EXECUTE / RESULT / REPLY, encoded and decoded
   with zinfer's own records and encoders, the model looked up, the batch kept and answered;
 * ``numpy``: ``codec`` plus the arrays: inputs from the client's arrays, the worker's sum, the output array;
+* ``packed`` (c1 only): ``numpy`` with every header a fixed ``struct`` layout instead of zinfer's
+  MessagePack records (``floor_procs``' packed level): what a cheaper codec could at best take off the floor;
 * ``zinfer``: ``zinfer serve`` with ``add0`` (the built-in add, delay 0) and one sync ``Client`` at c1, one
   ``AsyncClient`` at c32; ``zinfer-add``: the Triton-style ``add`` model (delay 500 us) at c32, the model
   of the issue's c32 CPU goal.
