@@ -74,23 +74,41 @@ class _Model:
         self.success = self.executions = self.queue_ns = self.compute_ns = 0
 
 
-def broker(front_ep: str, back_ep: str) -> None:
-    """The floor broker: the bare forwarder's sockets and poll set, with zinfer's per-message work."""
+Sock = zmq.Socket[bytes]
+
+
+def _broker_sockets(front_ep: str, back_ep: str) -> tuple[Sock, Sock, bytes, zmq.Poller]:
+    """The bare forwarder's sockets and poll set: clients' ROUTER, workers' ROUTER, the worker's identity (it
+    says hello first)."""
     ctx = zmq.Context()
     front = ctx.socket(zmq.ROUTER)
     front.bind(front_ep)
     back = ctx.socket(zmq.ROUTER)
     back.bind(back_ep)
-    worker_id = back.recv_multipart()[0]  # the worker says hello first
+    worker_id = back.recv_multipart()[0]
+    poller = zmq.Poller()
+    poller.register(front, zmq.POLLIN)
+    poller.register(back, zmq.POLLIN)
+    return front, back, worker_id, poller
+
+
+def _worker_socket(back_ep: str) -> Sock:
+    """The echo worker's DEALER, connected, its hello sent."""
+    sock = zmq.Context().socket(zmq.DEALER)
+    sock.connect(back_ep)
+    sock.send(b"hello")
+    return sock
+
+
+def broker(front_ep: str, back_ep: str) -> None:
+    """The floor broker: the bare forwarder's sockets and poll set, with zinfer's per-message work."""
+    front, back, worker_id, poller = _broker_sockets(front_ep, back_ep)
     models = {MODEL: _Model(MODEL, worker_id)}
     by_worker = {worker_id: models[MODEL]}
     in_flight: dict[int, tuple[_Model, list[tuple[bytes, str]]]] = {}
     batch_ids = iter(range(1, 1 << 62))
     bundling: set[bytes] = set()  # clients that sent a BUNDLE
     held: dict[bytes, list[tuple[Command, dict[str, Any], list[Any]]]] = {}
-    poller = zmq.Poller()
-    poller.register(front, zmq.POLLIN)
-    poller.register(back, zmq.POLLIN)
 
     def dispatch(m: _Model) -> None:
         items = [m.queue.popleft() for _ in range(min(MAX_BATCH, len(m.queue)))]
@@ -189,10 +207,7 @@ def _array(t: TensorRef, frames: list[Any]) -> Any:
 
 def worker(back_ep: str, arrays: bool) -> None:
     """The floor worker: the echo worker's socket and calls, reading EXECUTE and answering RESULT."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(back_ep)
-    sock.send(b"hello")
+    sock = _worker_socket(back_ep)
     ns = time.monotonic_ns
     while True:
         if not sock.poll(10_000):
@@ -279,12 +294,7 @@ def _head(buf: bytes, command: int) -> tuple[int, int, int]:
 
 def packed_broker(front_ep: str, back_ep: str) -> None:
     """``broker`` with packed messages at c1 (no BUNDLEs): the same sockets, poll set, batch, statistics."""
-    ctx = zmq.Context()
-    front = ctx.socket(zmq.ROUTER)
-    front.bind(front_ep)
-    back = ctx.socket(zmq.ROUTER)
-    back.bind(back_ep)
-    worker_id = back.recv_multipart()[0]
+    front, back, worker_id, poller = _broker_sockets(front_ep, back_ep)
     models = {MODEL: _Model(MODEL, worker_id)}
     by_worker = {worker_id: models[MODEL]}
     pqueue: deque[tuple[bytes, int, list[PTensor], list[Any], int]] = deque()
@@ -292,9 +302,6 @@ def packed_broker(front_ep: str, back_ep: str) -> None:
     batch_ids = iter(range(1, 1 << 62))
     outputs: list[PTensor] = [("OUTPUT_SUM", "FP32", (), 0)]
     model_raw = MODEL.encode()
-    poller = zmq.Poller()
-    poller.register(front, zmq.POLLIN)
-    poller.register(back, zmq.POLLIN)
     while True:
         events = dict(poller.poll(1000))
         if front in events:
@@ -304,7 +311,8 @@ def packed_broker(front_ep: str, back_ep: str) -> None:
                 except zmq.Again:
                     break
                 rid, ln, off = _head(head, _P_INFER)
-                m = models[head[off : off + ln].decode()]
+                if head[off : off + ln].decode() not in models:
+                    raise SystemExit("the floor takes only INFERs of its model")
                 inputs, off = _unpack_tensors(head, off + ln, len(frames))
                 pqueue.append((client, rid, inputs, frames, time.monotonic_ns()))
         if back in events:
@@ -351,10 +359,7 @@ def packed_broker(front_ep: str, back_ep: str) -> None:
 
 def packed_worker(back_ep: str) -> None:
     """``worker`` with packed messages: the arrays from their frames, the sum, a packed RESULT."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(back_ep)
-    sock.send(b"hello")
+    sock = _worker_socket(back_ep)
     ns = time.monotonic_ns
     while True:
         if not sock.poll(10_000):

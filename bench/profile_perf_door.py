@@ -63,7 +63,7 @@ def _pid_of(process: str, door_pid: int, model: str = "add") -> int:
     if process == "broker":
         return broker.pid
     workers = [p for p in broker.children(recursive=True) if "worker" in " ".join(p.cmdline())
-               and model in " ".join(p.cmdline()).split()]  # fmt: skip
+               and model in p.cmdline()]  # fmt: skip
     return workers[0].pid
 
 
