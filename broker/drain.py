@@ -3,6 +3,10 @@
 The first receive does not block and takes ``EAGAIN`` as nothing there: the loop's waiter returns a socket
 whose descriptor woke it without asking its ``EVENTS`` (``PreciseWait(recv_first=True)``), and a descriptor
 wakes for little else than a message. After each message ``EVENTS`` says whether another is there.
+
+The workers' socket is read first in a turn, and the replies its RESULTs completed leave as soon as it is
+read (``drain_workers``), not at the end of the turn: reading and admitting the clients' messages of the same
+turn no longer delays a batch's answers. Each connection's replies of one RESULT still go as one BUNDLE.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from zinfer.client.protocol import Frame
 from zinfer.client.transport import NOBLOCK
 from zinfer.client.zmq_calls import EVENTS, POLLIN
 
-__all__ = ["MAX_PER_TURN", "drain"]
+from .outbox import Outbox
+
+__all__ = ["MAX_PER_TURN", "drain", "drain_workers"]
 
 MAX_PER_TURN = 256  # messages from one socket per turn: the others and the batch deadlines wait no longer
 
@@ -35,6 +41,15 @@ def drain(sock: zmq.Socket[Any], on: Callable[[bytes, list[Frame]], None], tag: 
         identity = sock.recv()
     on(tag + identity, _rest(sock))
     return True
+
+
+def drain_workers(sock: zmq.Socket[Any], on: Callable[[bytes, list[Frame]], None], outbox: Outbox) -> bool:
+    """``drain`` of the workers' socket (no tag), then what its messages made for clients sent now
+    (``Outbox.flush``) and the outbox holding again for the rest of the turn (``Outbox.hold``)."""
+    more = drain(sock, on, b"")
+    outbox.flush()
+    outbox.hold()
+    return more
 
 
 def _rest(sock: zmq.Socket[Any]) -> list[Frame]:

@@ -34,7 +34,7 @@ from .batching.rate_limiter import RateLimiter
 from .cache_path import CachePath
 from .completion import Completion
 from .dispatcher import Dispatcher
-from .drain import drain
+from .drain import drain, drain_workers
 from .ensemble_path import EnsemblePath
 from .fd_limit import raise_fd_limit
 from .handlers import LATER, QUERIES, Controls, Queries
@@ -251,8 +251,8 @@ class Broker:
         while not self._should_exit(stop_requests()):
             events = waiter.poll(self.dispatcher.poll_timeout_ms())
             self.outbox.hold()  # replies of this turn to one connection go in one message
-            if self.backend in events and drain(self.backend, on_worker, b""):
-                waiter.touch(self.backend)
+            if self.backend in events and drain_workers(self.backend, on_worker, self.outbox):
+                waiter.touch(self.backend)  # (the replies it completed have left: see drain_workers)
             if self.frontend in events and drain(self.frontend, on_client, IPC_TAG):
                 waiter.touch(self.frontend)
             if tcp is not None and tcp in events and drain(tcp, on_client, TCP_TAG):

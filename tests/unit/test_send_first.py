@@ -1,6 +1,7 @@
 """Send first, account after: a worker's EXECUTE and a client's reply leave before the batch's and the
 request's statistics, metrics and latency window are recorded (``Dispatcher.send``,
-``Completion.on_result``); once the call returns, the figures are the same as before."""
+``Completion.on_result``); once the call returns, the figures are the same as before. And a RESULT's replies
+leave as the workers' socket is read, before the turn's client messages (``drain.drain_workers``)."""
 
 from __future__ import annotations
 
@@ -126,3 +127,53 @@ def test_a_runs_queue_times_are_each_requests_and_its_delay_the_oldests() -> Non
     assert state.stats.batch_reasons == {"preferred": 1, "delay_expired": 1}
     assert state.metrics._delay_us == (1.0 - 0.125) * 1e6 + (1.0 - 0.0625) * 1e6  # each batch's oldest
     assert state.metrics._reasons["preferred"] == 1 and state.metrics._reasons["delay_expired"] == 1
+
+
+def test_a_results_replies_leave_when_the_workers_socket_is_read_not_at_the_turns_end() -> None:
+    """``drain_workers``: the replies a worker's RESULT completed reach their client as the worker socket
+    is read, before the turn reads its clients' messages; the outbox then holds again for the rest of the
+    turn."""
+    import uuid
+
+    import zmq
+
+    from zinfer.broker.drain import drain_workers
+    from zinfer.broker.outbox import IPC_TAG
+    from zinfer.client import protocol
+
+    ctx = zmq.Context.instance()
+    tag = uuid.uuid4().hex
+    backend, worker = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    frontend, client = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    socks = (backend, worker, frontend, client)
+    try:
+        backend.bind(f"inproc://w-{tag}")
+        worker.connect(f"inproc://w-{tag}")
+        frontend.bind(f"inproc://c-{tag}")
+        client.setsockopt(zmq.IDENTITY, b"c1")
+        client.connect(f"inproc://c-{tag}")
+        outbox = Outbox()
+        outbox.attach(frontend, backend)
+        outbox.bundles_to(IPC_TAG + b"c1")
+        outbox.hold()  # the turn's start, as the server loop does
+
+        def on_worker(identity: bytes, frames: list[Frame]) -> None:
+            outbox.send_client(IPC_TAG + b"c1", Reply("r1", Status.OK))  # completed by this RESULT
+
+        def replies() -> list[str]:
+            if not client.poll(1000):
+                return []
+            raw = client.recv_multipart(copy=False)
+            return [reply.request_id for reply, _ in protocol.decode_replies([f.buffer for f in raw])]
+
+        worker.send(b"result")
+        assert backend.poll(1000) == zmq.POLLIN
+        assert drain_workers(backend, on_worker, outbox) is False
+        assert replies() == ["r1"]  # sent already: the turn's end (``flush``) has not come
+        outbox.send_client(IPC_TAG + b"c1", Reply("r2", Status.OK))  # later in the turn: held again
+        assert client.poll(50) == 0
+        outbox.flush()
+        assert replies() == ["r2"]
+    finally:
+        for s in socks:
+            s.close(linger=0)
