@@ -44,11 +44,10 @@ def drain(sock: zmq.Socket[Any], on: Callable[[bytes, list[Frame]], None], tag: 
 
 
 def drain_workers(sock: zmq.Socket[Any], on: Callable[[bytes, list[Frame]], None], outbox: Outbox) -> bool:
-    """``drain`` of the workers' socket (no tag), then what its messages made for clients sent now
-    (``Outbox.flush``) and the outbox holding again for the rest of the turn (``Outbox.hold``)."""
+    """``drain`` of the workers' socket (no tag), then what its messages made for clients sent now, the
+    outbox holding again for the rest of the turn (``Outbox.send_held``)."""
     more = drain(sock, on, b"")
-    outbox.flush()
-    outbox.hold()
+    outbox.send_held()
     return more
 
 

@@ -159,6 +159,13 @@ class Outbox:
                 else:
                     self._send_client(identity, protocol.encode_bundle(chunk), f"bundle of {len(chunk)}")
 
+    def send_held(self) -> None:
+        """Send what ``hold`` kept so far and go on holding (the turn's later replies wait for ``flush``);
+        nothing to do, and nothing made, when nothing is held."""
+        if self._held:
+            self.flush()
+            self.hold()
+
     def send_worker(
         self,
         identity: bytes,
