@@ -26,6 +26,7 @@ bench/results/door_trace_parts.json (an entry per ``--label``).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -110,6 +111,11 @@ def split(entries: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"traces": len(by), "complete": len(full)}
     if sizes:
         out["mean_batch"] = round(statistics.mean(sizes), 1)
+        # each traced request saw its batch's size: the share of requests by the size of their batch
+        counts = collections.Counter(sizes)
+        out["requests_by_batch_size"] = {
+            str(k): round(v / len(sizes), 3) for k, v in sorted(counts.items()) if v / len(sizes) >= 0.01
+        }
     for name, a, b in SEGMENTS:
         v = sorted((d[b] - d[a]) / 1000 for d in full)
         if v:
@@ -148,6 +154,7 @@ def main() -> int:
     idle = round(100 * (i1 - i0) / max(1, t1 - t0), 1)
     print(f"perf_analyzer {json.dumps(fig)}; idle {idle}%")
     print(f"traces {parts['traces']}, complete {parts['complete']}, mean batch {parts.get('mean_batch')}")
+    print(f"requests by batch size: {parts.get('requests_by_batch_size')}")
     for name, _, _ in SEGMENTS:
         if name in parts:
             med, mean, p90 = parts[name]["median_us"], parts[name]["mean_us"], parts[name]["p90_us"]
