@@ -42,7 +42,6 @@ from bench_serving import ROOT, record_run  # noqa: E402
 RESULTS = ROOT / "bench" / "results" / "serial_share.json"
 _SWITCH = re.compile(r"\[(\d+)\]\s+([\d.]+):\s+sched:sched_switch:.*next_comm=(.+?) next_pid=(\d+)")
 _WAKING = re.compile(r"\[\d+\]\s+([\d.]+):\s+sched:sched_waking:.*? pid=(\d+)")
-_SCHED_FIFO = 1
 
 
 def _roles_zinfer(target: Target) -> dict[int, str]:
@@ -173,7 +172,7 @@ def _io_threads(roles: dict[int, str], root_roles: tuple[str, ...]) -> list[int]
 
 
 def _set_policy(tids: list[int], fifo: bool) -> None:
-    policy, priority = (_SCHED_FIFO, 1) if fifo else (os.SCHED_OTHER, 0)
+    policy, priority = (os.SCHED_FIFO, 1) if fifo else (os.SCHED_OTHER, 0)
     for tid in tids:
         os.sched_setscheduler(tid, policy, os.sched_param(priority))
 
