@@ -14,11 +14,18 @@ this machine, folding it into the run time of whatever ran next):
 * run-queue waits (a thread woken or preempted, not yet running) by role, and the part of them during which
   the CPU it was queued on was busy while the *other* CPU was idle: work that could have run at once, had
   the scheduler put it there (thread time: summed over the threads that waited); and the wall time one
-  CPU was idle while the other, busy, had a thread queued (``idle_beside_queued_work``).
+  CPU was idle while the other, busy, had a thread queued (``idle_beside_queued_work``);
+* what ran alone, every other CPU idle, by role (``alone``): a stage of the request's cycle that nothing
+  overlapped, the others waiting on it; and each role's mean run-queue wait.
+
+``--io-threads-fifo`` measures zinfer alone instead, ``--rounds`` windows in turns on one server: as built,
+and with the ZeroMQ I/O threads (``ZMQbg/IO``) of its broker, door and workers under ``SCHED_FIFO`` at
+priority 1, so that they run as soon as they are woken.
 
 Every figure is per second of the recording. Usage: ``.venv/bin/python bench/idle_waits.py --triton-venv DIR
-[--seconds 1.5] [--label L]`` (``PYTHONPATH=TREE`` for another zinfer tree, e.g. a compiled build; needs
-``perf`` and the right to record scheduler events). Results: bench/results/idle_waits.json (an entry per
+[--seconds 1.5] [--label L] [--io-threads-fifo --rounds 3]`` (``PYTHONPATH=TREE`` for another zinfer tree,
+e.g. a compiled build; needs ``perf`` and the right to record scheduler events, and root for the FIFO
+turns). Results: bench/results/idle_waits.json (an entry per
 ``--label``).
 """
 
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
+import os
 import re
 import subprocess
 import sys
@@ -129,6 +137,15 @@ def _busy_beside_idle(idle: dict[int, Idle], cpu: int, a: float, b: float) -> fl
     return total
 
 
+def _others_idle(idle: dict[int, Idle], cpu: int, a: float, b: float) -> float:
+    """How long, within ``[a, b]``, every CPU but ``cpu`` was idle."""
+    parts = [(a, b)]
+    for other, spans in idle.items():
+        if other != cpu:
+            parts = [x for s, e in parts for x in spans.within(s, e)]
+    return sum(e - s for s, e in parts)
+
+
 def summarize(text: str, role_of: dict[int, str]) -> dict[str, Any]:
     """The figures the module docstring names, per second of the recording, in ms."""
     runs, waits, names = parse(text)
@@ -144,13 +161,17 @@ def summarize(text: str, role_of: dict[int, str]) -> dict[str, Any]:
         )
 
     run: dict[str, dict[int, float]] = collections.defaultdict(lambda: dict.fromkeys(cpus, 0.0))
+    alone: dict[str, float] = collections.defaultdict(float)
     for r in runs:
         if r.tid:
             run[role(r.tid)][r.cpu] += r.end - r.start
+            alone[role(r.tid)] += _others_idle(idle, r.cpu, r.start, r.end)
     queue: dict[str, float] = collections.defaultdict(float)
+    queued: collections.Counter[str] = collections.Counter()
     beside_idle: dict[str, float] = collections.defaultdict(float)
     for w in waits:
         queue[role(w.tid)] += w.end - w.start
+        queued[role(w.tid)] += 1
         beside_idle[role(w.tid)] += _busy_beside_idle(idle, w.cpu, w.start, w.end)
 
     # wall time (not thread time) a CPU was idle while the other, busy, had a thread queued
@@ -175,6 +196,9 @@ def summarize(text: str, role_of: dict[int, str]) -> dict[str, Any]:
         "wait_beside_idle_cpu_ms_per_s": {k: per_s(v) for k, v in sorted(beside_idle.items())},
         "wait_beside_idle_cpu_total_ms_per_s": per_s(sum(beside_idle.values())),
         "idle_beside_queued_work_ms_per_s": per_s(misplaced),
+        "alone_ms_per_s": {k: per_s(v) for k, v in sorted(alone.items()) if per_s(v)},
+        "alone_total_ms_per_s": per_s(sum(alone.values())),
+        "runqueue_wait_mean_us": {k: round(queue[k] / n * 1e6, 1) for k, n in sorted(queued.items())},
     }
 
 
@@ -213,26 +237,31 @@ def measure(side: str, install: triton_side.TritonInstall, tmp: Path, seconds: f
     (tmp / f"env-{side}").mkdir()
     env = triton_side._environment(install, tmp / f"env-{side}")
     repo = vs_triton_repo.write(tmp / f"models-{side}", zinfer_only=side == "zinfer")
-    data = tmp / f"sched-{side}.data"
     with _server(side, install, repo) as (http, root):
-        roles = _roles(root, side)
-        row: dict[str, float] = {}
-        errors: list[BaseException] = []
+        return _window(pa, env, http, _roles(root, side), seconds, tmp / f"sched-{side}.data", tmp)
 
-        def load() -> None:
-            try:
-                row.update(_pa(pa, env, http, 3000, tmp))
-            except BaseException as exc:  # reported after the join
-                errors.append(exc)
 
-        runner = threading.Thread(target=load)
-        runner.start()
-        time.sleep(SETTLE_S)
-        rec = ["perf", "sched", "record", "-a", "-o", str(data), "--", "sleep", str(seconds)]
-        subprocess.run(rec, capture_output=True, check=True, timeout=seconds + 60)
-        runner.join(300)
-        if errors or runner.is_alive():
-            raise RuntimeError(f"perf_analyzer failed: {errors[:1] or 'still running after 300 s'}")
+def _window(
+    pa: Path, env: dict[str, str], http: str, roles: dict[int, str], seconds: float, data: Path, tmp: Path
+) -> dict[str, Any]:
+    """The figures of one recording in the middle of one perf_analyzer run against ``http``."""
+    row: dict[str, float] = {}
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            row.update(_pa(pa, env, http, 3000, tmp))
+        except BaseException as exc:  # reported after the join
+            errors.append(exc)
+
+    runner = threading.Thread(target=load)
+    runner.start()
+    time.sleep(SETTLE_S)
+    rec = ["perf", "sched", "record", "-a", "-o", str(data), "--", "sleep", str(seconds)]
+    subprocess.run(rec, capture_output=True, check=True, timeout=seconds + 60)
+    runner.join(300)
+    if errors or runner.is_alive():
+        raise RuntimeError(f"perf_analyzer failed: {errors[:1] or 'still running after 300 s'}")
     script = ["perf", "script", "-i", str(data), "-F", "cpu,time,event,trace"]
     events = subprocess.run(script, capture_output=True, text=True, check=True, timeout=300)
     out = summarize(events.stdout, roles)
@@ -240,27 +269,83 @@ def measure(side: str, install: triton_side.TritonInstall, tmp: Path, seconds: f
     return out
 
 
+def _io_threads(roles: dict[int, str]) -> list[int]:
+    """The ZeroMQ I/O threads (``ZMQbg/IO/N``) among the server's threads."""
+    out = []
+    for tid in roles:
+        try:
+            if Path(f"/proc/{tid}/comm").read_text().startswith("ZMQbg/IO"):
+                out.append(tid)
+        except OSError:  # ended meanwhile
+            continue
+    return out
+
+
+def _set_policy(tids: list[int], fifo: bool) -> None:
+    policy, priority = (os.SCHED_FIFO, 1) if fifo else (os.SCHED_OTHER, 0)
+    for tid in tids:
+        os.sched_setscheduler(tid, policy, os.sched_param(priority))
+
+
+def io_fifo_turns(
+    install: triton_side.TritonInstall, tmp: Path, seconds: float, rounds: int
+) -> dict[str, Any]:
+    """zinfer as built and with its ZeroMQ I/O threads under ``SCHED_FIFO`` (priority 1), a window each in
+    turns on one server."""
+    pa = install.venv / "bin" / "perf_analyzer"
+    (tmp / "env").mkdir()
+    env = triton_side._environment(install, tmp / "env")
+    repo = vs_triton_repo.write(tmp / "models", zinfer_only=True)
+    turns: dict[str, list[dict[str, Any]]] = {"as built": [], "io threads fifo": []}
+    with _server("zinfer", install, repo) as (http, root):
+        roles = _roles(root, "zinfer")
+        tids = _io_threads(roles)
+        try:
+            for k in range(rounds):
+                for name, fifo in (("as built", False), ("io threads fifo", True)):
+                    _set_policy(tids, fifo)
+                    turns[name].append(_window(pa, env, http, roles, seconds, tmp / "sched.data", tmp))
+                    _print(f"zinfer {name}, round {k}", turns[name][-1])
+        finally:
+            _set_policy(tids, False)
+    return {"io_threads": len(tids), "turns": turns}
+
+
+def _print(name: str, s: dict[str, Any]) -> None:
+    print(f"{name}: {s['perf_analyzer_infer_per_s']}/s, idle ms/s by cpu {s['idle_ms_per_s']}")
+    total, by_role = s["wait_beside_idle_cpu_total_ms_per_s"], s["wait_beside_idle_cpu_ms_per_s"]
+    print(f"  run-queue waits beside an idle cpu: {total} ms/s {by_role}")
+    print(f"  a cpu idle while the other had a thread queued: {s['idle_beside_queued_work_ms_per_s']} ms/s")
+    print(f"  alone, every other cpu idle: {s['alone_total_ms_per_s']} ms/s {s['alone_ms_per_s']}")
+    print(f"  mean run-queue wait: {s['runqueue_wait_mean_us']} us")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--triton-venv", type=Path, required=True)
     ap.add_argument("--seconds", type=float, default=1.5)
     ap.add_argument("--label", default="latest")
+    ap.add_argument(
+        "--io-threads-fifo", action="store_true", help="zinfer only: as built and I/O threads FIFO"
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="turns of --io-threads-fifo")
     args = ap.parse_args()
     install = triton_side.find(args.triton_venv)
     if install is None:
         raise SystemExit(f"no Triton in {args.triton_venv}")
+    command = f"bench/idle_waits.py --triton-venv DIR --seconds {args.seconds} --label {args.label}"
+    if args.io_threads_fifo:
+        with tempfile.TemporaryDirectory(prefix="ziw-") as name:
+            entry = io_fifo_turns(install, Path(name), args.seconds, args.rounds)
+        command += f" --io-threads-fifo --rounds {args.rounds}"
+        record_run(RESULTS, args.label, command, {"seconds": args.seconds, **entry})
+        return 0
     sides: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ziw-") as name:
         tmp = Path(name)
         for side in ("triton", "zinfer"):
             sides[side] = measure(side, install, tmp, args.seconds)
-            s = sides[side]
-            print(f"{side}: {s['perf_analyzer_infer_per_s']}/s, idle ms/s by cpu {s['idle_ms_per_s']}")
-            total, by_role = s["wait_beside_idle_cpu_total_ms_per_s"], s["wait_beside_idle_cpu_ms_per_s"]
-            print(f"  run-queue waits beside an idle cpu: {total} ms/s {by_role}")
-            misplaced = s["idle_beside_queued_work_ms_per_s"]
-            print(f"  a cpu idle while the other had a thread queued: {misplaced} ms/s")
-    command = f"bench/idle_waits.py --triton-venv DIR --seconds {args.seconds} --label {args.label}"
+            _print(side, sides[side])
     record_run(RESULTS, args.label, command, {"seconds": args.seconds, "sides": sides})
     return 0
 
