@@ -244,7 +244,18 @@ def measure(side: str, install: triton_side.TritonInstall, tmp: Path, seconds: f
 def _window(
     pa: Path, env: dict[str, str], http: str, roles: dict[int, str], seconds: float, data: Path, tmp: Path
 ) -> dict[str, Any]:
-    """The figures of one recording in the middle of one perf_analyzer run against ``http``."""
+    """The figures of one recording in the middle of one perf_analyzer run against ``http``; taken once more
+    when perf_analyzer gives no figure (its measuring thread stalls now and then on this machine)."""
+    try:
+        return _window_once(pa, env, http, roles, seconds, data, tmp)
+    except RuntimeError as exc:
+        print(f"no figure, once more: {str(exc)[:200]}")
+        return _window_once(pa, env, http, roles, seconds, data, tmp)
+
+
+def _window_once(
+    pa: Path, env: dict[str, str], http: str, roles: dict[int, str], seconds: float, data: Path, tmp: Path
+) -> dict[str, Any]:
     row: dict[str, float] = {}
     errors: list[BaseException] = []
 
