@@ -40,6 +40,9 @@ COMPILED = (
     "zinfer.client.trace_context",  # with_trace_context: once per request, sync and async clients
     "zinfer.client.link_watch",  # LinkWatch.poll: once per request (ab_turns add0:1, 5 rounds: client 0.97x)
     "zinfer.client.call_waiter",
+    # an AsyncConnection's timeouts: ``Deadlines.add`` once per request of the front door and AsyncClient
+    # (interpreted, about 2 % of the HTTP door's main thread at c32 in py-spy)
+    "zinfer.client.deadlines",
     "zinfer.client.client",
     "zinfer.client.result",
     "zinfer.client.worker_protocol",

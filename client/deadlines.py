@@ -17,27 +17,32 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
-__all__ = ["Deadlines"]
+__all__ = ["Deadlines", "Due"]
 
 _COMPACT_MIN = 1024  # entries the queue may hold before it is compacted at all
 
-Future = asyncio.Future[Any]
+
+class Due(Protocol):
+    """What a deadline is kept for: a request's future, or what stands in for one (``Watched``)."""
+
+    def done(self) -> bool: ...
+
 
 
 class Deadlines:
-    def __init__(self, loop: asyncio.AbstractEventLoop, expire: Callable[[Future], None]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, expire: Callable[[Due], None]) -> None:
         self._loop = loop
         self._expire = expire  # called with a request's future when its deadline passes unanswered
-        self._fifo: deque[tuple[float, Future]] = deque()
+        self._fifo: deque[tuple[float, Due]] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._compact_at = _COMPACT_MIN
 
     def __len__(self) -> int:
         return len(self._fifo)
 
-    def add(self, fut: Future, timeout: float) -> asyncio.TimerHandle | None:
+    def add(self, fut: Due, timeout: float) -> asyncio.TimerHandle | None:
         """``expire(fut)`` ``timeout`` seconds from now, unless ``fut`` is done by then. Returns the timer to
         cancel when ``fut`` has one of its own (its deadline is earlier than one queued), else None."""
         if fut.done():  # answered already (in the turn that sent it): nothing to expire

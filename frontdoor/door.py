@@ -89,10 +89,14 @@ class Counters:
     started: float = field(default_factory=time.time)
 
     def record(self, protocol: str, ok: bool) -> None:
+        self.entry(protocol)["ok" if ok else "failed"] += 1
+
+    def entry(self, protocol: str) -> dict[str, int]:
+        """``protocol``'s counts (made now when it has none), which a caller may keep and count in itself."""
         entry = self.counts.get(protocol)
         if entry is None:
             entry = self.counts[protocol] = {"ok": 0, "failed": 0}
-        entry["ok" if ok else "failed"] += 1
+        return entry
 
     def snapshot(self) -> dict[str, Any]:
         """The counts as they are now (a copy: ``record`` may go on while it is written)."""

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -88,7 +89,7 @@ class DoorClient(AsyncClient):
             return None
         conn = self._conn
         rid = conn.new_id()
-        fut = conn.send(Command.INFER, plan.header._replace(request_id=rid), frames)
+        fut = conn.send(Command.INFER, msgspec.structs.replace(plan.header, request_id=rid), frames)
         try:
             return await conn.wait(rid, fut, plan.wait)
         except (RequestTimeout, asyncio.CancelledError):

@@ -8,11 +8,13 @@ of the plan's kept kind, else the reply read the usual way (and its kind kept fo
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import msgspec
+
+from zinfer.client.async_connection import Watched
 from zinfer.client.errors import ClientError, InvalidArgument, RequestTimeout
 from zinfer.client.protocol import CancelCommand, Command, Frame, Reply, cancel_command_to_wire
 
@@ -93,10 +95,13 @@ class DirectPath:
             frames = cut(plan, body, len(body) if header_length is None else header_length, model)
         except InvalidArgument:  # refused the usual way, with the same text
             return False
-        if not self.client.holds(plan):  # the model's information changed: ``answer`` drops the plan
+        # ``DoorClient.holds`` read here (its interpreted method costs more than the lookup): the model's
+        # information changed, ``answer`` drops the plan
+        if self.client._models.get(plan.key) is not plan.info:
             return False
         conn = self.conn
-        header = plan.header._replace(request_id=conn.new_id())  # as ``DoorClient.infer_raw`` sends it
+        # as ``DoorClient.infer_raw`` sends it (``_replace``, called from here without its interpreted frame)
+        header = msgspec.structs.replace(plan.header, request_id=conn.new_id())
         replied = functools.partial(self._replied, known, plan, request, done)
         try:
             conn.send_watched(Command.INFER, header, frames, plan.wait, replied)
@@ -106,20 +111,19 @@ class DirectPath:
 
     def _replied(
         self, known: KeptHeader, plan: RawPlan, request: HttpRequest,
-        done: Callable[[HttpResponse | BaseException], None], rid: str,
-        fut: asyncio.Future[tuple[Reply, list[Frame]]],
+        done: Callable[[HttpResponse | BaseException], None], rid: str, watched: Watched,
     ) -> None:  # fmt: skip
-        cancelled = fut.cancelled()
-        if cancelled or isinstance(fut.exception(), RequestTimeout):  # as ``infer_raw``: the broker drops it
-            self.conn.send_only(Command.CANCEL, cancel_command_to_wire(CancelCommand(rid)))
-        if cancelled:
-            done(asyncio.CancelledError())
+        exc = watched.exception()  # (nothing cancels a watched request)
+        if exc is not None:
+            if isinstance(exc, RequestTimeout):  # as ``infer_raw``: the broker drops it
+                self.conn.send_only(Command.CANCEL, cancel_command_to_wire(CancelCommand(rid)))
+            done(exc)
             return
         try:
-            raw, rframes = fut.result()
+            raw, rframes = watched.result()
             answer = self._answer_of(known, plan, request, raw, rframes)
-        except Exception as exc:  # noqa: BLE001 - answered as the handler answers it
-            done(exc)
+        except Exception as err:  # noqa: BLE001 - answered as the handler answers it
+            done(err)
             return
         done(answer)
 

@@ -11,14 +11,14 @@ shares the port; TLS when the options carry a certificate) until ``stop`` is set
 - ``POST /v2/repository/index``, ``/v2/repository/models/{m}/load|unload``: the model repository extension
 - ``GET|POST /v2/systemsharedmemory[/region/{r}]/status|register|unregister``: system shared memory
 
-CUDA shared memory answers as a Triton built without GPUs (``cudashm``: no regions, register refused
-with the reason); ``GET|POST /v2[/models/{m}]/trace/setting`` is Triton's trace extension; log settings
-answer 501. Errors are ``{"error": "..."}`` with Triton's HTTP
-status (400, 404, 503, 501, 500) and text. The request body is bounded (``Limits.max_body_bytes`` for an
-infer, ``CONTROL_BODY_BYTES`` else) and must arrive within ``http_wire.REQUEST_TIMEOUT_S``, its line and
-headers within ``--http-header-timeout``; open connections are bounded by ``MAX_CONNECTIONS`` in all and
-by ``--http-peer-connections`` per peer (per uid for a peer on this host, which the kernel names; per
-address otherwise), so one peer trickling bytes into many connections cannot hold the door (slowloris).
+CUDA shared memory answers as a Triton built without GPUs (``cudashm``: no regions, register refused with the
+reason); ``GET|POST /v2[/models/{m}]/trace/setting`` is Triton's trace extension; log settings answer 501.
+Errors are ``{"error": "..."}`` with Triton's HTTP status (400, 404, 503, 501, 500) and text. The request body
+is bounded (``Limits.max_body_bytes`` for an infer, ``CONTROL_BODY_BYTES`` else) and must arrive within
+``http_wire.REQUEST_TIMEOUT_S``, its line and headers within ``--http-header-timeout``; open connections are
+bounded by ``MAX_CONNECTIONS`` in all and by ``--http-peer-connections`` per peer (per uid for a peer on this
+host, which the kernel names; per address otherwise), so one peer trickling bytes into many connections cannot
+hold the door (slowloris).
 """
 
 from __future__ import annotations
@@ -120,6 +120,7 @@ class HttpFrontDoor:
         self.requests, self.replies = KnownRequests(self.limits), KnownReplies()  # kept (``http_known``)
         self.targets = InferTargets()
         self.direct = DirectPath(self.bridge, self.replies)
+        self._counts: dict[str, int] | None = None  # ``_finish``'s: ``Counters.record`` inline, no call
 
     def body_limit(self, method: str, target: str) -> int:
         """The most body bytes a request to ``target`` may carry (checked before the body is read)."""
@@ -148,7 +149,7 @@ class HttpFrontDoor:
             return False
         model, version = found
         headers = request.headers
-        if self.bridge.known_decoupled(model, version) is not False or _TRACEPARENT in headers:
+        if self.bridge._decoupled.get((model, version)) is not False or _TRACEPARENT in headers:
             return False
         body = request.body
         try:
@@ -166,7 +167,8 @@ class HttpFrontDoor:
     ) -> None:
         """A direct request's answer, as ``handle`` gives it."""
         response = answer if isinstance(answer, HttpResponse) else _failed(request, answer)
-        self.door.counters.record("http", response.status < 400)
+        counts = self._counts = self._counts or self.door.counters.entry("http")  # ``record``, inline
+        counts["ok" if response.status < 400 else "failed"] += 1
         done(response)
 
     async def _route(self, request: HttpRequest) -> HttpResponse:
@@ -380,11 +382,9 @@ async def serve_http(door: FrontDoor, stop: asyncio.Event) -> None:
     sock = listen_socket(address)
     loop = asyncio.get_running_loop()
     tls = tls_context(door)
-    server = await loop.create_server(
-        connect, sock=sock, ssl=tls,
-        # a TLS handshake comes before the head (and before the peer's share is counted): the same deadline
-        ssl_handshake_timeout=door.options.http_header_timeout_s if tls is not None else None,
-    )  # fmt: skip
+    # a TLS handshake comes before the head (and before the peer's share is counted): the same deadline
+    handshake = door.options.http_header_timeout_s if tls is not None else None
+    server = await loop.create_server(connect, sock=sock, ssl=tls, ssl_handshake_timeout=handshake)
     log.info("event=http_frontdoor_listening address=%s tls=%s", address, door.options.tls)
     try:
         await stop.wait()

@@ -16,7 +16,7 @@ import zmq
 from zinfer.client import protocol
 from zinfer.client.async_connection import AsyncConnection
 from zinfer.client.connection import Unsent
-from zinfer.client.errors import RequestTimeout, Status
+from zinfer.client.errors import ClientError, RequestTimeout, Status
 from zinfer.client.protocol import Command, Reply
 
 
@@ -105,6 +105,44 @@ def test_done_gets_unsent_when_no_server_is_there(tmp_path: Path) -> None:
 
     asyncio.run(go())
     assert late == []
+
+
+def test_closing_the_connection_ends_each_waiting_request_once_with_the_error_and_none_is_left(
+    tmp_path: Path,
+) -> None:
+    """Requests waiting on a server that has not answered yet: ``close`` ends each with ``ClientError``
+    (``done`` called once, at once), nothing is left in flight, and a reply that comes after is nobody's."""
+    url = f"ipc://{tmp_path / 'c.sock'}"
+    server = _SlowServer(url)
+    late: list[str] = []
+
+    async def go() -> None:
+        conn = AsyncConnection(url, late.append)
+        calls: dict[str, list[Any]] = {}
+        try:
+            rids = [conn.new_id() for _ in range(5)]
+
+            def done(rid: str, watched: Any) -> None:
+                calls.setdefault(rid, []).append(watched)
+
+            for rid in rids:
+                header = {"id": rid, "model": "m", "parameters": {"delay_ms": 2000}}
+                conn.send_watched(Command.INFER, header, (), 10.0, done)
+            await asyncio.sleep(0.05)  # sent, not answered
+            assert calls == {} and conn.in_flight == 5
+        finally:
+            await conn.aclose()
+        assert sorted(calls) == sorted(rids) and all(len(v) == 1 for v in calls.values())
+        for w in (v[0] for v in calls.values()):
+            assert w.done() and not w.cancelled() and type(w.exception()) is ClientError
+            with pytest.raises(ClientError):
+                w.result()
+        assert conn.in_flight == 0
+
+    try:
+        asyncio.run(go())
+    finally:
+        server.close()
 
 
 class _BundleServer(_SlowServer):
