@@ -58,8 +58,9 @@ class Watched:
     callback and the partial that binds it cost about 1.5 µs of the door's CPU per request (compiled,
     uvloop); the connection resolves this at once instead, and its deadline is kept on the same timer."""
 
-    def __init__(self, rid: str, done: Callable[[str, Watched], None]) -> None:
+    def __init__(self, rid: str, done: Callable[[str, Watched], None], context: Any = None) -> None:
         self.rid = rid
+        self.context = context  # the caller's, for ``done`` (one callback for every request, no partial)
         self._done = done
         self._handle: asyncio.TimerHandle | None = None  # a deadline earlier than those queued: its own timer
         self._item: _Item | None = None
@@ -125,7 +126,6 @@ class AsyncConnection:
         self._out: list[_Out] = []  # messages for the next flush
         self._flush_handle: asyncio.Handle | None = None
         self._deadlines: Deadlines | None = None  # the requests' timeouts, on one timer
-        self._sending: set[str] = set()  # ids not sent yet: not lost with a connection
         self._late: set[str] = set()
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid()}-{id(self):x}-"
@@ -194,17 +194,19 @@ class AsyncConnection:
         frames: Sequence[Frame],
         timeout: float,
         done: Callable[[str, Watched], None],
+        context: Any = None,
     ) -> None:
         """``send`` (``header``'s id set) then ``wait`` without a coroutine or a future: ``done(id, watched)``
         is called once the request ends, with a ``Watched`` that says how as a future would: by the reader
         as the reply is read (in the same turn), or for the error ``wait`` raises (a timeout after
         ``timeout`` seconds, ``Unsent``, a lost connection, the connection closed). As with ``wait``, the
-        reply to a request that failed so goes to ``on_late_reply`` if it ever comes."""
+        reply to a request that failed so goes to ``on_late_reply`` if it ever comes. ``context``: kept as
+        ``watched.context``."""
         if self._closed:
             raise ClientError("the client is closed")
         loop = self._start()
         rid = protocol.header_id(header)
-        watched = Watched(rid, done)
+        watched = Watched(rid, done, context)
         self._watched[rid] = watched
         self._queue(command, header, frames, rid, timeout)
         deadlines = self._deadlines
@@ -281,8 +283,6 @@ class AsyncConnection:
     ) -> None:
         wait = connect_wait(self.heartbeat_interval, timeout) if rid is not None else self.heartbeat_interval
         self._out.append((command, header, frames, rid, time.monotonic() + wait))
-        if rid is not None:
-            self._sending.add(rid)
         if self._flush_handle is None:
             assert self._loop is not None
             self._flush_handle = self._loop.call_soon(self._flush)
@@ -305,19 +305,13 @@ class AsyncConnection:
         except zmq.ZMQError as zmq_exc:
             self._fail_unsent(len(out), ConnectionFailed(f"send failed: {zmq_exc}"))
             return
-        self._done_sending(sent)
+        del self._out[:sent]
         if self._out:
             self._expire_unsent()
         if self._out and self._flush_handle is None:
             assert self._loop is not None
             self._flush_handle = self._loop.call_later(_RETRY_S, self._flush)
         self._on_readable()
-
-    def _done_sending(self, sent: int) -> None:
-        for item in self._out[:sent]:
-            if item[3] is not None:
-                self._sending.discard(item[3])
-        del self._out[:sent]
 
     def _time_out(self, due: Due) -> None:
         """A call's timeout ran out: one still queued never left (``Unsent``), any other timed out."""
@@ -350,7 +344,6 @@ class AsyncConnection:
             rid = item[3]
             if rid is None:
                 continue
-            self._sending.discard(rid)
             if self._fail_watched(rid, exc):
                 continue
             fut = self._waiters.pop(rid, None)
@@ -457,8 +450,9 @@ class AsyncConnection:
                 queue.put_nowait(exc)
 
     def _lost(self, exc: ConnectionFailed) -> None:
-        """The connection dropped (``LinkWatch``): what went out on it will not be answered."""
-        self._fail_all(exc, self._sending)
+        """The connection dropped (``LinkWatch``): what went out on it will not be answered; what is still
+        queued (not sent yet) goes on the next connection."""
+        self._fail_all(exc, {item[3] for item in self._out if item[3] is not None})
 
     # ------------------------------------------------------------------------------------ closing
 

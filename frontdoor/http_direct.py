@@ -51,14 +51,30 @@ def written_response(written: Written, on_sent: Callable[[int, int], None] | Non
     return HttpResponse(200, (json_part, *binary), _BINARY, headers, False, on_sent, head)
 
 
-class DirectPath:
-    """Plans and direct answers of one HTTP door (its bridge, and its table of reply kinds)."""
+Done = Callable[[HttpResponse], None]
+Finish = Callable[[HttpRequest, Done, "HttpResponse | BaseException"], None]
 
-    def __init__(self, bridge: Bridge, replies: KnownReplies) -> None:
+
+class _Sent:
+    """A request ``start`` sent: what its answer needs (``send_watched``'s context, one callback for all)."""
+
+    def __init__(self, known: KeptHeader, plan: RawPlan, request: HttpRequest, done: Done) -> None:
+        self.known = known
+        self.plan = plan
+        self.request = request
+        self.done = done
+
+
+class DirectPath:
+    """Plans and direct answers of one HTTP door (its bridge, and its table of reply kinds). ``finish``:
+    how the door answers a direct request (``finish(request, done, answer or error)``)."""
+
+    def __init__(self, bridge: Bridge, replies: KnownReplies, finish: Finish) -> None:
         self.bridge = bridge
         self.client = bridge.door_client
         self.conn = self.client.connection
         self.replies = replies
+        self.finish = finish
 
     async def answer(
         self, known: KeptHeader, request: HttpRequest, header_length: int | None, model: str, version: str
@@ -82,11 +98,12 @@ class DirectPath:
 
     def start(
         self, known: KeptHeader, request: HttpRequest, header_length: int | None, model: str, version: str,
-        done: Callable[[HttpResponse | BaseException], None],
+        done: Done,
     ) -> bool:  # fmt: skip
-        """``answer`` without a coroutine, for a request the plan sends as it is: sent now, ``done`` is called
-        by the loop with its answer (or the error ``answer`` would raise). False (nothing sent): no plan that
-        goes direct, or one that no longer holds, or a body the usual way refuses: ``answer`` takes it."""
+        """``answer`` without a coroutine, for a request the plan sends as it is: sent now, ``finish`` is
+        called by the loop with ``done`` and its answer (or the error ``answer`` would raise). False (nothing
+        sent): no plan that goes direct, or one that no longer holds, or a body the usual way refuses:
+        ``answer`` takes it."""
         plan: RawPlan | None = known.plans.get((model, version))
         if plan is None or not plan.direct:
             return False
@@ -102,30 +119,28 @@ class DirectPath:
         conn = self.conn
         # as ``DoorClient.infer_raw`` sends it (``_replace``, called from here without its interpreted frame)
         header = msgspec.structs.replace(plan.header, request_id=conn.new_id())
-        replied = functools.partial(self._replied, known, plan, request, done)
+        sent = _Sent(known, plan, request, done)
         try:
-            conn.send_watched(Command.INFER, header, frames, plan.wait, replied)
+            conn.send_watched(Command.INFER, header, frames, plan.wait, self._replied, sent)
         except ClientError:  # closed: nothing sent, and the usual way says so
             return False
         return True
 
-    def _replied(
-        self, known: KeptHeader, plan: RawPlan, request: HttpRequest,
-        done: Callable[[HttpResponse | BaseException], None], rid: str, watched: Watched,
-    ) -> None:  # fmt: skip
+    def _replied(self, rid: str, watched: Watched) -> None:
+        sent: _Sent = watched.context
         exc = watched.exception()  # (nothing cancels a watched request)
         if exc is not None:
             if isinstance(exc, RequestTimeout):  # as ``infer_raw``: the broker drops it
                 self.conn.send_only(Command.CANCEL, cancel_command_to_wire(CancelCommand(rid)))
-            done(exc)
+            self.finish(sent.request, sent.done, exc)
             return
         try:
             raw, rframes = watched.result()
-            answer = self._answer_of(known, plan, request, raw, rframes)
+            answer = self._answer_of(sent.known, sent.plan, sent.request, raw, rframes)
         except Exception as err:  # noqa: BLE001 - answered as the handler answers it
-            done(err)
+            self.finish(sent.request, sent.done, err)
             return
-        done(answer)
+        self.finish(sent.request, sent.done, answer)
 
     def _answer_of(
         self, known: KeptHeader, plan: RawPlan, request: HttpRequest, raw: Reply, rframes: list[Frame]

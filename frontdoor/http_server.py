@@ -24,7 +24,6 @@ hold the door (slowloris).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import re
 from collections.abc import Callable
@@ -119,7 +118,7 @@ class HttpFrontDoor:
         self.limits = Limits(max_tensor_bytes=door.options.max_tensor_bytes)
         self.requests, self.replies = KnownRequests(self.limits), KnownReplies()  # kept (``http_known``)
         self.targets = InferTargets()
-        self.direct = DirectPath(self.bridge, self.replies)
+        self.direct = DirectPath(self.bridge, self.replies, self._finish)
         self._counts: dict[str, int] | None = None  # ``_finish``'s: ``Counters.record`` inline, no call
 
     def body_limit(self, method: str, target: str) -> int:
@@ -159,8 +158,7 @@ class HttpFrontDoor:
         known = self.requests.header(body, header_length)
         if known is None or not known.plans:
             return False
-        finish = functools.partial(self._finish, request, done)
-        return self.direct.start(known, request, header_length, model, version, finish)
+        return self.direct.start(known, request, header_length, model, version, done)
 
     def _finish(
         self, request: HttpRequest, done: Callable[[HttpResponse], None], answer: HttpResponse | BaseException
