@@ -16,7 +16,7 @@ import zmq
 from zinfer.client import protocol
 from zinfer.client.async_connection import AsyncConnection
 from zinfer.client.connection import Unsent
-from zinfer.client.errors import ClientError, RequestTimeout, Status
+from zinfer.client.errors import ClientError, ConnectionFailed, RequestTimeout, Status
 from zinfer.client.protocol import Command, Reply
 
 
@@ -138,6 +138,38 @@ def test_closing_the_connection_ends_each_waiting_request_once_with_the_error_an
             with pytest.raises(ClientError):
                 w.result()
         assert conn.in_flight == 0
+
+    try:
+        asyncio.run(go())
+    finally:
+        server.close()
+
+
+def test_a_lost_connection_fails_what_went_out_and_spares_what_is_still_queued(tmp_path: Path) -> None:
+    """The connection drops (``LinkWatch`` reports it) while one request waits for its reply and another is
+    queued in the same turn, not sent yet: the first ends with ``ConnectionFailed`` (its reply, if it comes,
+    is late), the second goes out after all and is answered; a plain ``send`` future is treated the same."""
+    url = f"ipc://{tmp_path / 'l.sock'}"
+    server = _SlowServer(url)
+
+    async def go() -> None:
+        conn = AsyncConnection(url)
+        try:
+            sent = _watched(conn, 3000, 10.0)
+            plain_sent = conn.send(Command.INFER, {"id": conn.new_id(), "parameters": {"delay_ms": 3000}}, ())
+            await asyncio.sleep(0.05)  # both went out; no reply for 3 s
+            queued = _watched(conn, 0, 10.0)
+            plain_queued = conn.send(Command.INFER, {"id": conn.new_id()}, ())
+            conn._lost(ConnectionFailed("the connection was lost"))
+            _, _, w = await asyncio.wait_for(sent, 5)
+            assert type(w.exception()) is ConnectionFailed
+            assert type(plain_sent.exception()) is ConnectionFailed
+            rid_q, given_q, wq = await asyncio.wait_for(queued, 5)
+            assert rid_q == given_q and wq.exception() is None and wq.result()[0].body == {"ok": rid_q}
+            reply, _ = await asyncio.wait_for(plain_queued, 5)
+            assert reply.status == Status.OK
+        finally:
+            await conn.aclose()
 
     try:
         asyncio.run(go())
