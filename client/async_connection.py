@@ -90,6 +90,8 @@ class Watched:
             self._handle.cancel()
             self._handle = None
         self._done(self.rid, self)
+
+
 _Out = tuple[Command, protocol.OutHeader, Sequence[Frame], str | None, float]  # ..., id, connect deadline
 
 

@@ -30,7 +30,6 @@ class Due(Protocol):
     def done(self) -> bool: ...
 
 
-
 class Deadlines:
     def __init__(self, loop: asyncio.AbstractEventLoop, expire: Callable[[Due], None]) -> None:
         self._loop = loop
