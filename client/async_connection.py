@@ -174,7 +174,7 @@ class AsyncConnection:
     ) -> tuple[Reply, list[Frame]]:
         """The reply to ``rid``. If the caller gives up first (``RequestTimeout``, ``ConnectionFailed``, or
         the task is cancelled), the reply, if it ever comes, goes to ``on_late_reply``."""
-        handle = self._deadlines_of(fut).add(fut, timeout)
+        handle = self._deadlines_of(fut.get_loop()).add(fut, timeout)
         try:
             return await fut
         except Unsent:
@@ -211,10 +211,7 @@ class AsyncConnection:
         watched = Watched(rid, done, context)
         self._watched[rid] = watched
         self._queue(command, header, frames, rid, timeout)
-        deadlines = self._deadlines
-        if deadlines is None:  # made on the loop of the first request
-            deadlines = self._deadlines = Deadlines(loop, self._time_out)
-        watched._handle = deadlines.add(watched, timeout)
+        watched._handle = self._deadlines_of(loop).add(watched, timeout)
 
     def _fail_watched(self, rid: str, exc: BaseException) -> bool:
         """End a ``send_watched`` request with ``exc`` (False: none is waiting under ``rid``). Its reply, if
@@ -230,9 +227,9 @@ class AsyncConnection:
             log.exception("event=reply_callback_failed")
         return True
 
-    def _deadlines_of(self, fut: asyncio.Future[Any]) -> Deadlines:
+    def _deadlines_of(self, loop: asyncio.AbstractEventLoop) -> Deadlines:
         if self._deadlines is None:  # made on the loop of the first request
-            self._deadlines = Deadlines(fut.get_loop(), self._time_out)
+            self._deadlines = Deadlines(loop, self._time_out)
         return self._deadlines
 
     def stream(
@@ -319,11 +316,9 @@ class AsyncConnection:
         """A call's timeout ran out: one still queued never left (``Unsent``), any other timed out."""
         if self._out:
             self._expire_unsent()
-        if isinstance(due, Watched):
-            if not due.done():
-                self._fail_watched(due.rid, RequestTimeout("no reply from the server within the timeout"))
-            return
-        if isinstance(due, asyncio.Future):
+        if isinstance(due, Watched):  # (one that ended is no longer waiting: nothing happens)
+            self._fail_watched(due.rid, RequestTimeout("no reply from the server within the timeout"))
+        elif isinstance(due, asyncio.Future):
             _expire(due)
 
     def _expire_unsent(self) -> None:

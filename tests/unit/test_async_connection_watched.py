@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,14 @@ class _SlowServer:
         self._ctx.term()
 
 
+def _run(go: Callable[[], Coroutine[Any, Any, None]], server: _SlowServer) -> None:
+    """Run the test's coroutine, then stop its server whatever happened."""
+    try:
+        asyncio.run(go())
+    finally:
+        server.close()
+
+
 def _watched(conn: AsyncConnection, delay_ms: float, timeout: float) -> asyncio.Future[Any]:
     """Send one request answered after ``delay_ms``; a future of (id, the future ``done`` was given)."""
     got: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -86,10 +95,7 @@ def test_done_gets_the_reply_or_the_timeout_and_a_late_reply_is_told(tmp_path: P
         finally:
             await conn.aclose()
 
-    try:
-        asyncio.run(go())
-    finally:
-        server.close()
+    _run(go, server)
 
 
 def test_done_gets_unsent_when_no_server_is_there(tmp_path: Path) -> None:
@@ -139,10 +145,7 @@ def test_closing_the_connection_ends_each_waiting_request_once_with_the_error_an
                 w.result()
         assert conn.in_flight == 0
 
-    try:
-        asyncio.run(go())
-    finally:
-        server.close()
+    _run(go, server)
 
 
 def test_a_lost_connection_fails_what_went_out_and_spares_what_is_still_queued(tmp_path: Path) -> None:
@@ -171,10 +174,7 @@ def test_a_lost_connection_fails_what_went_out_and_spares_what_is_still_queued(t
         finally:
             await conn.aclose()
 
-    try:
-        asyncio.run(go())
-    finally:
-        server.close()
+    _run(go, server)
 
 
 class _BundleServer(_SlowServer):
@@ -227,8 +227,5 @@ def test_done_is_called_once_as_the_reply_is_read_and_a_failing_done_spares_the_
         finally:
             await conn.aclose()
 
-    try:
-        asyncio.run(go())
-    finally:
-        server.close()
+    _run(go, server)
     assert "event=reply_callback_failed" in caplog.text  # the reader's own log, not the loop's
